@@ -1,0 +1,123 @@
+/* metrale C core: slab layout, zero ranges, the row-wise carve cursor, the
+ * checksum lanes and the per-thread scratch tables.  Plain C, no Python: the
+ * Cython layer (src/metrale/_core.pxd mirrors this header) owns every object.
+ * The header stays valid C++ so the CUDA extension, built as C++, can use it. */
+#ifndef METRALE_ARENA_CORE_H
+#define METRALE_ARENA_CORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MT_NBUF 46          /* buffers, in the canonical order of ARENA.md §2.2 */
+#define MT_ALIGN 256        /* alignment of every buffer in the slab */
+#define MT_N_ZERO_ALL 18
+#define MT_N_PREFILL 7
+#define MT_N_ROWS 15
+#define MT_N_CHECKSUM 16
+
+/* Canonical buffer ids (ARENA.md §2.2). */
+enum {
+    MT_HIDDEN_STATES, MT_RESIDUAL, MT_NORM_OUTPUT, MT_QKV_OUTPUT, MT_ATTN_OUTPUT,
+    MT_GATE_LOGITS, MT_GATE_LOGITS_F32, MT_MOE_ROUTER_IN_F32, MT_MOE_OUTPUT, MT_LOGITS,
+    MT_SSM_QKVZ, MT_SSM_BA, MT_SSM_DEINTERLEAVED, MT_SSM_GATES, MT_SSM_CONV_OUT_F32,
+    MT_SCRATCH, MT_EXPERT_GATE_OUT, MT_EXPERT_UP_OUT, MT_EXPERT_DOWN_OUT,
+    MT_SPLITK_WORKSPACE, MT_O_LATENT, MT_NORM_UNIT_W, MT_HC_STREAMS, MT_HC_POST,
+    MT_HC_COMB, MT_HC_LOWRANK_SCRATCH, MT_QSA_SELECT_SCRATCH, MT_SSD_SCRATCH,
+    MT_GDN_FLA_SCRATCH, MT_TOKEN_IDS, MT_FFN_ACT_Q8, MT_FFN_ACT_A, MT_FFN_ACT_SCALE,
+    MT_FFN_ACT_SCALE_KMAJOR, MT_FFN_GATE_UP_FUSED, MT_FP8_ACT, MT_MOE_FP8_SCRATCH,
+    MT_FP8_ACT_SCALE, MT_FP8_ACT_SCALE_KMAJOR, MT_Q2_DEQUANT_SCRATCH, MT_LORA_XA,
+    MT_LORA_DELTA, MT_LORA_HACT, MT_LORA_SEQ_SLOT, MT_Q2_ACT_Q8, MT_SSM_ROWWISE_W_BF16
+};
+
+/* A byte range relative to the slab base. */
+typedef struct mt_range { uint64_t offset; uint64_t length; } mt_range;
+
+/* Where each buffer sits in the one slab.  Zero-size buffers have offset 0 and
+ * no range.  The 7 zero_prefill_essentials buffers come first, then the other
+ * 11 zero_all buffers, so each of those helpers is one contiguous range. */
+typedef struct mt_layout {
+    uint64_t size[MT_NBUF];
+    uint64_t offset[MT_NBUF];
+    uint64_t slab_bytes;        /* bytes the backend must allocate (0: none) */
+    uint64_t max_batch_tokens;
+    mt_range zero_all;          /* the 18 Z buffers, whole, padding between them */
+    mt_range zero_prefill;      /* the 7 P buffers, whole */
+} mt_layout;
+
+extern const char *const mt_buffer_names[MT_NBUF];
+extern const int mt_slab_order[MT_NBUF];
+extern const int mt_zero_all_ids[MT_N_ZERO_ALL];   /* ARENA.md §5.1 order */
+extern const int mt_prefill_ids[MT_N_PREFILL];     /* §5.3 order */
+extern const int mt_rows_ids[MT_N_ROWS];           /* §5.2 token-major candidates */
+extern const int mt_checksum_ids[MT_N_CHECKSUM];   /* §7 order */
+
+/* Place the buffers.  Returns 0, or -1 if the slab size overflows 64 bits. */
+int mt_layout_plan(mt_layout *L, const uint64_t sizes[MT_NBUF], uint64_t max_batch_tokens);
+
+/* The ranges zero_all_rows(tokens) clears (ARENA.md §5.2), sorted by offset,
+ * with adjacent ones merged.  `out` holds MT_N_ZERO_ALL entries; returns the
+ * count (0 when every range is empty). */
+int mt_zero_rows_ranges(const mt_layout *L, uint64_t tokens, mt_range *out);
+
+/* Sum, sum of squares and sum of |x| over the finite little-endian binary32
+ * lanes of n bytes (a trailing 1-3 bytes ignored), in lane order, in double. */
+void mt_checksum_f32(const void *data, size_t n, double out[3]);
+
+/* The row-wise slab cursor: one relaxed fetch-and-add per carve (opaque so
+ * that this header needs no <stdatomic.h>). */
+typedef struct mt_cursor mt_cursor;
+mt_cursor *mt_cursor_new(void);
+void mt_cursor_free(mt_cursor *c);
+uint64_t mt_cursor_take(mt_cursor *c, uint64_t bytes, int *wrapped);
+uint64_t mt_cursor_load(const mt_cursor *c);
+
+/* ---- per-thread scratch tables ------------------------------------------------
+ * A fixed table of max_threads slots.  A thread claims a slot with one CAS on
+ * first use and finds it again through a thread-local cache, so the hot path
+ * takes no lock.  reset_all bumps a generation; each owner applies it on its
+ * next access, so no thread ever writes another thread's bookkeeping. */
+typedef struct mt_scratch mt_scratch;
+
+typedef struct mt_scratch_stats {
+    uint64_t active_threads;
+    uint64_t total_allocated;
+    uint64_t total_used;
+    uint64_t max_thread_usage;
+} mt_scratch_stats;
+
+mt_scratch *mt_scratch_new(size_t scratch_size, size_t max_threads);
+/* Drop one reference; the table is freed with the last one. */
+void mt_scratch_decref(mt_scratch *s);
+void mt_scratch_incref(mt_scratch *s);
+size_t mt_scratch_size(const mt_scratch *s);
+size_t mt_scratch_max_threads(const mt_scratch *s);
+/* The calling thread's slot, or -1 if it has none (lock-free). */
+long mt_scratch_find(mt_scratch *s);
+/* Claim a slot for the calling thread and make sure its buffer exists.
+ * Returns the slot, -1 at the thread limit, -2 if the buffer allocation fails. */
+long mt_scratch_claim(mt_scratch *s);
+/* Give a slot back (its buffer is kept for the next claimant). */
+void mt_scratch_release(mt_scratch *s, long slot, uint64_t claim);
+uint64_t mt_scratch_claim_id(const mt_scratch *s, long slot);
+void mt_scratch_set_user(mt_scratch *s, long slot, void *user);
+void *mt_scratch_user(const mt_scratch *s, long slot);
+/* Owner-side accessors: apply a pending reset_all first. */
+unsigned char *mt_scratch_base(mt_scratch *s, long slot);
+uint64_t mt_scratch_used(mt_scratch *s, long slot);
+/* Bump-carve n bytes at a 64-byte aligned offset, zero-filled; NULL if it does not fit. */
+unsigned char *mt_scratch_carve(mt_scratch *s, long slot, uint64_t n);
+void mt_scratch_reset(mt_scratch *s, long slot);
+void mt_scratch_reset_all(mt_scratch *s);
+uint64_t mt_scratch_active(const mt_scratch *s);
+void mt_scratch_get_stats(const mt_scratch *s, mt_scratch_stats *out);
+/* Thread-local cache slot owner id of the calling thread (never reused). */
+uint64_t mt_thread_id(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

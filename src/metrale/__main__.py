@@ -1,0 +1,5 @@
+import sys
+
+from metrale.cli import main
+
+sys.exit(main())

@@ -1,0 +1,657 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, binding=False
+"""BufferArena: the buffers of one forward pass, carved from one backend slab.
+
+The C core (arena_core.c) places the buffers and computes every zero range;
+this layer holds the pointers as prebuilt Python ints, so an accessor is one
+tuple load, and drives the backend through cdef calls.
+"""
+
+cimport cython
+from cpython.long cimport PyLong_FromSize_t
+from cpython.pycapsule cimport PyCapsule_New, PyCapsule_IsValid, PyCapsule_GetPointer
+from cpython.ref cimport Py_INCREF, Py_DECREF, PyObject
+from libc.stdint cimport uint8_t, uint16_t, int32_t, int64_t, uint64_t, uintptr_t
+from libc.stdlib cimport malloc, free
+
+from metrale._core cimport *
+from metrale._backend cimport Backend, as_stream
+
+from metrale.config import ModelConfig
+from metrale.errors import MetraleError, OutOfMemoryError
+from metrale.sizes import (BUFFER_NAMES, BufferSizes, DecodeMetaLayout,
+                           moe_fp8_layout)
+
+cdef object _log = None
+
+cdef object _logger():
+    global _log
+    if _log is None:
+        import logging
+        _log = logging.getLogger("metrale")
+    return _log
+
+cdef dict _INDEX = {n: i for i, n in enumerate(BUFFER_NAMES)}
+cdef tuple _ZEROS = (0,) * MT_NBUF
+
+
+cdef int _plan(mt_layout *L, tuple sizes, uint64_t max_batch_tokens) except -1:
+    cdef uint64_t raw[46]
+    cdef int i
+    for i in range(MT_NBUF):
+        raw[i] = sizes[i]
+    if mt_layout_plan(L, raw, max_batch_tokens) != 0:
+        raise ValueError(f"the slab of these sizes exceeds 2^64 - 1 bytes "
+                         f"(max_batch_tokens={max_batch_tokens})")
+    return 0
+
+
+def plan_layout(sizes, max_batch_tokens):
+    """The slab placement of `sizes` without allocating: a dict with
+    `slab_bytes`, `offsets` (name -> offset or None), `slab_order`,
+    `zero_all` and `zero_prefill` (offset, length) ranges."""
+    cdef mt_layout L
+    if not isinstance(sizes, BufferSizes):
+        raise TypeError(f"sizes must be a BufferSizes, got {type(sizes).__name__}")
+    _check_mbt(max_batch_tokens)
+    _plan(&L, sizes.as_tuple(), max_batch_tokens)
+    offsets = {}
+    for i in range(MT_NBUF):
+        offsets[BUFFER_NAMES[i]] = L.offset[i] if L.size[i] else None
+    return {
+        "slab_bytes": L.slab_bytes,
+        "offsets": offsets,
+        "slab_order": tuple(BUFFER_NAMES[mt_slab_order[i]] for i in range(MT_NBUF)),
+        "zero_all": (L.zero_all.offset, L.zero_all.length),
+        "zero_prefill": (L.zero_prefill.offset, L.zero_prefill.length),
+    }
+
+
+def zero_rows_ranges(sizes, max_batch_tokens, tokens):
+    """The (offset, length) ranges, relative to the slab, that
+    zero_all_rows(tokens) clears for an arena of `sizes`."""
+    cdef mt_layout L
+    cdef mt_range r[18]
+    _check_mbt(max_batch_tokens)
+    _check_count("tokens", tokens)
+    _plan(&L, sizes.as_tuple(), max_batch_tokens)
+    n = mt_zero_rows_ranges(&L, tokens, r)
+    return [(r[i].offset, r[i].length) for i in range(n)]
+
+
+cdef _check_count(str name, object v):
+    if type(v) is not int:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(f"{name} must be an int, got {type(v).__name__}")
+    if v < 0:
+        raise ValueError(f"{name} must be >= 0, got {v}")
+    if v > 0xFFFFFFFFFFFFFFFF:
+        raise ValueError(f"{name} must fit in 64 bits, got {v}")
+
+
+cdef _check_mbt(object v):
+    _check_count("max_batch_tokens", v)
+    if v == 0:
+        raise ValueError("max_batch_tokens must be >= 1, got 0")
+
+
+class MoeFp8Scratch:
+    """Device addresses of the FP8 MoE regions for one (config, rows)."""
+    __slots__ = ("activation", "scales", "worklist", "total_tiles", "worklist_bytes",
+                 "small_worklist", "small_total_tiles", "small_worklist_bytes")
+
+    def __init__(self, activation, scales, worklist, total_tiles, worklist_bytes,
+                 small_worklist, small_total_tiles, small_worklist_bytes):
+        s = object.__setattr__
+        s(self, "activation", activation); s(self, "scales", scales)
+        s(self, "worklist", worklist); s(self, "total_tiles", total_tiles)
+        s(self, "worklist_bytes", worklist_bytes); s(self, "small_worklist", small_worklist)
+        s(self, "small_total_tiles", small_total_tiles)
+        s(self, "small_worklist_bytes", small_worklist_bytes)
+
+    def __setattr__(self, name, value):
+        raise AttributeError("MoeFp8Scratch is read-only")
+
+    def _key(self):
+        return tuple(getattr(self, n) for n in MoeFp8Scratch.__slots__)
+
+    def __eq__(self, other):
+        if type(other) is not MoeFp8Scratch:
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self):
+        return hash(self._key())
+
+    def __repr__(self):
+        return "MoeFp8Scratch(" + ", ".join(f"{n}={getattr(self, n):#x}" if n in ("activation", "scales", "worklist", "total_tiles", "small_worklist", "small_total_tiles") else f"{n}={getattr(self, n)}" for n in MoeFp8Scratch.__slots__) + ")"
+
+
+@cython.no_gc_clear
+@cython.final
+cdef class BufferArena:
+    """The GPU buffers of one forward pass (ARENA.md), in one backend slab."""
+
+    cdef Backend _gpu
+    cdef object _config, _sizes, _decode_meta, _mbt
+    cdef mt_layout _L
+    cdef uintptr_t _base
+    cdef tuple _ptrs
+    cdef tuple _bytes
+    cdef mt_cursor *_cursor
+    cdef bint _released
+    cdef dict _moe_cache
+    cdef object __weakref__
+
+    def __cinit__(self):
+        self._cursor = mt_cursor_new()
+        if self._cursor == NULL:
+            raise MemoryError()
+        self._ptrs = _ZEROS
+        self._released = True     # until a slab is held
+
+    def __init__(self):
+        raise TypeError("use BufferArena.new(...) or BufferArena.from_sizes(...)")
+
+    # -- construction ------------------------------------------------------------
+    @staticmethod
+    def new(config, max_batch_tokens, max_seq_len, kv_block_size, max_batch_size, gpu):
+        """Size the buffers with BufferSizes.from_config for `gpu.target()` and allocate them."""
+        if not isinstance(gpu, Backend):
+            raise TypeError(f"gpu must be a backend (HostBackend or CudaBackend), got {type(gpu).__name__}")
+        sizes = BufferSizes.from_config(config, max_batch_tokens, max_seq_len, kv_block_size,
+                                        max_batch_size, target=gpu.target(), env=None)
+        return BufferArena.from_sizes(config, sizes, max_batch_tokens, max_batch_size, gpu)
+
+    @staticmethod
+    def from_sizes(config, sizes, max_batch_tokens, max_batch_size, gpu):
+        """BufferArena.new with the sizes passed in (trusted as given)."""
+        cdef BufferArena self
+        cdef Backend be
+        cdef uintptr_t base = 0
+        if not isinstance(config, ModelConfig):
+            raise TypeError(f"config must be a ModelConfig, got {type(config).__name__}")
+        if not isinstance(sizes, BufferSizes):
+            raise TypeError(f"sizes must be a BufferSizes, got {type(sizes).__name__}")
+        if not isinstance(gpu, Backend):
+            raise TypeError(f"gpu must be a backend (HostBackend or CudaBackend), got {type(gpu).__name__}")
+        _check_mbt(max_batch_tokens)
+        _check_count("max_batch_size", max_batch_size)
+        be = <Backend>gpu
+        self = BufferArena.__new__(BufferArena)
+        self._gpu = be
+        self._config = config
+        self._sizes = sizes
+        self._mbt = int(max_batch_tokens)
+        self._decode_meta = DecodeMetaLayout.for_max_batch_size(max_batch_size)
+        self._moe_cache = {}
+        cdef tuple values = sizes.as_tuple()
+        _plan(&self._L, values, max_batch_tokens)
+        self._bytes = values
+        if self._L.slab_bytes:
+            try:
+                be.alloc(self._L.slab_bytes, &base)
+            except OutOfMemoryError as e:
+                live = sum(1 for v in values if v)
+                raise OutOfMemoryError(
+                    f"buffer arena slab: cannot allocate {self._L.slab_bytes} bytes "
+                    f"for {live} buffers (max_batch_tokens={max_batch_tokens}): {e}") from e
+            # Past this point any failure frees the slab before it propagates.
+            try:
+                if self._L.size[MT_NORM_UNIT_W]:
+                    be.memset(base + self._L.offset[MT_NORM_UNIT_W], self._L.size[MT_NORM_UNIT_W], 0)
+                    be.sync(0)
+            except BaseException:
+                try:
+                    be.free(base, self._L.slab_bytes)
+                except Exception as fe:
+                    _logger().warning("buffer arena: free after a failed construction failed: %s", fe)
+                raise
+        self._base = base
+        self._ptrs = tuple(PyLong_FromSize_t(base + self._L.offset[i]) if self._L.size[i] else 0
+                           for i in range(MT_NBUF))
+        self._released = False
+        _logger().info(
+            "Buffer arena: %d tokens x %.1f MiB total (attn_out=%d, ssm_deint=%d, kv_lora_rank=%d)",
+            max_batch_tokens, sizes.total_bytes() / 1048576.0, sizes.attn_output,
+            sizes.ssm_deinterleaved, config.kv_lora_rank)
+        return self
+
+    # -- teardown ----------------------------------------------------------------
+    def label(self):
+        return "buffer arena"
+
+    def release(self, gpu):
+        """Free the slab. Idempotent; afterwards every pointer accessor returns 0."""
+        if gpu is not self._gpu:
+            raise MetraleError("release: this backend is not the arena's own")
+        if self._released:
+            return None
+        base, n = self._base, self._L.slab_bytes
+        self._base = 0
+        self._ptrs = _ZEROS
+        self._released = True
+        if base:
+            self._gpu.free(base, n)   # raises MetraleError with the driver's error name
+        return None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release(self._gpu)
+        return False
+
+    def __del__(self):
+        if not self._released and self._base:
+            import warnings
+            warnings.warn(f"unreleased buffer arena ({self._L.slab_bytes} bytes) freed by the "
+                          "garbage collector; call release(gpu) or use it as a context manager",
+                          ResourceWarning, source=self)
+
+    def __dealloc__(self):
+        if not self._released and self._base and self._gpu is not None:
+            self._gpu.free_quiet(self._base, self._L.slab_bytes)
+            self._base = 0
+        if self._cursor != NULL:
+            mt_cursor_free(self._cursor)
+            self._cursor = NULL
+
+    cdef inline int _live(self, object gpu) except -1:
+        if gpu is not self._gpu:
+            raise MetraleError("this backend is not the arena's own (pass the backend the arena was built with)")
+        if self._released:
+            raise MetraleError("the buffer arena has been released")
+        return 0
+
+    # -- zeroing (ARENA.md §5) -------------------------------------------------------
+    def zero_all(self, gpu, stream):
+        """Zero the 18 zero_all buffers whole: one operation over their contiguous range."""
+        self._live(gpu)
+        cdef uintptr_t s = as_stream(stream)
+        if self._L.zero_all.length:
+            self._gpu.memset(self._base + self._L.zero_all.offset, self._L.zero_all.length, s)
+
+    def zero_prefill_essentials(self, gpu, stream):
+        """Zero hidden_states, residual, gate_logits, the expert outputs and moe_output: one operation."""
+        self._live(gpu)
+        cdef uintptr_t s = as_stream(stream)
+        if self._L.zero_prefill.length:
+            self._gpu.memset(self._base + self._L.zero_prefill.offset, self._L.zero_prefill.length, s)
+
+    def zero_all_rows(self, gpu, stream, tokens):
+        """zero_all limited to rows 0..tokens of each token-major buffer (ARENA.md §5.2)."""
+        cdef mt_range r[18]
+        cdef int n
+        self._live(gpu)
+        _check_count("tokens", tokens)
+        cdef uintptr_t s = as_stream(stream)
+        n = mt_zero_rows_ranges(&self._L, <uint64_t>tokens, r)
+        if n:
+            self._gpu.zero_ranges(self._base, r, n, s)
+
+    # -- checksum (ARENA.md §7) ---------------------------------------------------------
+    def debug_buffer_checksum(self, gpu, stream, tag):
+        """Log sum, sum of squares and sum of |x| of the 16 probed buffers, read as f32 lanes."""
+        cdef double out[3]
+        cdef void *host = NULL
+        cdef uint64_t most = 0, n
+        cdef int i, b
+        if not isinstance(tag, str):
+            raise TypeError(f"tag must be a str, got {type(tag).__name__}")
+        self._live(gpu)
+        cdef uintptr_t s = as_stream(stream)
+        try:
+            self._gpu.sync(s)
+        except Exception:
+            pass
+        for i in range(MT_N_CHECKSUM):
+            b = mt_checksum_ids[i]
+            if self._L.size[b] > most:
+                most = self._L.size[b]
+        if most == 0:
+            return None
+        host = malloc(most)
+        if host == NULL:
+            _logger().warning("METRALE_BUF_CKSUM[%s] skipped: no %d-byte host buffer", tag, most)
+            return None
+        log = _logger()
+        try:
+            for i in range(MT_N_CHECKSUM):
+                b = mt_checksum_ids[i]
+                n = self._L.size[b]
+                if n == 0:
+                    continue
+                try:
+                    self._gpu.d2h(host, self._base + self._L.offset[b], n, s)
+                except Exception:
+                    continue     # a failed copy skips that buffer (ARENA.md §7)
+                with nogil:
+                    mt_checksum_f32(host, n, out)
+                log.warning("METRALE_BUF_CKSUM[%s] %s bytes=%d sum=%.6f ssq=%.6f sabs=%.6f",
+                            tag, BUFFER_NAMES[b], n, out[0], out[1], out[2])
+        finally:
+            free(host)
+        return None
+
+    # -- FP8 MoE scratch (ARENA.md §4.9) ------------------------------------------------------
+    def moe_fp8_scratch(self, config, rows):
+        """Fixed offsets of the FP8 MoE slab for (config, rows); pure, allocates nothing."""
+        key = (config, rows)
+        try:
+            hit = self._moe_cache.get(key)
+        except TypeError:
+            hit = None
+        if hit is not None and not self._released:
+            return hit
+        layout = moe_fp8_layout(config, rows)
+        cap = self._bytes[MT_MOE_FP8_SCRATCH]
+        base = self._ptrs[MT_MOE_FP8_SCRATCH]
+        if rows > self._mbt or layout.bytes == 0 or layout.bytes > cap or base == 0:
+            why = " (the arena was released)" if self._released else ""
+            raise MetraleError(
+                f"FP8 MoE scratch does not fit the arena: rows={rows} (max_batch_tokens="
+                f"{self._mbt}) needs {layout.bytes} bytes, capacity {cap} bytes{why}")
+        small = layout.small_bytes > 0
+        result = MoeFp8Scratch(
+            base, base + layout.scale, base + layout.worklist, base + layout.counter,
+            layout.counter - layout.worklist,
+            base + layout.small_worklist if small else 0,
+            base + layout.small_counter if small else 0, layout.small_bytes)
+        if len(self._moe_cache) < 64:
+            self._moe_cache[key] = result
+        return result
+
+    # -- row-wise slab (ARENA.md §6) ---------------------------------------------------------
+    def ssm_rowwise_w_bf16_bytes(self):
+        return self._bytes[MT_SSM_ROWWISE_W_BF16]
+
+    def take_ssm_rowwise_w_bf16(self, nbytes):
+        """Carve the next `nbytes` of the row-wise slab (one atomic fetch-and-add)."""
+        cdef int wrapped = 0
+        cdef uint64_t base, size, want
+        _check_count("bytes", nbytes)
+        want = nbytes
+        size = self._L.size[MT_SSM_ROWWISE_W_BF16]
+        if self._released or size == 0:
+            raise MetraleError(
+                f"row-wise BF16 weight slab is absent: cannot carve {nbytes} bytes; the arena was "
+                "sized without METRALE_FP8_ROWWISE=1 (or has been released). The weight loader "
+                "and this slab read the same lever, so they cannot legitimately disagree")
+        base = mt_cursor_take(self._cursor, want, &wrapped)
+        if wrapped or base + want > size:
+            raise MetraleError(
+                f"row-wise BF16 weight slab exhausted: cannot carve {nbytes} bytes at offset "
+                f"{base} of a {size}-byte slab; the slab is sized for num_ssm_layers x "
+                "(in_proj_qkvz + out_proj), so this is a sizing bug")
+        return PyLong_FromSize_t(self._base + self._L.offset[MT_SSM_ROWWISE_W_BF16] + base)
+
+    # -- views -------------------------------------------------------------------------
+    def view(self, name, dtype, shape=None):
+        """A zero-copy view of buffer `name` for numpy / torch / CuPy (DLPack and
+        the array interfaces). It keeps the arena object alive, not its memory:
+        do not use it after release()."""
+        if not isinstance(name, str):
+            raise TypeError(f"name must be a str, got {type(name).__name__}")
+        i = _INDEX.get(name)
+        if i is None:
+            raise ValueError(f"unknown buffer name {name!r}")
+        if self._released:
+            raise MetraleError("the buffer arena has been released")
+        return ArenaView._make(self, name, self._ptrs[i], self._bytes[i], dtype, shape,
+                               self._gpu.device_type, self._gpu.device_id)
+
+    # -- plain accessors ---------------------------------------------------------------------
+    def max_batch_tokens(self):
+        return self._mbt
+
+    def decode_meta(self):
+        return self._decode_meta
+
+    def sizes(self):
+        return self._sizes
+
+    def slab_bytes(self):
+        """Bytes of the one backend allocation (footprint, padding included)."""
+        return self._L.slab_bytes
+
+    def is_released(self):
+        return self._released
+
+    def __repr__(self):
+        state = "released" if self._released else f"{self._L.slab_bytes} bytes at {self._base:#x}"
+        return f"<BufferArena max_batch_tokens={self._mbt} {state}>"
+
+    # Pointer accessors: one tuple load of a prebuilt int each.
+    def hidden_states(self): return self._ptrs[0]
+    def residual(self): return self._ptrs[1]
+    def norm_output(self): return self._ptrs[2]
+    def qkv_output(self): return self._ptrs[3]
+    def attn_output(self): return self._ptrs[4]
+    def gate_logits(self): return self._ptrs[5]
+    def gate_logits_f32(self): return self._ptrs[6]
+    def moe_router_in_f32(self): return self._ptrs[7]
+    def moe_output(self): return self._ptrs[8]
+    def logits(self): return self._ptrs[9]
+    def ssm_qkvz(self): return self._ptrs[10]
+    def ssm_ba(self): return self._ptrs[11]
+    def ssm_deinterleaved(self): return self._ptrs[12]
+    def ssm_gates(self): return self._ptrs[13]
+    def ssm_conv_out_f32(self): return self._ptrs[14]
+    def scratch(self): return self._ptrs[15]
+    def expert_gate_out(self): return self._ptrs[16]
+    def expert_up_out(self): return self._ptrs[17]
+    def expert_down_out(self): return self._ptrs[18]
+    def splitk_workspace(self): return self._ptrs[19]
+    def o_latent(self): return self._ptrs[20]
+    def norm_unit_w(self): return self._ptrs[21]
+    def hc_streams(self): return self._ptrs[22]
+    def hc_post(self): return self._ptrs[23]
+    def hc_comb(self): return self._ptrs[24]
+    def hc_lowrank_scratch(self): return self._ptrs[25]
+    def qsa_select_scratch(self): return self._ptrs[26]
+    def ssd_scratch(self): return self._ptrs[27]
+    def gdn_fla_scratch(self): return self._ptrs[28]
+    def token_ids(self): return self._ptrs[29]
+    def ffn_act_q8(self): return self._ptrs[30]
+    def ffn_act_a(self): return self._ptrs[31]
+    def ffn_act_scale(self): return self._ptrs[32]
+    def ffn_act_scale_kmajor(self): return self._ptrs[33]
+    def ffn_gate_up_fused(self): return self._ptrs[34]
+    def fp8_act(self): return self._ptrs[35]
+    def fp8_act_scale(self): return self._ptrs[37]
+    def fp8_act_scale_kmajor(self): return self._ptrs[38]
+    def q2_dequant_scratch(self): return self._ptrs[39]
+    def lora_xa(self): return self._ptrs[40]
+    def lora_delta(self): return self._ptrs[41]
+    def lora_hact(self): return self._ptrs[42]
+    def lora_seq_slot(self): return self._ptrs[43]
+    def q2_act_q8(self): return self._ptrs[44]
+
+    # Byte accessors: the recorded sizes (unchanged by release).
+    def norm_output_bytes(self): return self._bytes[2]
+    def qkv_output_bytes(self): return self._bytes[3]
+    def attn_output_bytes(self): return self._bytes[4]
+    def gate_logits_bytes(self): return self._bytes[5]
+    def moe_output_bytes(self): return self._bytes[8]
+    def logits_bytes(self): return self._bytes[9]
+    def ssm_qkvz_bytes(self): return self._bytes[10]
+    def ssm_deinterleaved_bytes(self): return self._bytes[12]
+    def scratch_bytes(self): return self._bytes[15]
+    def expert_gate_out_bytes(self): return self._bytes[16]
+    def expert_down_out_bytes(self): return self._bytes[18]
+    def ffn_act_a_bytes(self): return self._bytes[31]
+    def ffn_act_scale_bytes(self): return self._bytes[32]
+    def ffn_act_scale_kmajor_bytes(self): return self._bytes[33]
+    def ffn_gate_up_fused_bytes(self): return self._bytes[34]
+    def fp8_act_bytes(self): return self._bytes[35]
+    def fp8_act_scale_bytes(self): return self._bytes[37]
+    def fp8_act_scale_kmajor_bytes(self): return self._bytes[38]
+    def q2_dequant_scratch_bytes(self): return self._bytes[39]
+    def lora_xa_bytes(self): return self._bytes[40]
+    def lora_delta_bytes(self): return self._bytes[41]
+    def lora_hact_bytes(self): return self._bytes[42]
+    def q2_act_q8_bytes(self): return self._bytes[44]
+
+
+# ---- DLPack / array-interface views ----------------------------------------------------
+
+cdef struct DLDevice:
+    int32_t device_type
+    int32_t device_id
+
+cdef struct DLDataType:
+    uint8_t code
+    uint8_t bits
+    uint16_t lanes
+
+cdef struct DLTensor:
+    void *data
+    DLDevice device
+    int32_t ndim
+    DLDataType dtype
+    int64_t *shape
+    int64_t *strides
+    uint64_t byte_offset
+
+cdef struct DLManagedTensor:
+    DLTensor dl_tensor
+    void *manager_ctx
+    void (*deleter)(DLManagedTensor *) noexcept nogil
+
+# name -> (array-interface typestr, DLPack code, bits)
+cdef dict _DTYPES = {
+    "int8": ("|i1", 0, 8), "int16": ("<i2", 0, 16), "int32": ("<i4", 0, 32), "int64": ("<i8", 0, 64),
+    "uint8": ("|u1", 1, 8), "uint16": ("<u2", 1, 16), "uint32": ("<u4", 1, 32), "uint64": ("<u8", 1, 64),
+    "float16": ("<f2", 2, 16), "float32": ("<f4", 2, 32), "float64": ("<f8", 2, 64),
+    "bfloat16": ("<V2", 4, 16),
+}
+_ALIASES = {"u8": "uint8", "i8": "int8", "f16": "float16", "half": "float16", "f32": "float32",
+            "float": "float32", "f64": "float64", "double": "float64", "bf16": "bfloat16",
+            "i32": "int32", "u32": "uint32", "i64": "int64", "u64": "uint64", "int": "int32"}
+
+
+cdef str _dtype_name(object dtype):
+    if isinstance(dtype, str):
+        name = dtype
+    else:
+        name = getattr(dtype, "name", None)
+        if not isinstance(name, str):
+            name = getattr(dtype, "__name__", None) or str(dtype)
+    name = name.replace("torch.", "")
+    name = _ALIASES.get(name, name)
+    if name not in _DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not supported; use one of {', '.join(_DTYPES)}")
+    return name
+
+
+cdef void _dl_deleter(DLManagedTensor *t) noexcept nogil:
+    with gil:
+        Py_DECREF(<object>t.manager_ctx)
+    free(t)
+
+
+cdef void _dl_capsule_destructor(object capsule) noexcept:
+    cdef DLManagedTensor *t
+    if PyCapsule_IsValid(capsule, b"dltensor"):     # never consumed
+        t = <DLManagedTensor *>PyCapsule_GetPointer(capsule, b"dltensor")
+        t.deleter(t)
+
+
+@cython.final
+cdef class ArenaView:
+    """A typed window on one arena buffer; consumed through DLPack or the
+    (CUDA) array interface, never copied."""
+    cdef readonly object arena
+    cdef readonly str name
+    cdef readonly str dtype
+    cdef readonly tuple shape
+    cdef readonly object ptr
+    cdef readonly object nbytes
+    cdef int _dev_type, _dev_id, _code, _bits
+
+    @staticmethod
+    cdef ArenaView _make(arena, str name, ptr, nbytes, dtype, shape, int dev_type, int dev_id):
+        cdef ArenaView v = ArenaView.__new__(ArenaView)
+        dname = _dtype_name(dtype)
+        typestr, code, bits = _DTYPES[dname]
+        item = bits // 8
+        if shape is None:
+            shape = (nbytes // item,)
+        elif isinstance(shape, int):
+            shape = (shape,)
+        else:
+            shape = tuple(shape)
+        count = 1
+        for d in shape:
+            if type(d) is not int:
+                raise TypeError("shape must hold ints")
+            if d < 0:
+                raise ValueError(f"shape must not be negative, got {shape}")
+            count *= d
+        if count * item > nbytes:
+            raise ValueError(f"shape {shape} of {dname} needs {count * item} bytes; "
+                             f"{name} holds {nbytes}")
+        if ptr == 0 and count:
+            raise MetraleError(f"{name} is NULL in this arena")
+        v.arena, v.name, v.dtype, v.shape = arena, name, dname, shape
+        v.ptr, v.nbytes = ptr, count * item
+        v._dev_type, v._dev_id, v._code, v._bits = dev_type, dev_id, code, bits
+        return v
+
+    def _interface(self):
+        return {"shape": self.shape, "typestr": _DTYPES[self.dtype][0],
+                "data": (self.ptr, False), "strides": None, "version": 3}
+
+    @property
+    def __array_interface__(self):
+        if self._dev_type != 1:
+            raise AttributeError("__array_interface__ is for host memory; this view is on a GPU")
+        return self._interface()
+
+    @property
+    def __cuda_array_interface__(self):
+        if self._dev_type != 2:
+            raise AttributeError("__cuda_array_interface__ is for GPU memory; this view is on the host")
+        d = self._interface()
+        d["stream"] = None     # the arena's work is ordered by the caller's streams
+        return d
+
+    def __dlpack_device__(self):
+        return (self._dev_type, self._dev_id)
+
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        cdef DLManagedTensor *t
+        cdef int64_t *shp
+        cdef int nd = len(self.shape), i
+        if copy:
+            raise BufferError("an arena view cannot be copied by the producer")
+        if dl_device is not None and tuple(dl_device) != (self._dev_type, self._dev_id):
+            raise BufferError(f"the view lives on device {(self._dev_type, self._dev_id)}")
+        t = <DLManagedTensor *>malloc(sizeof(DLManagedTensor) + sizeof(int64_t) * (nd if nd else 1))
+        if t == NULL:
+            raise MemoryError()
+        shp = <int64_t *>(<char *>t + sizeof(DLManagedTensor))
+        for i in range(nd):
+            shp[i] = self.shape[i]
+        t.dl_tensor.data = <void *><uintptr_t>self.ptr
+        t.dl_tensor.device.device_type = self._dev_type
+        t.dl_tensor.device.device_id = self._dev_id
+        t.dl_tensor.ndim = nd
+        t.dl_tensor.dtype.code = self._code
+        t.dl_tensor.dtype.bits = self._bits
+        t.dl_tensor.dtype.lanes = 1
+        t.dl_tensor.shape = shp
+        t.dl_tensor.strides = NULL       # compact row-major
+        t.dl_tensor.byte_offset = 0
+        t.manager_ctx = <void *>self
+        t.deleter = _dl_deleter
+        Py_INCREF(self)
+        try:
+            return PyCapsule_New(t, b"dltensor", _dl_capsule_destructor)
+        except BaseException:
+            Py_DECREF(self)
+            free(t)
+            raise
+
+    def __repr__(self):
+        return f"ArenaView({self.name}, {self.dtype}, shape={self.shape}, ptr={self.ptr:#x})"

@@ -1,0 +1,20 @@
+# The backend interface the arena drives: one cdef call per device operation,
+# so no Python runs per memset, copy or free.
+from libc.stdint cimport uintptr_t
+from metrale._core cimport mt_range
+
+cdef uintptr_t as_stream(object stream) except? 0
+
+cdef class Backend:
+    # DLPack device type of the memory (1 = CPU, 2 = CUDA) and its ordinal.
+    cdef readonly int device_type
+    cdef readonly int device_id
+    cdef int alloc(self, size_t n, uintptr_t *out) except -1
+    cdef int free(self, uintptr_t p, size_t n) except -1
+    # Best effort from a finalizer: never raises, may skip at interpreter exit.
+    cdef void free_quiet(self, uintptr_t p, size_t n) noexcept
+    cdef int memset(self, uintptr_t p, size_t n, uintptr_t stream) except -1
+    cdef int zero_ranges(self, uintptr_t base, const mt_range *r, int n, uintptr_t stream) except -1
+    cdef int d2h(self, void *dst, uintptr_t src, size_t n, uintptr_t stream) except -1
+    cdef int h2d(self, uintptr_t dst, const void *src, size_t n, uintptr_t stream) except -1
+    cdef int sync(self, uintptr_t stream) except -1

@@ -1,0 +1,69 @@
+# Declarations of src/arena_core.h (the only C the Cython layer calls).
+from libc.stdint cimport uint64_t
+
+cdef extern from "arena_core.h" nogil:
+    enum:
+        MT_NBUF
+        MT_ALIGN
+        MT_N_ZERO_ALL
+        MT_N_CHECKSUM
+        MT_NORM_UNIT_W
+        MT_SSM_ROWWISE_W_BF16
+        MT_MOE_FP8_SCRATCH
+
+    ctypedef struct mt_range:
+        uint64_t offset
+        uint64_t length
+
+    ctypedef struct mt_layout:
+        uint64_t size[46]
+        uint64_t offset[46]
+        uint64_t slab_bytes
+        uint64_t max_batch_tokens
+        mt_range zero_all
+        mt_range zero_prefill
+
+    const char *const mt_buffer_names[]
+    const int mt_slab_order[]
+    const int mt_zero_all_ids[]
+    const int mt_prefill_ids[]
+    const int mt_rows_ids[]
+    const int mt_checksum_ids[]
+
+    int mt_layout_plan(mt_layout *L, const uint64_t *sizes, uint64_t max_batch_tokens)
+    int mt_zero_rows_ranges(const mt_layout *L, uint64_t tokens, mt_range *out)
+    void mt_checksum_f32(const void *data, size_t n, double *out)
+
+    ctypedef struct mt_cursor:
+        pass
+    mt_cursor *mt_cursor_new()
+    void mt_cursor_free(mt_cursor *c)
+    uint64_t mt_cursor_take(mt_cursor *c, uint64_t nbytes, int *wrapped)
+    uint64_t mt_cursor_load(const mt_cursor *c)
+
+    ctypedef struct mt_scratch:
+        pass
+    ctypedef struct mt_scratch_stats:
+        uint64_t active_threads
+        uint64_t total_allocated
+        uint64_t total_used
+        uint64_t max_thread_usage
+    mt_scratch *mt_scratch_new(size_t scratch_size, size_t max_threads)
+    void mt_scratch_incref(mt_scratch *s)
+    void mt_scratch_decref(mt_scratch *s)
+    size_t mt_scratch_size(const mt_scratch *s)
+    size_t mt_scratch_max_threads(const mt_scratch *s)
+    long mt_scratch_find(mt_scratch *s)
+    long mt_scratch_claim(mt_scratch *s)
+    void mt_scratch_release(mt_scratch *s, long slot, uint64_t claim)
+    uint64_t mt_scratch_claim_id(const mt_scratch *s, long slot)
+    void mt_scratch_set_user(mt_scratch *s, long slot, void *user)
+    void *mt_scratch_user(const mt_scratch *s, long slot)
+    unsigned char *mt_scratch_base(mt_scratch *s, long slot)
+    uint64_t mt_scratch_used(mt_scratch *s, long slot)
+    unsigned char *mt_scratch_carve(mt_scratch *s, long slot, uint64_t n)
+    void mt_scratch_reset(mt_scratch *s, long slot)
+    void mt_scratch_reset_all(mt_scratch *s)
+    uint64_t mt_scratch_active(const mt_scratch *s)
+    void mt_scratch_get_stats(const mt_scratch *s, mt_scratch_stats *out)
+    uint64_t mt_thread_id()

@@ -1,0 +1,271 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, binding=False
+"""Per-thread host scratch (the reference's ScratchSpaceManager).
+
+The slot table lives in the C core: a thread finds its slot through a
+thread-local cache with no lock, claims one with a CAS on first use, and gives
+it back when the thread ends (a sentinel in a threading.local is dropped when
+CPython clears the thread state, before join() returns).
+"""
+
+cimport cython
+from cpython.buffer cimport PyBuffer_FillInfo
+from cpython.ref cimport PyObject
+from libc.stdint cimport uint64_t, uintptr_t
+
+from metrale._core cimport *
+
+from metrale.errors import MetraleError, OutOfMemoryError
+
+import threading
+
+cdef object _np = None
+cdef dict _ITEMSIZE = {}
+
+
+cdef object _numpy():
+    global _np
+    if _np is None:
+        import numpy
+        _np = numpy
+    return _np
+
+
+cdef size_t _check_size(str name, object v, size_t minimum=0) except? 0:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError(f"{name} must be an int, got {type(v).__name__}")
+    if v < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {v}")
+    if v > <size_t>-1 // 64:
+        raise ValueError(f"{name} is too large ({v})")
+    return v
+
+
+class ScratchStats:
+    """Statistics about scratch usage (the reference's ScratchStats)."""
+    __slots__ = ("scratch_size", "active_threads", "max_threads", "total_allocated",
+                 "total_used", "max_thread_usage")
+
+    def __init__(self, scratch_size, active_threads, max_threads, total_allocated,
+                 total_used, max_thread_usage):
+        self.scratch_size = scratch_size
+        self.active_threads = active_threads
+        self.max_threads = max_threads
+        self.total_allocated = total_allocated
+        self.total_used = total_used
+        self.max_thread_usage = max_thread_usage
+
+    def _key(self):
+        return tuple(getattr(self, n) for n in ScratchStats.__slots__)
+
+    def __eq__(self, other):
+        if type(other) is not ScratchStats:
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __repr__(self):
+        return "ScratchStats(" + ", ".join(f"{n}={getattr(self, n)}" for n in ScratchStats.__slots__) + ")"
+
+
+@cython.final
+cdef class _Region:
+    """Exports [ptr, ptr + n) as a writable buffer and keeps the table alive."""
+    cdef mt_scratch *s
+    cdef unsigned char *ptr
+    cdef Py_ssize_t n
+
+    def __dealloc__(self):
+        if self.s != NULL:
+            mt_scratch_decref(self.s)
+
+    def __getbuffer__(self, Py_buffer *buf, int flags):
+        PyBuffer_FillInfo(buf, self, self.ptr, self.n, 0, flags)
+
+    def __releasebuffer__(self, Py_buffer *buf):
+        pass
+
+
+cdef _Region _region(mt_scratch *s, unsigned char *ptr, Py_ssize_t n):
+    cdef _Region r = _Region.__new__(_Region)
+    mt_scratch_incref(s)
+    r.s = s
+    r.ptr = ptr
+    r.n = n
+    return r
+
+
+@cython.final
+cdef class ScratchSpace:
+    """The calling thread's scratch buffer: a 64-byte aligned bump allocator.
+
+    Only the thread that owns it may use it; after that thread ends, its methods
+    raise MetraleError.
+    """
+    cdef mt_scratch *s
+    cdef long slot
+    cdef uint64_t claim
+    cdef uint64_t tid
+
+    def __dealloc__(self):
+        if self.s != NULL:
+            mt_scratch_decref(self.s)
+
+    cdef inline int _own(self) except -1:
+        if mt_scratch_claim_id(self.s, self.slot) != self.claim or mt_thread_id() != self.tid:
+            raise MetraleError("this ScratchSpace belongs to another thread "
+                               "(or its thread has ended); call get_scratch() on this thread")
+        return 0
+
+    def get(self, count, dtype="float32"):
+        """A zero-filled, 64-byte aligned numpy array of `count` elements carved
+        from this thread's buffer, or None when it does not fit."""
+        cdef unsigned char *p
+        cdef size_t n, item
+        self._own()
+        n = _check_size("count", count)
+        item = _ITEMSIZE.get(dtype, 0)
+        if item == 0:
+            np = _numpy()
+            try:
+                dt = np.dtype(dtype)
+            except TypeError as e:
+                raise TypeError(f"dtype {dtype!r} is not a numpy dtype") from e
+            item = dt.itemsize
+            if item == 0:
+                raise ValueError(f"dtype {dtype!r} has no fixed size")
+            try:
+                _ITEMSIZE[dtype] = item
+            except TypeError:
+                pass
+        p = mt_scratch_carve(self.s, self.slot, n * item)
+        if p == NULL:
+            return None
+        return _numpy().frombuffer(_region(self.s, p, n * item), dtype=dtype, count=count)
+
+    def as_bytes(self):
+        """A writable memoryview of this thread's whole buffer."""
+        self._own()
+        return memoryview(_region(self.s, mt_scratch_base(self.s, self.slot), mt_scratch_size(self.s)))
+
+    def reset(self):
+        self._own()
+        mt_scratch_reset(self.s, self.slot)
+
+    def used(self):
+        self._own()
+        return mt_scratch_used(self.s, self.slot)
+
+    def remaining(self):
+        self._own()
+        used = mt_scratch_used(self.s, self.slot)
+        size = mt_scratch_size(self.s)
+        aligned = (used + 63) // 64 * 64
+        return size - aligned if aligned < size else 0
+
+    def capacity(self):
+        return mt_scratch_size(self.s)
+
+    def __repr__(self):
+        return f"<ScratchSpace slot={self.slot} capacity={mt_scratch_size(self.s)}>"
+
+
+@cython.final
+cdef class _Lease:
+    """Held in a threading.local: gives the slot back when the thread ends."""
+    cdef mt_scratch *s
+    cdef long slot
+    cdef uint64_t claim
+    cdef object space
+
+    def __dealloc__(self):
+        if self.s != NULL:
+            mt_scratch_release(self.s, self.slot, self.claim)
+            mt_scratch_decref(self.s)
+
+
+@cython.final
+cdef class ScratchSpaceManager:
+    """Per-thread scratch buffers, created lazily, at most `max_threads` live."""
+    cdef mt_scratch *s
+    cdef object _local
+
+    def __cinit__(self, scratch_size, max_threads):
+        cdef size_t size = _check_size("scratch_size", scratch_size)
+        cdef size_t nthreads = _check_size("max_threads", max_threads)
+        self.s = mt_scratch_new(size, nthreads)
+        if self.s == NULL:
+            raise MemoryError("cannot allocate the scratch slot table")
+        self._local = threading.local()
+
+    def __dealloc__(self):
+        self._local = None          # drops every thread's lease
+        if self.s != NULL:
+            mt_scratch_decref(self.s)
+
+    @classmethod
+    def new(cls, scratch_size, max_threads):
+        return cls(scratch_size, max_threads)
+
+    @classmethod
+    def for_model(cls, hidden_dim, max_threads):
+        """Scratch of hidden_dim * 4 * 4 bytes per thread."""
+        hidden_dim = _check_size("hidden_dim", hidden_dim)
+        return cls(hidden_dim * 4 * 4, max_threads)
+
+    def get_scratch(self):
+        """The calling thread's ScratchSpace, created on its first call."""
+        cdef long slot = mt_scratch_find(self.s)
+        if slot >= 0:
+            return <object><PyObject *>mt_scratch_user(self.s, slot)
+        return self._claim()
+
+    cdef object _claim(self):
+        cdef long slot = mt_scratch_claim(self.s)
+        cdef ScratchSpace space
+        cdef _Lease lease
+        if slot == -1:
+            raise MetraleError(
+                f"scratch thread limit reached: max_threads={mt_scratch_max_threads(self.s)} "
+                "threads already hold scratch buffers")
+        if slot == -2:
+            raise OutOfMemoryError(f"cannot allocate a {mt_scratch_size(self.s)}-byte scratch buffer")
+        space = ScratchSpace.__new__(ScratchSpace)
+        mt_scratch_incref(self.s)
+        space.s = self.s
+        space.slot = slot
+        space.claim = mt_scratch_claim_id(self.s, slot)
+        space.tid = mt_thread_id()
+        lease = _Lease.__new__(_Lease)
+        mt_scratch_incref(self.s)
+        lease.s = self.s
+        lease.slot = slot
+        lease.claim = space.claim
+        lease.space = space
+        # The lease owns the ScratchSpace; the slot keeps a borrowed pointer to it.
+        self._local.lease = lease
+        mt_scratch_set_user(self.s, slot, <void *>space)
+        return space
+
+    def reset_all(self):
+        """Reset every thread's buffer; each owner applies it on its next access."""
+        mt_scratch_reset_all(self.s)
+
+    def scratch_size(self):
+        return mt_scratch_size(self.s)
+
+    def max_threads(self):
+        return mt_scratch_max_threads(self.s)
+
+    def active_threads(self):
+        return mt_scratch_active(self.s)
+
+    def stats(self):
+        cdef mt_scratch_stats st
+        mt_scratch_get_stats(self.s, &st)
+        return ScratchStats(mt_scratch_size(self.s), st.active_threads,
+                            mt_scratch_max_threads(self.s), st.total_allocated,
+                            st.total_used, st.max_thread_usage)
+
+    def __repr__(self):
+        return (f"ScratchSpaceManager(scratch_size={mt_scratch_size(self.s)}, "
+                f"max_threads={mt_scratch_max_threads(self.s)}, "
+                f"active_threads={mt_scratch_active(self.s)})")

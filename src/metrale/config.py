@@ -1,0 +1,269 @@
+"""ModelConfig: the model shape the arena is sized from (ARENA.md §3)."""
+
+import os
+
+__all__ = ["ModelConfig"]
+
+# Field order follows ARENA.md §3.1.
+_INT_FIELDS = (
+    "hidden_size", "intermediate_size", "vocab_size", "num_hidden_layers",
+    "num_attention_heads", "num_key_value_heads", "head_dim",
+    "full_attention_interval",
+    "linear_num_key_heads", "linear_key_head_dim", "linear_num_value_heads",
+    "linear_value_head_dim", "num_experts", "num_experts_per_tok",
+    "moe_intermediate_size", "shared_expert_intermediate_size", "zero_expert_num",
+    "moe_latent_size", "mamba_num_heads", "mamba_head_dim", "ssm_state_size",
+    "n_groups", "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "o_groups",
+    "o_lora_rank", "hc_mult", "hc_lowrank", "index_n_heads", "index_head_dim",
+    "index_topk", "index_compress_ratio", "adapter_max_rank",
+)
+_BOOL_FIELDS = ("attn_gated", "mrope_interleaved")
+FIELDS = _INT_FIELDS[:7] + ("attn_gated",) + _INT_FIELDS[7:8] + ("layer_types",) + \
+    _INT_FIELDS[8:] + ("mrope_interleaved", "model_type")
+
+_DEFAULTS = dict.fromkeys(_INT_FIELDS, 0)
+_DEFAULTS.update(num_experts_per_tok=1, attn_gated=False, mrope_interleaved=False,
+                 model_type="", layer_types=())
+
+
+class ModelConfig:
+    """A frozen, hashable model shape with the 38 fields of ARENA.md §3.1."""
+
+    __slots__ = FIELDS + ("_key",)
+
+    def __init__(self, **fields):
+        for name in fields:
+            if name not in _DEFAULTS:
+                raise TypeError(f"ModelConfig() got an unexpected field {name!r}")
+        values = dict(_DEFAULTS)
+        values.update(fields)
+        for name in _INT_FIELDS:
+            v = values[name]
+            if type(v) is bool or not isinstance(v, int):
+                raise TypeError(f"ModelConfig field {name!r} must be an int, got {type(v).__name__}")
+            if v < 0:
+                raise ValueError(f"ModelConfig field {name!r} must be >= 0, got {v}")
+            values[name] = int(v)
+        for name in _BOOL_FIELDS:
+            if not isinstance(values[name], bool):
+                raise TypeError(f"ModelConfig field {name!r} must be a bool, got {type(values[name]).__name__}")
+        if not isinstance(values["model_type"], str):
+            raise TypeError("ModelConfig field 'model_type' must be a str")
+        lt = values["layer_types"]
+        if isinstance(lt, (str, bytes)):
+            raise TypeError("ModelConfig field 'layer_types' must be an iterable of str, not a single string")
+        try:
+            lt = tuple(lt)
+        except TypeError:
+            raise TypeError("ModelConfig field 'layer_types' must be an iterable of str") from None
+        if not all(isinstance(x, str) for x in lt):
+            raise TypeError("ModelConfig field 'layer_types' must hold only str")
+        values["layer_types"] = lt
+        for name in FIELDS:
+            object.__setattr__(self, name, values[name])
+        object.__setattr__(self, "_key", tuple(values[n] for n in FIELDS))
+
+    def __setattr__(self, name, value):
+        raise AttributeError("ModelConfig is frozen; use replace()")
+
+    def __delattr__(self, name):
+        raise AttributeError("ModelConfig is frozen")
+
+    def __eq__(self, other):
+        if type(other) is not ModelConfig:
+            return NotImplemented
+        return self._key == other._key
+
+    def __hash__(self):
+        return hash(self._key)
+
+    def __reduce__(self):
+        return (_rebuild, (self.as_dict(),))
+
+    def __repr__(self):
+        changed = ", ".join(f"{n}={getattr(self, n)!r}" for n in FIELDS
+                            if getattr(self, n) != _DEFAULTS[n])
+        return f"ModelConfig({changed})"
+
+    def as_dict(self):
+        """Field name -> value, in field order."""
+        return {n: getattr(self, n) for n in FIELDS}
+
+    def replace(self, **changes):
+        """A copy with the given fields changed (like dataclasses.replace)."""
+        values = self.as_dict()
+        for name in changes:
+            if name not in _DEFAULTS:
+                raise TypeError(f"ModelConfig has no field {name!r}")
+        values.update(changes)
+        return ModelConfig(**values)
+
+    # -- derived getters (ARENA.md §3.2) --------------------------------------
+    def ssm_qkvz_size(self):
+        return 2 * self.linear_num_key_heads * self.linear_key_head_dim + \
+            2 * self.linear_num_value_heads * self.linear_value_head_dim
+
+    def ssm_ba_size(self):
+        return 2 * self.linear_num_value_heads
+
+    def mamba2_d_inner(self):
+        return self.mamba_num_heads * self.mamba_head_dim
+
+    def mamba2_d_xbc(self):
+        return self.mamba2_d_inner() + 2 * self.n_groups * self.ssm_state_size
+
+    def mamba2_in_proj_size(self):
+        return self.mamba2_d_inner() + self.mamba2_d_xbc() + self.mamba_num_heads
+
+    def moe_input_size(self):
+        return self.moe_latent_size if self.moe_latent_size > 0 else self.hidden_size
+
+    def num_ssm_layers(self):
+        if self.layer_types:
+            return sum(1 for t in self.layer_types if t == "linear_attention")
+        n, interval = self.num_hidden_layers, self.full_attention_interval
+        attention = n // interval if interval > 0 else n
+        return n - attention
+
+    # -- presets and Hugging Face configs ---------------------------------------
+    @staticmethod
+    def presets():
+        """Names of the bundled model shapes, in ARENA.md §3.3 order."""
+        return tuple(_PRESETS)
+
+    @staticmethod
+    def preset(name):
+        """One of the bundled model shapes (ARENA.md §3.3)."""
+        if not isinstance(name, str):
+            raise TypeError(f"name must be a str, got {type(name).__name__}")
+        try:
+            fields = _PRESETS[name]
+        except KeyError:
+            raise ValueError(f"unknown preset name {name!r}; known: {', '.join(_PRESETS)}") from None
+        return ModelConfig(**fields)
+
+    @staticmethod
+    def from_hf_config(path_or_dict):
+        """Read a Hugging Face config.json (a path, a directory holding one, or a
+        parsed dict), mapped as ARENA.md §3.5 says."""
+        if isinstance(path_or_dict, dict):
+            data = path_or_dict
+        elif isinstance(path_or_dict, (str, os.PathLike)):
+            import json
+            path = os.fspath(path_or_dict)
+            if os.path.isdir(path):
+                path = os.path.join(path, "config.json")
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+            if not isinstance(data, dict):
+                raise ValueError(f"{path}: a config.json must hold a JSON object")
+        else:
+            raise TypeError("path_or_dict must be a path or a dict, "
+                            f"got {type(path_or_dict).__name__}")
+        return ModelConfig(**_map_hf(data))
+
+
+def _rebuild(fields):
+    return ModelConfig(**fields)
+
+
+_HF_ALIASES = {
+    "num_experts": ("num_experts", "n_routed_experts", "num_local_experts"),
+    "shared_expert_intermediate_size": ("shared_expert_intermediate_size",
+                                        "moe_shared_expert_intermediate_size"),
+    "attn_gated": ("attn_gated", "attn_output_gate"),
+}
+_PATTERN = {"M": "linear_attention", "*": "full_attention", "E": "moe", "-": "mlp"}
+
+
+def _map_hf(data):
+    text = data.get("text_config")
+    text = text if isinstance(text, dict) else {}
+
+    def lookup(key):
+        for src in (text, data):
+            v = src.get(key)
+            if v is not None:     # JSON null counts as absent
+                return True, v
+        return False, None
+
+    out = {}
+    for name in FIELDS:
+        if name in ("model_type", "layer_types"):
+            continue
+        for key in _HF_ALIASES.get(name, (name,)):
+            found, v = lookup(key)
+            if found:
+                if name in _BOOL_FIELDS:
+                    if not isinstance(v, bool):
+                        raise TypeError(f"config key {key!r} must be a JSON boolean")
+                elif type(v) is bool or not isinstance(v, int):
+                    raise TypeError(f"config key {key!r} must be a JSON integer, "
+                                    f"got {type(v).__name__}")
+                out[name] = v
+                break
+    mt = data.get("model_type")
+    out["model_type"] = mt if isinstance(mt, str) else ""
+    found, lt = lookup("layer_types")
+    if found:
+        if not isinstance(lt, list):
+            raise TypeError("config key 'layer_types' must be a JSON list")
+        out["layer_types"] = tuple(lt)
+    else:
+        found, pat = lookup("hybrid_override_pattern")
+        if found:
+            if not isinstance(pat, str):
+                raise TypeError("config key 'hybrid_override_pattern' must be a string")
+            try:
+                out["layer_types"] = tuple(_PATTERN[ch] for ch in pat)
+            except KeyError as e:
+                raise ValueError(f"hybrid_override_pattern has an unknown layer code {e.args[0]!r}") from None
+    heads = out.get("num_attention_heads", 0)
+    out.setdefault("num_key_value_heads", heads)
+    out.setdefault("head_dim", out.get("hidden_size", 0) // heads if heads else 0)
+    out.setdefault("attn_gated", out["model_type"] == "qwen3_next")
+    return out
+
+
+_NEMOTRON_PATTERN = "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME"
+
+_QWEN3_NEXT_80B = dict(
+    model_type="qwen3_next", hidden_size=2048, num_hidden_layers=48,
+    full_attention_interval=4, intermediate_size=5120, vocab_size=151936,
+    num_attention_heads=16, num_key_value_heads=2, head_dim=256, attn_gated=True,
+    linear_num_key_heads=16, linear_key_head_dim=128, linear_num_value_heads=32,
+    linear_value_head_dim=128, num_experts=512, num_experts_per_tok=10,
+    moe_intermediate_size=512, shared_expert_intermediate_size=512)
+
+_PRESETS = {
+    "qwen3-next-80b": _QWEN3_NEXT_80B,
+    "qwen3.8-27b": dict(_QWEN3_NEXT_80B, hidden_size=5120, num_hidden_layers=64,
+                        linear_num_value_heads=48),
+    "glm-5.3-flash-tp2": dict(
+        model_type="glm5_next", hidden_size=4096, num_hidden_layers=48,
+        full_attention_interval=4, intermediate_size=12288, vocab_size=154880,
+        num_attention_heads=32, num_key_value_heads=32, head_dim=256,
+        linear_num_key_heads=32, linear_key_head_dim=128, linear_num_value_heads=32,
+        linear_value_head_dim=128, num_experts=288, num_experts_per_tok=8,
+        moe_intermediate_size=2048, shared_expert_intermediate_size=2048,
+        kv_lora_rank=512, q_lora_rank=1536, hc_mult=4, index_n_heads=32,
+        index_head_dim=128, index_topk=2048),
+    "deepseek-v4": dict(
+        model_type="deepseek_v4", hidden_size=4096, num_hidden_layers=43,
+        vocab_size=129280, num_attention_heads=64, num_key_value_heads=1, head_dim=512,
+        num_experts=256, num_experts_per_tok=6, moe_intermediate_size=2048,
+        shared_expert_intermediate_size=2048, kv_lora_rank=512, q_lora_rank=1024,
+        qk_rope_head_dim=64, o_lora_rank=1024, hc_mult=4, index_n_heads=64,
+        index_head_dim=128, index_topk=512),
+    "nemotron-h": dict(
+        model_type="nemotron_h", hidden_size=2688, num_hidden_layers=52,
+        layer_types=tuple(_PATTERN[c] for c in _NEMOTRON_PATTERN),
+        intermediate_size=1856, vocab_size=131072, num_attention_heads=32,
+        num_key_value_heads=2, head_dim=128, num_experts=128, num_experts_per_tok=6,
+        moe_intermediate_size=1856, shared_expert_intermediate_size=3712,
+        mamba_num_heads=64, mamba_head_dim=64, ssm_state_size=128, n_groups=8),
+    "gemma-4-dense": dict(
+        model_type="gemma4", hidden_size=5376, num_hidden_layers=4,
+        intermediate_size=21504, vocab_size=262144, num_attention_heads=32,
+        num_key_value_heads=16, head_dim=256),
+}

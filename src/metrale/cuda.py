@@ -1,0 +1,23 @@
+"""CudaBackend, loaded on first use so that `import metrale` stays GPU-free.
+
+The driver calls live in the `_cuda` extension (Cython over
+cuda.bindings.cydriver).  Where that extension cannot load (no cuda-bindings,
+no driver), CudaBackend() raises MetraleError saying why.
+"""
+
+from metrale.errors import MetraleError
+
+try:
+    from metrale._cuda import CudaBackend
+except ImportError as _e:  # the package still works on the host backend
+    _reason = f"{type(_e).__name__}: {_e}"
+
+    class CudaBackend:
+        """Unavailable here: constructing it raises MetraleError with the reason."""
+
+        def __init__(self, device=0):
+            raise MetraleError(
+                "CudaBackend is unavailable: the CUDA extension could not be loaded "
+                f"({_reason}); install metrale[cuda] on a machine with an NVIDIA driver")
+
+__all__ = ["CudaBackend"]

@@ -1,0 +1,473 @@
+"""Sizing: BufferSizes.from_config and the layouts it relies on (ARENA.md §2, §4).
+
+Pure Python with exact integer arithmetic; no allocation, no GPU contact.
+"""
+
+import os
+from collections.abc import Mapping
+
+from .config import ModelConfig
+
+__all__ = [
+    "BUFFER_NAMES", "BufferSizes", "DecodeMetaLayout", "MoeFp8Layout", "Target",
+    "GATEUP_FUSED_MAX_M", "DECODE_META_MIN_ROWS", "DECODE_META_MAX_ROWS",
+    "Q12_SIZING_STREAMS", "VERIFY_ROW_CAP", "moe_fp8_layout", "resolve_splitk",
+]
+
+GATEUP_FUSED_MAX_M = 16
+DECODE_META_MIN_ROWS = 32
+DECODE_META_MAX_ROWS = 128
+Q12_SIZING_STREAMS = 8
+VERIFY_ROW_CAP = 160
+
+_DECODE_META_OFFSET = 32_768   # batched decode / verify metadata inside `scratch`
+_SCRATCH_FLOOR = 65_536
+_FLOOR = 256
+_Q8_SLACK = 1 << 20
+_MAX_DECODE_SPLITS = 16
+_SPLITK_TARGET_WAVES = 2
+_U64_MAX = (1 << 64) - 1
+
+# Canonical order (ARENA.md §2.2); index i is buffer id i of the C core.
+BUFFER_NAMES = (
+    "hidden_states", "residual", "norm_output", "qkv_output", "attn_output",
+    "gate_logits", "gate_logits_f32", "moe_router_in_f32", "moe_output", "logits",
+    "ssm_qkvz", "ssm_ba", "ssm_deinterleaved", "ssm_gates", "ssm_conv_out_f32",
+    "scratch", "expert_gate_out", "expert_up_out", "expert_down_out",
+    "splitk_workspace", "o_latent", "norm_unit_w", "hc_streams", "hc_post",
+    "hc_comb", "hc_lowrank_scratch", "qsa_select_scratch", "ssd_scratch",
+    "gdn_fla_scratch", "token_ids", "ffn_act_q8", "ffn_act_a", "ffn_act_scale",
+    "ffn_act_scale_kmajor", "ffn_gate_up_fused", "fp8_act", "moe_fp8_scratch",
+    "fp8_act_scale", "fp8_act_scale_kmajor", "q2_dequant_scratch", "lora_xa",
+    "lora_delta", "lora_hact", "lora_seq_slot", "q2_act_q8", "ssm_rowwise_w_bf16",
+)
+_INDEX = {n: i for i, n in enumerate(BUFFER_NAMES)}
+# total_bytes() leaves these two out, for parity with the reference preflight (§8.1).
+_NOT_TOTALLED = (_INDEX["o_latent"], _INDEX["norm_unit_w"])
+
+
+def _cdiv(a, b):
+    return -(-a // b)
+
+
+def _ceil(x, n):
+    return _cdiv(x, n) * n
+
+
+def _check_int(name, value, minimum=0):
+    if type(value) is bool or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+# -- Target and split-K (§4.3) -------------------------------------------------
+
+_PINNED = tuple(str(n) for n in range(1, _MAX_DECODE_SPLITS + 1))
+
+
+class Target:
+    """The device an arena is sized for: SM count and split-K policy."""
+
+    __slots__ = ("_sm_count", "_splitk")
+
+    def __init__(self, sm_count, splitk):
+        sm_count = _check_int("sm_count", sm_count)
+        if not isinstance(splitk, str):
+            raise TypeError(f"splitk must be a str, got {type(splitk).__name__}")
+        if splitk not in ("legacy", "auto") and splitk not in _PINNED:
+            raise ValueError(f"splitk must be 'legacy', 'auto' or '1' ... '16', got {splitk!r}")
+        self._sm_count = sm_count
+        self._splitk = splitk
+
+    sm_count = property(lambda self: self._sm_count)
+    splitk = property(lambda self: self._splitk)
+
+    @classmethod
+    def reference(cls):
+        """The reference build target: 48 SMs, legacy split-K."""
+        return cls(48, "legacy")
+
+    def __eq__(self, other):
+        if type(other) is not Target:
+            return NotImplemented
+        return (self._sm_count, self._splitk) == (other._sm_count, other._splitk)
+
+    def __hash__(self):
+        return hash((self._sm_count, self._splitk))
+
+    def __repr__(self):
+        return f"Target(sm_count={self._sm_count}, splitk={self._splitk!r})"
+
+
+def resolve_splitk(target, env):
+    """The effective policy: ("legacy", 0), ("auto", 0) or ("pinned", n).
+
+    `METRALE_ATTN_DECODE_SPLITK` in `env` overrides `target.splitk`; the launch
+    and the workspace use the same resolver so they always agree.
+    """
+    policy = target.splitk
+    raw = env.get("METRALE_ATTN_DECODE_SPLITK")
+    if isinstance(raw, str):
+        v = raw.strip().lower()
+        if v in ("legacy", "auto"):
+            policy = v
+        elif v in ("0", "off", "false", "no"):
+            policy = "1"
+        elif v.isascii() and v.isdigit() and int(v) >= 1:
+            policy = v
+    if policy in ("legacy", "auto"):
+        return policy, 0
+    return "pinned", int(policy)
+
+
+def splitk_slots(target, env, num_heads, rows):
+    policy, n = resolve_splitk(target, env)
+    if policy == "legacy":
+        return max(target.sm_count, 1)
+    heads = max(num_heads, 1)
+    if policy == "auto":
+        n = _cdiv(_SPLITK_TARGET_WAVES * target.sm_count, heads)
+    splits = min(max(n, 1), _MAX_DECODE_SPLITS)
+    return max(rows, 1) * heads * splits
+
+
+# -- DecodeMetaLayout (§4.2) ------------------------------------------------------
+
+class DecodeMetaLayout:
+    """Byte layout of the batched-decode metadata upload."""
+
+    __slots__ = ("_rows",)
+
+    def __init__(self, rows):
+        self._rows = rows
+
+    @classmethod
+    def for_max_batch_size(cls, n):
+        n = _check_int("max_batch_size", n)
+        return cls(max(n, DECODE_META_MIN_ROWS))
+
+    def rows(self):
+        return self._rows
+
+    def positions_offset(self):
+        return 0
+
+    def seq_slot_offset(self):
+        return 4 * self._rows
+
+    def slots_offset(self):
+        return 8 * self._rows
+
+    def seq_lens_offset(self):
+        return 16 * self._rows
+
+    def block_table_offset(self):
+        # 4R gap after the sequence lengths, as the reference packs it.
+        return 24 * self._rows
+
+    def meta_bytes(self, max_blocks):
+        max_blocks = _check_int("max_blocks", max_blocks)
+        return 24 * self._rows + 4 * self._rows * max_blocks
+
+    def __eq__(self, other):
+        if type(other) is not DecodeMetaLayout:
+            return NotImplemented
+        return self._rows == other._rows
+
+    def __hash__(self):
+        return hash(("DecodeMetaLayout", self._rows))
+
+    def __repr__(self):
+        return f"DecodeMetaLayout(rows={self._rows})"
+
+
+# -- MoE FP8 scratch layout (§4.9) --------------------------------------------------
+
+class MoeFp8Layout:
+    """Offsets of the grouped FP8 MoE slab for one (config, rows)."""
+
+    __slots__ = ("scale", "worklist", "counter", "small_worklist", "small_bytes",
+                 "small_counter", "bytes")
+
+    def __init__(self, scale, worklist, counter, small_worklist, small_bytes,
+                 small_counter, nbytes):
+        self.scale, self.worklist, self.counter = scale, worklist, counter
+        self.small_worklist, self.small_bytes = small_worklist, small_bytes
+        self.small_counter, self.bytes = small_counter, nbytes
+
+    def __repr__(self):
+        return ("MoeFp8Layout(" + ", ".join(f"{k}={getattr(self, k)}" for k in self.__slots__) + ")")
+
+
+def moe_fp8_layout(config, rows):
+    if not isinstance(config, ModelConfig):
+        raise TypeError(f"config must be a ModelConfig, got {type(config).__name__}")
+    rows = _check_int("rows", rows)
+    c = config
+    E, H, Im = c.num_experts, c.hidden_size, c.moe_intermediate_size
+    if E == 0:
+        return MoeFp8Layout(0, 0, 0, 0, 0, 0, 0)
+    expanded = rows * c.num_experts_per_tok
+    shared_k = max(H, c.shared_expert_intermediate_size)
+    act = max(rows * shared_k, expanded * Im)
+    scl = 4 * max(rows * _cdiv(shared_k, 128), expanded * _cdiv(Im, 128))
+    width_tiles = _cdiv(max(H, Im), 64)
+    items = (_cdiv(expanded, 128) + E + 1) * width_tiles
+    scale = _ceil(act, 256)
+    worklist = scale + _ceil(scl, 256)
+    counter = worklist + _ceil(8 * items, 256)
+    # Only E = 256 is qualified for the adaptive small-worklist dispatch.
+    small_bytes = E * width_tiles * 8 if E == 256 else 0
+    if small_bytes > _U64_MAX:
+        raise ValueError("adaptive FP8 small worklist size overflow "
+                         f"(E={E}, max(hidden, moe_intermediate)={max(H, Im)})")
+    if small_bytes:
+        small_worklist = _ceil(counter + 4, 256)
+        small_counter = small_worklist + _ceil(small_bytes, 256)
+        nbytes = small_counter + 4
+    else:
+        small_worklist = small_counter = 0
+        nbytes = counter + 4
+    return MoeFp8Layout(scale, worklist, counter, small_worklist, small_bytes,
+                        small_counter, nbytes)
+
+
+# -- scratch (§4.1) -----------------------------------------------------------------
+
+def _q12(n, c, k, ps):
+    t = n * c
+    return (_ceil(8 * t * k, 64) + n * max(16 * c + 64, 4096) + ps * _ceil(4 * t, 8)
+            + _ceil(8 * t, 8) + 2 * _ceil(8 * n, 8) + _ceil(4 * (n + 1), 8)
+            + _ceil(4 * n, 8) + 8 * n)
+
+
+def scratch_terms(config, M, B, R):
+    """(prefill_term, decode_term, q12_term) of §4.1."""
+    k = config.num_experts_per_tok
+    ps = 3 if config.mrope_interleaved else 1
+    o_s = _ceil(4 * ps * M, 8)
+    o_b = _ceil(o_s + 8 * M, 4)
+    o_l = _ceil(o_b + 4 * B, 4)
+    prefill = 8 * M * k + o_l + 4
+    decode = _DECODE_META_OFFSET + max(24 * VERIFY_ROW_CAP + VERIFY_ROW_CAP * B * 4,
+                                       24 * R + R * B * 4)
+    q12 = _q12(Q12_SIZING_STREAMS, max(_cdiv(M, Q12_SIZING_STREAMS), 1), k, ps)
+    return prefill, decode, q12
+
+
+# -- BufferSizes (§8.1) ---------------------------------------------------------------
+
+def _lever(env, name):
+    return env.get(name) == "1"
+
+
+class BufferSizes:
+    """The byte size of each of the 46 buffers (one int attribute per buffer)."""
+
+    __slots__ = ("_values",)
+
+    def __init__(self, **sizes):
+        missing = [n for n in BUFFER_NAMES if n not in sizes]
+        if missing:
+            raise TypeError(f"BufferSizes() missing entries: {', '.join(missing)}")
+        self._values = _validated(sizes)
+
+    @classmethod
+    def _make(cls, values):
+        self = object.__new__(cls)
+        self._values = values
+        return self
+
+    @classmethod
+    def from_config(cls, config, max_batch_tokens, max_seq_len, kv_block_size,
+                    max_batch_size, *, target=None, env=None):
+        """Evaluate every formula of ARENA.md §2 and §4."""
+        if not isinstance(config, ModelConfig):
+            raise TypeError(f"config must be a ModelConfig, got {type(config).__name__}")
+        if target is None:
+            target = Target.reference()
+        elif not isinstance(target, Target):
+            raise TypeError(f"target must be a Target or None, got {type(target).__name__}")
+        if env is None:
+            env = os.environ
+        elif not isinstance(env, Mapping):
+            raise TypeError(f"env must be a mapping or None, got {type(env).__name__}")
+        M = _check_int("max_batch_tokens", max_batch_tokens, 1)
+        max_seq_len = _check_int("max_seq_len", max_seq_len)
+        kv_block_size = _check_int("kv_block_size", kv_block_size)
+        max_batch_size = _check_int("max_batch_size", max_batch_size)
+        values = _compute(config, M, max_seq_len, kv_block_size, max_batch_size, target, env)
+        total = 0
+        for name, v in zip(BUFFER_NAMES, values):
+            total += v
+            if v > _U64_MAX:
+                raise ValueError(f"size of {name} ({v} bytes) exceeds 2^64 - 1 "
+                                 f"at max_batch_tokens={M}")
+        if total > _U64_MAX:
+            raise ValueError(f"the sum of all buffer sizes ({total} bytes) exceeds "
+                             f"2^64 - 1 at max_batch_tokens={M}")
+        return cls._make(values)
+
+    def total_bytes(self):
+        """Sum of 44 sizes: all but o_latent and norm_unit_w (§8.1)."""
+        v = self._values
+        return sum(v) - v[_NOT_TOTALLED[0]] - v[_NOT_TOTALLED[1]]
+
+    def as_dict(self):
+        return dict(zip(BUFFER_NAMES, self._values))
+
+    def as_tuple(self):
+        """The 46 sizes in canonical order."""
+        return self._values
+
+    def replace(self, **changes):
+        values = list(self._values)
+        for name, v in changes.items():
+            i = _INDEX.get(name)
+            if i is None:
+                raise TypeError(f"BufferSizes has no entry {name!r}")
+            values[i] = v
+        return BufferSizes._make(_validated(dict(zip(BUFFER_NAMES, values))))
+
+    def __eq__(self, other):
+        if type(other) is not BufferSizes:
+            return NotImplemented
+        return self._values == other._values
+
+    def __hash__(self):
+        return hash(self._values)
+
+    def __reduce__(self):
+        return (BufferSizes._make, (self._values,))
+
+    def __repr__(self):
+        return "BufferSizes(" + ", ".join(f"{n}={v}" for n, v in zip(BUFFER_NAMES, self._values)) + ")"
+
+
+def _validated(sizes):
+    out = []
+    for name in BUFFER_NAMES:
+        v = sizes[name]
+        if type(v) is bool or not isinstance(v, int):
+            raise TypeError(f"size of {name} must be an int, got {type(v).__name__}")
+        if v < 0:
+            raise ValueError(f"size of {name} must be >= 0, got {v}")
+        if v > _U64_MAX:
+            raise ValueError(f"size of {name} ({v}) exceeds 2^64 - 1")
+        out.append(int(v))
+    extra = set(sizes) - set(BUFFER_NAMES)
+    if extra:
+        raise TypeError(f"BufferSizes has no entry {sorted(extra)[0]!r}")
+    return tuple(out)
+
+
+for _i, _name in enumerate(BUFFER_NAMES):
+    setattr(BufferSizes, _name, property(lambda self, _i=_i: self._values[_i],
+                                         doc=f"Bytes of {_name}."))
+del _i, _name
+
+
+def _compute(c, M, max_seq_len, kv_block_size, max_batch_size, target, env):
+    Mp = _ceil(M, 16)
+    Kx = _ceil(max(M, 3), 16)
+    R = max(DECODE_META_MIN_ROWS, max_batch_size)
+    B = 256 if kv_block_size == 0 else max_seq_len // kv_block_size + 1
+    H, I, V = c.hidden_size, c.intermediate_size, c.vocab_size
+    Hq, Hkv, D = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+    g = 2 if c.attn_gated else 1
+    E, k, Im, Is = c.num_experts, c.num_experts_per_tok, c.moe_intermediate_size, \
+        c.shared_expert_intermediate_size
+    Ez, Lm, Hin = c.zero_expert_num, c.moe_latent_size, c.moe_input_size()
+    nv, dk, dv = c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim
+    QKVZ, Vd = c.ssm_qkvz_size(), nv * dv
+    Hm, Di, Dx, Dip = c.mamba_num_heads, c.mamba2_d_inner(), c.mamba2_d_xbc(), c.mamba2_in_proj_size()
+    KVr, Qr, r = c.kv_lora_rank, c.q_lora_rank, c.qk_rope_head_dim
+    mla = KVr > 0
+    hc, hr = c.hc_mult, c.hc_lowrank
+    nh, hdi, topk, icr = c.index_n_heads, c.index_head_dim, c.index_topk, c.index_compress_ratio
+    rank = c.adapter_max_rank
+    Kf = max(H, I)
+    Kp = max(H, Hq * D, Di, Vd)
+    dense = E == 0
+
+    s = {}
+    s["hidden_states"] = s["residual"] = 2 * M * H
+    s["norm_output"] = 2 * M * max(H, Di)
+    s["qkv_output"] = 2 * Mp * (g * Hq + 2 * Hkv) * D
+    s["attn_output"] = 2 * M * max(Hq * D, Di, Hq * (KVr + r) if mla else 0)
+    s["gate_logits"] = _FLOOR if dense else 2 * M * (E + Ez)
+    s["gate_logits_f32"] = _FLOOR if dense else 4 * M * (E + Ez)
+    s["moe_router_in_f32"] = _FLOOR if dense else 4 * M * H
+    s["moe_output"] = 2 * Mp * H
+    s["logits"] = 2 * min(M, max(VERIFY_ROW_CAP, R + 1)) * V
+    s["ssm_qkvz"] = max(2 * Mp * QKVZ, 2 * M * Dip, 2 * (M + Mp) * Hkv * D, 2 * M * Is, _FLOOR)
+    s["ssm_ba"] = max(4 * M * nv, 2 * M * Lm, 2 * M * max(r, Qr) if mla else 0, _FLOOR)
+    s["ssm_deinterleaved"] = max(2 * Mp * QKVZ, 2 * M * Dx, 2 * M * Hq * D,
+                                 2 * M * Hq * (KVr + r) if mla else 0, _FLOOR)
+    s["ssm_gates"] = max(8 * M * nv, _FLOOR)
+    s["ssm_conv_out_f32"] = max(4 * M * QKVZ, 2 * M * Hq * r if mla else 0, _FLOOR)
+    s["scratch"] = max(_SCRATCH_FLOOR, *scratch_terms(c, M, B, R))
+    w = I if dense else max(k * Im, I)
+    s["expert_gate_out"] = s["expert_up_out"] = 2 * Kx * w
+    s["expert_down_out"] = 2 * Kx * H if dense else 2 * Kx * k * Hin
+    s["splitk_workspace"] = 4 * (D + 2) * splitk_slots(target, env, Hq, R)
+    s["o_latent"] = max(2 * M * c.o_groups * c.o_lora_rank, _FLOOR)
+    s["norm_unit_w"] = 2 * max(H, Di)
+    if hc > 0:
+        s["hc_streams"] = 4 * M * hc * H
+        s["hc_post"] = max(4 * M * hc, _FLOOR)
+        s["hc_comb"] = max(4 * M * hc * hc, _FLOOR)
+    else:
+        s["hc_streams"] = s["hc_post"] = s["hc_comb"] = _FLOOR
+    if hc > 0 and hr > 0:
+        s["hc_lowrank_scratch"] = max(4 * min(M, 64) * (hc * H + hr),
+                                      2 * min(M, 2048) * (2 * hc * H + hr + hc))
+    else:
+        s["hc_lowrank_scratch"] = _FLOOR
+    if topk > 0 and icr > 0:
+        s["qsa_select_scratch"] = 2048 * (2 * (nh + 1) * hdi + 4 * nh * hdi
+                                          + 4 * _cdiv(max_seq_len, icr) + 4 * (topk // icr))
+    else:
+        s["qsa_select_scratch"] = _FLOOR
+    if Hm > 0 and c.ssm_state_size > 0:
+        nc = _cdiv(M, 64) + 1
+        G = max(c.n_groups, 1)
+        s["ssd_scratch"] = 2 * (Hm * nc * 64 * 4) + nc * G * 64 * 64 * 4
+    else:
+        s["ssd_scratch"] = 0
+    if nv > 0 and dk == 128 and dv == 128:
+        X = (_cdiv(M, 64) + 16) * nv
+        s["gdn_fla_scratch"] = (2 * X * 64 * dk + 2 * X * 64 * dv + 2 * X * dk * dv
+                                + 2 * X * 64 * dv + 4 * X * 64)
+    else:
+        s["gdn_fla_scratch"] = 0
+    s["token_ids"] = max(4 * M, _FLOOR)
+    if dense:
+        s["ffn_act_q8"] = 4 * M * _ceil(Kf, 256) + _Q8_SLACK
+        s["ffn_act_a"] = Mp * Kf
+        s["ffn_act_scale"] = 4 * Mp * (Kf // 32)          # floor, as the reference
+        s["ffn_act_scale_kmajor"] = 4 * Mp * (Kf // 128)
+        s["ffn_gate_up_fused"] = 2 * _ceil(GATEUP_FUSED_MAX_M, 16) * 2 * I
+    else:
+        for n in ("ffn_act_q8", "ffn_act_a", "ffn_act_scale", "ffn_act_scale_kmajor",
+                  "ffn_gate_up_fused"):
+            s[n] = 0
+    s["fp8_act"] = Mp * Kp
+    s["moe_fp8_scratch"] = moe_fp8_layout(c, M).bytes
+    s["fp8_act_scale"] = s["fp8_act_scale_kmajor"] = 4 * Mp * _cdiv(Kp, 128)   # ceiling
+    s["q2_dequant_scratch"] = (2 * H * max(I, QKVZ, Dip, g * Hq * D, 2 * Hkv * D)
+                               if _lever(env, "METRALE_GGUF_NATIVE_Q2") else 0)
+    if rank > 0:
+        s["lora_xa"] = 2 * M * rank
+        s["lora_delta"] = 2 * M * max(H, I, g * Hq * D)
+        s["lora_hact"] = 2 * M * I
+        s["lora_seq_slot"] = 4 * M
+    else:
+        s["lora_xa"] = s["lora_delta"] = s["lora_hact"] = s["lora_seq_slot"] = 0
+    s["q2_act_q8"] = (4 * M * _ceil(max(H, I, Hq * D), 256) + _Q8_SLACK
+                      if _lever(env, "METRALE_GGUF_NATIVE_Q2_MMQ") else 0)
+    s["ssm_rowwise_w_bf16"] = (c.num_ssm_layers() * (2 * QKVZ * H + 2 * H * Vd)
+                               if _lever(env, "METRALE_FP8_ROWWISE") else 0)
+    return tuple(s[n] for n in BUFFER_NAMES)
