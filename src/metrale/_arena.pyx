@@ -246,7 +246,7 @@ cdef class BufferArena:
             import warnings
             warnings.warn(f"unreleased buffer arena ({self._L.slab_bytes} bytes) freed by the "
                           "garbage collector; call release(gpu) or use it as a context manager",
-                          ResourceWarning, source=self)
+                          ResourceWarning)
 
     def __dealloc__(self):
         if not self._released and self._base and self._gpu is not None:

@@ -29,7 +29,7 @@ _DEFAULTS.update(num_experts_per_tok=1, attn_gated=False, mrope_interleaved=Fals
 class ModelConfig:
     """A frozen, hashable model shape with the 38 fields of ARENA.md §3.1."""
 
-    __slots__ = FIELDS + ("_key",)
+    __slots__ = FIELDS + ("_key", "_hash")
 
     def __init__(self, **fields):
         for name in fields:
@@ -61,7 +61,9 @@ class ModelConfig:
         values["layer_types"] = lt
         for name in FIELDS:
             object.__setattr__(self, name, values[name])
-        object.__setattr__(self, "_key", tuple(values[n] for n in FIELDS))
+        key = tuple(values[n] for n in FIELDS)
+        object.__setattr__(self, "_key", key)
+        object.__setattr__(self, "_hash", hash(key))   # configs are dict keys on hot paths
 
     def __setattr__(self, name, value):
         raise AttributeError("ModelConfig is frozen; use replace()")
@@ -72,10 +74,10 @@ class ModelConfig:
     def __eq__(self, other):
         if type(other) is not ModelConfig:
             return NotImplemented
-        return self._key == other._key
+        return self is other or self._key == other._key
 
     def __hash__(self):
-        return hash(self._key)
+        return self._hash
 
     def __reduce__(self):
         return (_rebuild, (self.as_dict(),))

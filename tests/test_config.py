@@ -1,0 +1,159 @@
+import json
+import pathlib
+
+import pytest
+
+from metrale import ModelConfig
+
+DATA = pathlib.Path(__file__).parent / "data" / "hf"
+
+
+def test_defaults_and_field_count():
+    c = ModelConfig()
+    d = c.as_dict()
+    assert len(d) == 38
+    assert c.num_experts_per_tok == 1
+    assert c.attn_gated is False and c.mrope_interleaved is False
+    assert c.model_type == "" and c.layer_types == ()
+    assert all(v == 0 for k, v in d.items()
+               if k not in ("num_experts_per_tok", "attn_gated", "mrope_interleaved",
+                            "model_type", "layer_types"))
+
+
+def test_frozen_hashable_equal():
+    a = ModelConfig(hidden_size=8)
+    b = ModelConfig(hidden_size=8)
+    assert a == b and hash(a) == hash(b)
+    assert a != ModelConfig(hidden_size=9)
+    with pytest.raises(AttributeError):
+        a.hidden_size = 3
+    assert a.replace(hidden_size=3).hidden_size == 3 and a.hidden_size == 8
+
+
+@pytest.mark.parametrize("kw, exc, word", [
+    (dict(hidden_size=-1), ValueError, "hidden_size"),
+    (dict(hidden_size=1.5), TypeError, "hidden_size"),
+    (dict(hidden_size=True), TypeError, "hidden_size"),
+    (dict(attn_gated=1), TypeError, "attn_gated"),
+    (dict(model_type=3), TypeError, "model_type"),
+    (dict(layer_types=[1]), TypeError, "layer_types"),
+    (dict(nonsense=1), TypeError, "nonsense"),
+])
+def test_validation(kw, exc, word):
+    with pytest.raises(exc, match=word):
+        ModelConfig(**kw)
+
+
+def test_layer_types_any_iterable():
+    c = ModelConfig(layer_types=iter(["linear_attention", "full_attention"]))
+    assert c.layer_types == ("linear_attention", "full_attention")
+    assert c.num_ssm_layers() == 1
+
+
+def test_presets_order_and_unknown():
+    assert ModelConfig.presets() == ("qwen3-next-80b", "qwen3.8-27b", "glm-5.3-flash-tp2",
+                                     "deepseek-v4", "nemotron-h", "gemma-4-dense")
+    with pytest.raises(ValueError, match="qwen3-next-80b"):
+        ModelConfig.preset("nope")
+
+
+# ARENA.md §3.3, derived rows: QKVZ / Vd, Di / Dx / Dip, num_ssm_layers, moe_input_size.
+@pytest.mark.parametrize("name, qkvz, vd, di, dx, dip, ssm, hin", [
+    ("qwen3-next-80b", 12288, 4096, 0, 0, 0, 36, 2048),
+    ("qwen3.8-27b", 16384, 6144, 0, 0, 0, 48, 5120),
+    ("glm-5.3-flash-tp2", 16384, 4096, 0, 0, 0, 36, 4096),
+    ("deepseek-v4", 0, 0, 0, 0, 0, 0, 4096),
+    ("nemotron-h", 0, 0, 4096, 6144, 10304, 23, 2688),
+    ("gemma-4-dense", 0, 0, 0, 0, 0, 0, 5376),
+])
+def test_preset_derived(name, qkvz, vd, di, dx, dip, ssm, hin):
+    c = ModelConfig.preset(name)
+    assert c.ssm_qkvz_size() == qkvz
+    assert c.linear_num_value_heads * c.linear_value_head_dim == vd
+    assert (c.mamba2_d_inner(), c.mamba2_d_xbc(), c.mamba2_in_proj_size()) == (di, dx, dip)
+    assert c.num_ssm_layers() == ssm
+    assert c.moe_input_size() == hin
+
+
+def test_nemotron_pattern():
+    c = ModelConfig.preset("nemotron-h")
+    assert len(c.layer_types) == 52
+    assert c.layer_types.count("linear_attention") == 23
+    assert c.layer_types.count("moe") == 23
+    assert c.layer_types.count("full_attention") == 6
+
+
+def test_num_ssm_layers_rules():
+    assert ModelConfig(num_hidden_layers=48, full_attention_interval=4).num_ssm_layers() == 36
+    assert ModelConfig(num_hidden_layers=48).num_ssm_layers() == 0
+    assert ModelConfig(moe_latent_size=7, hidden_size=9).moe_input_size() == 7
+    assert ModelConfig(linear_num_value_heads=5).ssm_ba_size() == 10
+
+
+# -- from_hf_config against the numbers in each file ------------------------------------
+
+def _load(name):
+    return json.loads((DATA / name).read_text())
+
+
+def test_hf_llama_dense_defaults():
+    c = ModelConfig.from_hf_config(DATA / "llama-3.1-8b.json")
+    raw = _load("llama-3.1-8b.json")
+    assert c.model_type == "llama"
+    assert (c.hidden_size, c.intermediate_size, c.vocab_size) == \
+        (raw["hidden_size"], raw["intermediate_size"], raw["vocab_size"])
+    assert c.num_key_value_heads == raw["num_key_value_heads"]
+    assert c.head_dim == raw["hidden_size"] // raw["num_attention_heads"]   # default
+    assert c.num_experts == 0 and c.attn_gated is False
+
+
+def test_hf_qwen3_dense_head_dim_given():
+    c = ModelConfig.from_hf_config(str(DATA / "qwen3-8b.json"))
+    assert c.head_dim == 128 and c.num_attention_heads == 32 and c.num_key_value_heads == 8
+
+
+def test_hf_qwen3_moe():
+    c = ModelConfig.from_hf_config(_load("qwen3-30b-a3b.json"))
+    assert (c.num_experts, c.num_experts_per_tok, c.moe_intermediate_size) == (128, 8, 768)
+
+
+def test_hf_qwen3_next_matches_preset():
+    c = ModelConfig.from_hf_config(DATA / "qwen3-next-80b-a3b.json")
+    assert c.attn_gated is True     # default for qwen3_next
+    assert c == ModelConfig.preset("qwen3-next-80b")
+
+
+def test_hf_deepseek_aliases():
+    c = ModelConfig.from_hf_config(DATA / "deepseek-v3.json")
+    assert c.num_experts == 256          # n_routed_experts
+    assert (c.kv_lora_rank, c.q_lora_rank, c.qk_rope_head_dim) == (512, 1536, 64)
+    assert c.head_dim == 7168 // 128
+
+
+def test_hf_nemotron_pattern(tmp_path):
+    (tmp_path / "config.json").write_text((DATA / "nemotron-h-8b.json").read_text())
+    c = ModelConfig.from_hf_config(tmp_path)       # a directory
+    pat = _load("nemotron-h-8b.json")["hybrid_override_pattern"]
+    assert len(c.layer_types) == len(pat)
+    assert c.num_ssm_layers() == pat.count("M")
+    assert c.layer_types[1] == "mlp" and c.layer_types[7] == "full_attention"
+    assert c.mamba2_d_inner() == 128 * 64
+
+
+def test_hf_gemma_text_config():
+    c = ModelConfig.from_hf_config(DATA / "gemma-3-27b.json")
+    t = _load("gemma-3-27b.json")["text_config"]
+    assert c.model_type == "gemma3"            # always from the top level
+    assert (c.hidden_size, c.vocab_size, c.head_dim) == (t["hidden_size"], t["vocab_size"], 128)
+
+
+def test_hf_nulls_aliases_and_types():
+    c = ModelConfig.from_hf_config({"hidden_size": 64, "num_attention_heads": None,
+                                    "num_local_experts": 8, "moe_shared_expert_intermediate_size": 5,
+                                    "attn_output_gate": True, "unknown": 1})
+    assert c.num_attention_heads == 0 and c.head_dim == 0
+    assert c.num_experts == 8 and c.shared_expert_intermediate_size == 5 and c.attn_gated
+    with pytest.raises(TypeError, match="hidden_size"):
+        ModelConfig.from_hf_config({"hidden_size": "4096"})
+    with pytest.raises(TypeError, match="path_or_dict"):
+        ModelConfig.from_hf_config(3)
