@@ -1,0 +1,142 @@
+"""GPU benchmark of the arena's zeroing and accessors on one device.
+
+Qwen3-Next-80B preset at max_batch_tokens 8192.  GPU time from CUDA events
+around each operation (median and min..max of N runs), issue time from the
+host clock around the call, anchors in the same process: 18 cuMemsetD8Async
+through Python cuda.bindings.driver, torch zero_() on 18 tensors, the same as
+a torch CUDA graph, and one contiguous memset of the same bytes (the limit).
+Run:  python bench/bench_cuda.py [--runs 50]
+"""
+
+import argparse
+import statistics
+import time
+import timeit
+
+import torch
+from cuda.bindings import driver
+
+import metrale
+from metrale import BufferArena, CudaBackend, ModelConfig
+
+ZERO_ALL = ("hidden_states", "residual", "norm_output", "qkv_output", "attn_output",
+            "gate_logits", "moe_output", "ssm_qkvz", "ssm_ba", "ssm_deinterleaved", "ssm_gates",
+            "ssm_conv_out_f32", "splitk_workspace", "expert_gate_out", "expert_up_out",
+            "expert_down_out", "logits", "scratch")
+
+
+def timed(fn, stream, runs):
+    """(GPU µs median, min, max, host issue µs median)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    gpu_t, host_t = [], []
+    for _ in range(runs):
+        start.record(stream)
+        t0 = time.perf_counter()
+        fn()
+        host_t.append((time.perf_counter() - t0) * 1e6)
+        end.record(stream)
+        end.synchronize()
+        gpu_t.append(start.elapsed_time(end) * 1e3)
+    return statistics.median(gpu_t), min(gpu_t), max(gpu_t), statistics.median(host_t)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=50)
+    ap.add_argument("--m", type=int, default=8192)
+    args = ap.parse_args()
+    runs = args.runs
+    torch.cuda.init()
+    gpu = CudaBackend(0)
+    cfg = ModelConfig.preset("qwen3-next-80b")
+    print(f"{torch.cuda.get_device_name()} ({gpu.sm_count()} SMs, cc {gpu.compute_capability()}); "
+          f"torch {torch.__version__}; metrale {metrale.__version__}; target {gpu.target()}")
+
+    builds = []
+    for _ in range(7):
+        t0 = time.perf_counter()
+        a = BufferArena.new(cfg, args.m, 4096, 16, 32, gpu)
+        builds.append((time.perf_counter() - t0) * 1e3)
+        a.release(gpu)
+    arena = BufferArena.new(cfg, args.m, 4096, 16, 32, gpu)
+    sizes = arena.sizes()
+    zbytes = sum(getattr(sizes, n) for n in ZERO_ALL)
+    print(f"arena: slab {arena.slab_bytes():,} bytes; zero_all buffers {zbytes:,} bytes; "
+          f"construction median {statistics.median(builds):.3f} ms "
+          f"(min {min(builds):.3f}, max {max(builds):.3f}; context already created)\n")
+
+    ts = torch.cuda.Stream()
+    torch.cuda.set_stream(ts)
+    h = ts.cuda_stream
+    cs = driver.CUstream(h)
+    ptrs = [(getattr(arena, n)(), getattr(sizes, n)) for n in ZERO_ALL]
+    tensors = [torch.from_dlpack(arena.view(n, "uint8")) for n in ZERO_ALL]
+    contiguous = arena.view("hidden_states", "uint8").ptr
+    contig_buf = torch.empty(zbytes, dtype=torch.uint8, device="cuda")   # same bytes, one range
+
+    def py_memsets():
+        for p, n in ptrs:
+            driver.cuMemsetD8Async(p, 0, n, cs)
+
+    def torch_zero():
+        for t in tensors:
+            t.zero_()
+
+    g = torch.cuda.CUDAGraph()
+    torch.cuda.synchronize()
+    with torch.cuda.graph(g, stream=ts):
+        torch_zero()
+
+    def one_memset():
+        driver.cuMemsetD32Async(contig_buf.data_ptr(), 0, zbytes // 4, cs)
+
+    rows = [
+        ("zero_all", lambda: arena.zero_all(gpu, h)),
+        ("zero_prefill_essentials", lambda: arena.zero_prefill_essentials(gpu, h)),
+        ("zero_all_rows(tokens=1)", lambda: arena.zero_all_rows(gpu, h, 1)),
+        ("zero_all_rows(tokens=16)", lambda: arena.zero_all_rows(gpu, h, 16)),
+        ("zero_all_rows(tokens=4096)", lambda: arena.zero_all_rows(gpu, h, 4096)),
+        ("anchor: one contiguous memset (limit)", one_memset),
+        ("anchor: 18 cuMemsetD8Async (Python)", py_memsets),
+        ("anchor: torch zero_() x18", torch_zero),
+        ("anchor: torch CUDA graph replay x18", g.replay),
+    ]
+    rg = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(rg, stream=ts):
+        arena.zero_all_rows(gpu, torch.cuda.current_stream(), 1)
+    rows.append(("zero_all_rows(1) in a CUDA graph replay", rg.replay))
+    print(f"{'operation':<42} {'GPU µs':>9} {'min':>8} {'max':>8} {'issue µs':>9}")
+    res = {}
+    for label, fn in rows:
+        r = timed(fn, ts, runs)
+        res[label] = r
+        print(f"{label:<42} {r[0]:>9.1f} {r[1]:>8.1f} {r[2]:>8.1f} {r[3]:>9.2f}")
+    lim = res["anchor: one contiguous memset (limit)"][0]
+    print(f"\nzero_all / contiguous memset: {res['zero_all'][0] / lim:.3f}x (goal <= 1.02x); "
+          f"{zbytes / res['zero_all'][0] / 1e6:.2f} TB/s")
+
+    import cupy
+    from cuda.core.experimental import Device
+    dev = Device(0)
+    dev.set_current()
+    buf = dev.memory_resource.allocate(1 << 20)
+    tt = torch.empty(16, device="cuda")
+    cp = cupy.empty(16)
+    glb = dict(arena=arena, tt=tt, cp=cp, buf=buf)
+    print(f"\n{'accessor':<36} {'median ns':>10} {'min':>8} {'max':>8}")
+    for label, stmt in (("arena.hidden_states()", "arena.hidden_states()"),
+                        ("arena.qkv_output_bytes()", "arena.qkv_output_bytes()"),
+                        ("torch tensor.data_ptr()", "tt.data_ptr()"),
+                        ("CuPy array.data.ptr", "cp.data.ptr"),
+                        ("cuda.core int(buffer.handle)", "int(buf.handle)")):
+        t = timeit.Timer(stmt, globals=glb)
+        vals = [t.timeit(200_000) / 200_000 * 1e9 for _ in range(15)]
+        print(f"{label:<36} {statistics.median(vals):>10.1f} {min(vals):>8.1f} {max(vals):>8.1f}")
+    arena.release(gpu)
+
+
+if __name__ == "__main__":
+    main()

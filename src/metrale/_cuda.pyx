@@ -1,0 +1,285 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, binding=False
+"""CudaBackend: the arena's device operations through cuda.bindings.cydriver.
+
+Every driver call is a direct C call (no Python object in between) made with
+the GIL released.  The backend retains the device's primary context, the one
+torch and CuPy use, and makes it current on whichever thread calls.
+"""
+
+cimport cython
+from libc.stdint cimport uintptr_t
+from libc.string cimport memset as c_memset
+
+from cuda.bindings cimport cydriver
+from metrale._core cimport mt_range
+from metrale._backend cimport Backend
+
+from metrale.errors import MetraleError, OutOfMemoryError
+
+cdef extern from *:
+    """
+    static int mt_py_finalizing(void) {
+    #if PY_VERSION_HEX >= 0x030D0000
+        return Py_IsFinalizing();
+    #else
+        return _Py_IsFinalizing();
+    #endif
+    }
+    """
+    int mt_py_finalizing()
+
+DEF MAX_RANGES = 18
+
+# Kernel parameters of kernels/zero_ranges.cu, passed by value.
+cdef struct mt_zero_args:
+    unsigned long long base
+    unsigned long long offset[18]
+    unsigned long long length[18]
+    int count
+
+
+cdef str _err_name(cydriver.CUresult err):
+    cdef const char *name = NULL
+    if cydriver.cuGetErrorName(err, &name) == cydriver.CUDA_SUCCESS and name != NULL:
+        return name.decode()
+    return f"CUresult {<int>err}"
+
+
+cdef int _check(cydriver.CUresult err, str what) except -1:
+    if err == cydriver.CUDA_SUCCESS:
+        return 0
+    name = _err_name(err)
+    if err == cydriver.CUDA_ERROR_OUT_OF_MEMORY:
+        raise OutOfMemoryError(f"{what}: {name}")
+    raise MetraleError(f"{what}: {name}")
+
+
+@cython.final
+cdef class CudaBackend(Backend):
+    """An NVIDIA GPU through the CUDA driver (primary context of `device`)."""
+    cdef cydriver.CUdevice _dev
+    cdef cydriver.CUcontext _ctx
+    cdef cydriver.CUmodule _mod
+    cdef cydriver.CUfunction _zero_fn
+    cdef bint _retained
+    cdef int _sm_count, _cc_major, _cc_minor
+    cdef readonly Py_ssize_t alloc_count, live_alloc_count, memset_count, launch_count
+    cdef readonly Py_ssize_t d2h_count, h2d_count, sync_count, free_count
+    cdef readonly object live_bytes
+
+    def __cinit__(self, device=0):
+        cdef cydriver.CUresult err
+        cdef int ordinal
+        if isinstance(device, bool) or not isinstance(device, int):
+            raise TypeError(f"device must be an int, got {type(device).__name__}")
+        if device < 0:
+            raise ValueError(f"device must be >= 0, got {device}")
+        ordinal = device
+        self.device_type = 2
+        self.device_id = ordinal
+        self.live_bytes = 0
+        try:
+            with nogil:
+                err = cydriver.cuInit(0)
+        except MetraleError:
+            raise
+        except Exception as e:      # cydriver raises when libcuda cannot be loaded
+            raise MetraleError(f"CUDA driver unavailable: {e}") from e
+        _check(err, "cuInit (is an NVIDIA driver and GPU present?)")
+        _check(cydriver.cuDeviceGet(&self._dev, ordinal), f"cuDeviceGet({ordinal})")
+        with nogil:
+            err = cydriver.cuDevicePrimaryCtxRetain(&self._ctx, self._dev)
+        _check(err, "cuDevicePrimaryCtxRetain")
+        self._retained = True
+        _check(cydriver.cuDeviceGetAttribute(
+            &self._sm_count, cydriver.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, self._dev),
+            "cuDeviceGetAttribute")
+        _check(cydriver.cuDeviceGetAttribute(
+            &self._cc_major, cydriver.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, self._dev),
+            "cuDeviceGetAttribute")
+        _check(cydriver.cuDeviceGetAttribute(
+            &self._cc_minor, cydriver.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, self._dev),
+            "cuDeviceGetAttribute")
+        self._load_kernels()
+
+    cdef int _load_kernels(self) except -1:
+        # Loaded once here, never inside a graph capture.
+        from importlib.resources import files
+        ptx = (files("metrale") / "kernels" / "zero_ranges.ptx").read_bytes() + b"\0"
+        cdef const char *image = ptx
+        cdef cydriver.CUresult err
+        self._current()
+        with nogil:
+            err = cydriver.cuModuleLoadData(&self._mod, image)
+        _check(err, "cuModuleLoadData(zero_ranges.ptx)")
+        _check(cydriver.cuModuleGetFunction(&self._zero_fn, self._mod, b"metrale_zero_ranges"),
+               "cuModuleGetFunction")
+        return 0
+
+    def __dealloc__(self):
+        if not self._retained or mt_py_finalizing():
+            return        # at exit the driver may already be gone; the process frees all
+        with nogil:
+            if self._mod != NULL:
+                cydriver.cuModuleUnload(self._mod)
+            cydriver.cuDevicePrimaryCtxRelease(self._dev)
+
+    cdef inline int _current(self) except -1:
+        cdef cydriver.CUcontext cur = NULL
+        cydriver.cuCtxGetCurrent(&cur)
+        if cur != self._ctx:
+            _check(cydriver.cuCtxSetCurrent(self._ctx), "cuCtxSetCurrent")
+        return 0
+
+    # -- Backend interface ----------------------------------------------------------
+    cdef int alloc(self, size_t n, uintptr_t *out) except -1:
+        cdef cydriver.CUdeviceptr p = 0
+        cdef cydriver.CUresult err
+        self._current()
+        with nogil:
+            err = cydriver.cuMemAlloc(&p, n)
+        _check(err, f"cuMemAlloc({n} bytes)")
+        out[0] = <uintptr_t>p
+        self.alloc_count += 1
+        self.live_alloc_count += 1
+        self.live_bytes += n
+        return 0
+
+    cdef int free(self, uintptr_t p, size_t n) except -1:
+        cdef cydriver.CUresult err
+        self._current()
+        with nogil:
+            err = cydriver.cuMemFree(<cydriver.CUdeviceptr>p)
+        _check(err, "cuMemFree")
+        self.free_count += 1
+        self.live_alloc_count -= 1
+        self.live_bytes -= n
+        return 0
+
+    cdef void free_quiet(self, uintptr_t p, size_t n) noexcept:
+        cdef cydriver.CUresult err
+        if mt_py_finalizing():
+            return
+        with nogil:
+            cydriver.cuCtxSetCurrent(self._ctx)
+            err = cydriver.cuMemFree(<cydriver.CUdeviceptr>p)
+        if err == cydriver.CUDA_SUCCESS:
+            self.free_count += 1
+            self.live_alloc_count -= 1
+            self.live_bytes = self.live_bytes - n
+
+    cdef int memset(self, uintptr_t p, size_t n, uintptr_t stream) except -1:
+        cdef cydriver.CUresult err
+        cdef cydriver.CUstream s = <cydriver.CUstream>stream
+        self._current()
+        with nogil:
+            if (p | n) & 3 == 0:
+                err = cydriver.cuMemsetD32Async(<cydriver.CUdeviceptr>p, 0, n // 4, s)
+            else:
+                err = cydriver.cuMemsetD8Async(<cydriver.CUdeviceptr>p, 0, n, s)
+        _check(err, "cuMemsetAsync")
+        self.memset_count += 1
+        return 0
+
+    cdef int zero_ranges(self, uintptr_t base, const mt_range *r, int n, uintptr_t stream) except -1:
+        cdef mt_zero_args args
+        cdef void *params[1]
+        cdef unsigned long long most = 0, chunks
+        cdef unsigned int blocks
+        cdef int i
+        cdef cydriver.CUresult err
+        cdef cydriver.CUstream s = <cydriver.CUstream>stream
+        if n == 1:
+            return self.memset(base + r[0].offset, r[0].length, stream)
+        if n > MAX_RANGES:
+            raise MetraleError(f"zero_ranges: {n} ranges, at most {MAX_RANGES}")
+        c_memset(&args, 0, sizeof(args))
+        args.base = base
+        args.count = n
+        for i in range(n):
+            args.offset[i] = r[i].offset
+            args.length[i] = r[i].length
+            if r[i].length > most:
+                most = r[i].length
+        chunks = (most + 15) // 16
+        # Enough blocks to cover the largest range once, at most 8 per SM.
+        blocks = <unsigned int>min((chunks + 255) // 256, <unsigned long long>(self._sm_count * 8))
+        if blocks == 0:
+            blocks = 1
+        params[0] = &args
+        self._current()
+        with nogil:
+            err = cydriver.cuLaunchKernel(self._zero_fn, blocks, 1, 1, 256, 1, 1, 0, s, params, NULL)
+        _check(err, "cuLaunchKernel(metrale_zero_ranges)")
+        self.launch_count += 1
+        return 0
+
+    cdef int d2h(self, void *dst, uintptr_t src, size_t n, uintptr_t stream) except -1:
+        cdef cydriver.CUresult err
+        cdef cydriver.CUstream s = <cydriver.CUstream>stream
+        self._current()
+        with nogil:
+            err = cydriver.cuMemcpyDtoHAsync(dst, <cydriver.CUdeviceptr>src, n, s)
+            if err == cydriver.CUDA_SUCCESS:
+                err = cydriver.cuStreamSynchronize(s)
+        _check(err, "cuMemcpyDtoH")
+        self.d2h_count += 1
+        return 0
+
+    cdef int h2d(self, uintptr_t dst, const void *src, size_t n, uintptr_t stream) except -1:
+        cdef cydriver.CUresult err
+        cdef cydriver.CUstream s = <cydriver.CUstream>stream
+        self._current()
+        with nogil:
+            err = cydriver.cuMemcpyHtoDAsync(<cydriver.CUdeviceptr>dst, src, n, s)
+            if err == cydriver.CUDA_SUCCESS:
+                err = cydriver.cuStreamSynchronize(s)
+        _check(err, "cuMemcpyHtoD")
+        self.h2d_count += 1
+        return 0
+
+    cdef int sync(self, uintptr_t stream) except -1:
+        cdef cydriver.CUresult err
+        self._current()
+        with nogil:
+            err = cydriver.cuStreamSynchronize(<cydriver.CUstream>stream)
+        _check(err, "cuStreamSynchronize")
+        self.sync_count += 1
+        return 0
+
+    # -- Python-level helpers ------------------------------------------------------------
+    def target(self):
+        """Target(<SM count>, "auto") on compute capability 9.x, else "legacy" (ARENA.md §4.3)."""
+        from metrale.sizes import Target
+        return Target(self._sm_count, "auto" if self._cc_major == 9 else "legacy")
+
+    def sm_count(self):
+        return self._sm_count
+
+    def compute_capability(self):
+        return (self._cc_major, self._cc_minor)
+
+    @property
+    def device(self):
+        return self.device_id
+
+    def upload(self, ptr, data, stream=0):
+        """Copy bytes-like `data` to device address `ptr` (blocking)."""
+        cdef const unsigned char[::1] mv = memoryview(data).cast("B")
+        if mv.shape[0]:
+            self.h2d(<uintptr_t>ptr, &mv[0], mv.shape[0], <uintptr_t>stream)
+
+    def download(self, ptr, n, stream=0):
+        """`n` bytes from device address `ptr` (blocking), as bytes."""
+        out = bytearray(n)
+        cdef unsigned char[::1] mv = out
+        if n:
+            self.d2h(&mv[0], <uintptr_t>ptr, n, <uintptr_t>stream)
+        return bytes(out)
+
+    def synchronize(self, stream=0):
+        self.sync(<uintptr_t>stream)
+
+    def __repr__(self):
+        return (f"CudaBackend(device={self.device_id}, sm_count={self._sm_count}, "
+                f"cc={self._cc_major}.{self._cc_minor}, live_bytes={self.live_bytes})")
