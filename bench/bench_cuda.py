@@ -119,7 +119,10 @@ def main():
           f"{zbytes / res['zero_all'][0] / 1e6:.2f} TB/s")
 
     import cupy
-    from cuda.core.experimental import Device
+    try:
+        from cuda.core import Device
+    except ImportError:
+        from cuda.core.experimental import Device
     dev = Device(0)
     dev.set_current()
     buf = dev.memory_resource.allocate(1 << 20)

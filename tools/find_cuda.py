@@ -1,7 +1,7 @@
 """Locate what the CUDA extension needs at build time, for meson.
 
-Prints two lines: the directory holding cuda.h and the site-packages root that
-holds cuda/bindings/cydriver.pxd.  Exits 1 with the reason on stderr when
+Prints three lines: the directory holding cuda.h, the site-packages root that
+holds cuda/bindings/cydriver.pxd, and the directory holding cudaProfiler.h.  Exits 1 with the reason on stderr when
 either is missing or when their CUDA major versions disagree (a mismatch
 otherwise shows up as confusing Cython errors).
 """
@@ -18,7 +18,7 @@ def header_dirs():
     except ModuleNotFoundError:
         spec = None
     for root in (spec.submodule_search_locations or []) if spec else []:
-        for sub in ("cu13", "cu12", "cuda_runtime"):
+        for sub in sorted(os.listdir(root)) if os.path.isdir(root) else ():
             yield os.path.join(root, sub, "include")
     for env in ("CUDA_HOME", "CUDA_PATH"):
         if os.environ.get(env):
@@ -27,9 +27,14 @@ def header_dirs():
 
 
 def main():
-    inc = next((d for d in header_dirs() if os.path.isfile(os.path.join(d, "cuda.h"))), None)
+    dirs = list(header_dirs())
+    inc = next((d for d in dirs if os.path.isfile(os.path.join(d, "cuda.h"))), None)
     if inc is None:
         sys.exit("cuda.h not found (install the nvidia-cuda-runtime wheel or set CUDA_HOME)")
+    # cydriver.pxd also includes cudaProfiler.h, which some wheels ship apart.
+    prof = next((d for d in [inc] + dirs if os.path.isfile(os.path.join(d, "cudaProfiler.h"))), None)
+    if prof is None:
+        sys.exit(f"cudaProfiler.h not found beside {inc} (install nvidia-cuda-profiler-api or a toolkit)")
     try:
         spec = importlib.util.find_spec("cuda.bindings")
     except ModuleNotFoundError:
@@ -49,6 +54,7 @@ def main():
                  f"cuda-bindings is {bindings}: their major versions must match")
     print(inc)
     print(os.path.dirname(os.path.dirname(pkg)))
+    print(prof)
 
 
 if __name__ == "__main__":
