@@ -125,7 +125,7 @@ def main():
         from cuda.core.experimental import Device
     dev = Device(0)
     dev.set_current()
-    buf = dev.memory_resource.allocate(1 << 20)
+    buf = dev.memory_resource.allocate(1 << 20, stream=dev.default_stream)
     tt = torch.empty(16, device="cuda")
     cp = cupy.empty(16)
     glb = dict(arena=arena, tt=tt, cp=cp, buf=buf)
