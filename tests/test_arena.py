@@ -12,7 +12,7 @@ from metrale import (BufferArena, BufferSizes, HostBackend, MetraleError, ModelC
 from metrale._arena import plan_layout, zero_rows_ranges
 from metrale.sizes import BUFFER_NAMES
 
-from conftest import Mem, live_counts
+from conftest import Mem, live_counts, ptr_of
 
 PRESET = ModelConfig.preset("qwen3-next-80b")
 NOENV = {}
@@ -32,12 +32,6 @@ COMPACT = PRESET.replace(hidden_size=512, num_hidden_layers=4, linear_num_key_he
 def new(gpu, cfg=PRESET, m=128, seq=4096, blk=16, bs=32, env=NOENV):
     s = BufferSizes.from_config(cfg, m, seq, blk, bs, target=gpu.target(), env=env)
     return BufferArena.from_sizes(cfg, s, m, bs, gpu)
-
-
-def ptr_of(arena, name):
-    if name in ("moe_fp8_scratch", "ssm_rowwise_w_bf16"):
-        return arena.view(name, "uint8").ptr if getattr(arena.sizes(), name) else 0
-    return getattr(arena, name)()
 
 
 def expected_rows_length(n, m, tokens):
