@@ -153,27 +153,19 @@ def _check_zeroed(arena, m, expect):
         assert (data[k:] == 0xAB).all(), f"{name}: bytes past {k} were written"
 
 
-@pytest.mark.parametrize("m_tokens", [100, 128])
-def test_zero_all_exact(backend, m_tokens):
+@pytest.mark.parametrize("helper, group, m_tokens", [
+    ("zero_all", ZERO_ALL, 100), ("zero_all", ZERO_ALL, 128),
+    ("zero_prefill_essentials", PREFILL, 100),
+])
+def test_whole_helpers_exact(backend, helper, group, m_tokens):
+    """zero_all and zero_prefill_essentials: one operation, exactly their buffers."""
     gpu = backend
     with new(gpu, m=m_tokens) as arena:
         m = _fill_all(arena, gpu)
-        before = getattr(gpu, "memset_count", None)
-        arena.zero_all(gpu, 0)
-        if before is not None:
-            assert gpu.memset_count - before == 1
-        _check_zeroed(arena, m, {n: getattr(arena.sizes(), n) for n in ZERO_ALL})
-
-
-def test_zero_prefill_essentials_exact(backend):
-    gpu = backend
-    with new(gpu, m=100) as arena:
-        m = _fill_all(arena, gpu)
-        before = getattr(gpu, "memset_count", None)
-        arena.zero_prefill_essentials(gpu, 0)
-        if before is not None:
-            assert gpu.memset_count - before == 1
-        _check_zeroed(arena, m, {n: getattr(arena.sizes(), n) for n in PREFILL})
+        before = gpu.memset_count
+        getattr(arena, helper)(gpu, 0)
+        assert gpu.memset_count - before == 1
+        _check_zeroed(arena, m, {n: getattr(arena.sizes(), n) for n in group})
 
 
 @pytest.mark.parametrize("m_tokens, tokens", [
@@ -315,7 +307,7 @@ def test_checksum_records(backend, caplog):
         data = np.zeros(arena.sizes().residual, dtype=np.uint8)
         data[:20] = np.frombuffer(lanes2.tobytes(), dtype=np.uint8)
         _upload(arena, gpu, "residual", data)
-        counts = (getattr(gpu, "sync_count", None), getattr(gpu, "d2h_count", None))
+        counts = (gpu.sync_count, gpu.d2h_count)
         with caplog.at_level(logging.WARNING, logger="metrale"):
             assert arena.debug_buffer_checksum(gpu, 0, "step0") is None
         recs = [r.getMessage() for r in caplog.records if r.name == "metrale"]
@@ -325,8 +317,7 @@ def test_checksum_records(backend, caplog):
                            "sum=-1.000000 ssq=5.000000 sabs=3.000000")
         assert recs[1].endswith("sum=3.000000 ssq=5.000000 sabs=3.000000")
         assert recs[2].endswith("sum=0.000000 ssq=0.000000 sabs=0.000000")
-        if counts[0] is not None:
-            assert gpu.sync_count - counts[0] == 1 and gpu.d2h_count - counts[1] == 16
+        assert gpu.sync_count - counts[0] == 1 and gpu.d2h_count - counts[1] == 16
 
 
 def _upload(arena, gpu, name, data):
@@ -368,7 +359,7 @@ def test_moe_fp8_scratch_arena(backend):
     before = live_counts(gpu)
     arena = BufferArena.new(MOE_FP8, 8, 128, 16, 8, gpu)
     base = arena.view("moe_fp8_scratch", "uint8").ptr
-    counts = (getattr(gpu, "alloc_count", None), getattr(gpu, "sync_count", None))
+    counts = (gpu.alloc_count, gpu.sync_count)
     x = arena.moe_fp8_scratch(MOE_FP8, 8)
     assert x.small_worklist_bytes == 65_536
     assert x.activation == base and x.scales == base + 32_768 and x.worklist == base + 33_792
@@ -378,7 +369,7 @@ def test_moe_fp8_scratch_arena(backend):
     assert x.small_worklist + 65_536 <= x.small_total_tiles
     assert x.small_total_tiles + 4 <= base + arena.sizes().moe_fp8_scratch
     assert arena.moe_fp8_scratch(MOE_FP8, 8) == x and arena.moe_fp8_scratch(MOE_FP8, 1) != x
-    assert (getattr(gpu, "alloc_count", None), getattr(gpu, "sync_count", None)) == counts
+    assert (gpu.alloc_count, gpu.sync_count) == counts
     with pytest.raises(AttributeError):
         x.activation = 0
     with pytest.raises(MetraleError, match=r"FP8 MoE scratch.*rows=9.*capacity 165636 bytes"):

@@ -9,6 +9,18 @@ cdef class Backend:
     # DLPack device type of the memory (1 = CPU, 2 = CUDA) and its ordinal.
     cdef readonly int device_type
     cdef readonly int device_id
+    # Counters every backend keeps, read by tests and benchmarks.
+    cdef readonly Py_ssize_t alloc_count, live_alloc_count, free_count
+    cdef readonly Py_ssize_t memset_count, d2h_count, h2d_count, sync_count
+    cdef readonly unsigned long long live_bytes
+    cdef inline void _note_alloc(self, size_t n) noexcept:
+        self.alloc_count += 1
+        self.live_alloc_count += 1
+        self.live_bytes += n
+    cdef inline void _note_free(self, size_t n) noexcept:
+        self.free_count += 1
+        self.live_alloc_count -= 1
+        self.live_bytes -= n
     cdef int alloc(self, size_t n, uintptr_t *out) except -1
     cdef int free(self, uintptr_t p, size_t n) except -1
     # Best effort from a finalizer: never raises, may skip at interpreter exit.

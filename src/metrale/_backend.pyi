@@ -3,17 +3,17 @@ from metrale.sizes import Target
 class Backend:
     device_type: int
     device_id: int
-    def target(self) -> Target: ...
-
-class HostBackend(Backend):
     alloc_count: int
     live_alloc_count: int
     live_bytes: int
+    free_count: int
     memset_count: int
     d2h_count: int
     h2d_count: int
     sync_count: int
-    free_count: int
+    def target(self) -> Target: ...
+
+class HostBackend(Backend):
     def __init__(self) -> None: ...
     def inject_fault(self, op: str, nth: int = ...) -> None: ...
     def clear_faults(self) -> None: ...

@@ -69,15 +69,11 @@ cdef class HostBackend(Backend):
     Counters (read-only) let tests see what an operation cost, and
     `inject_fault(op, nth)` makes the nth next `op` fail.
     """
-    cdef readonly Py_ssize_t alloc_count, live_alloc_count, memset_count
-    cdef readonly Py_ssize_t d2h_count, h2d_count, sync_count, free_count
-    cdef readonly object live_bytes
     cdef dict _faults
 
     def __cinit__(self):
         self.device_type = 1
         self.device_id = 0
-        self.live_bytes = 0
         self._faults = {}
 
     def target(self):
@@ -116,9 +112,7 @@ cdef class HostBackend(Backend):
         if p == NULL:
             raise OutOfMemoryError(f"host allocation of {n} bytes refused")
         out[0] = <uintptr_t>p
-        self.alloc_count += 1
-        self.live_alloc_count += 1
-        self.live_bytes += n
+        self._note_alloc(n)
         return 0
 
     cdef int free(self, uintptr_t p, size_t n) except -1:
@@ -126,16 +120,12 @@ cdef class HostBackend(Backend):
             raise MetraleError(f"HOST_INJECTED_FAULT: free of {n} bytes at {p:#x} failed")
         with nogil:
             c_free(<void *>p)
-        self.free_count += 1
-        self.live_alloc_count -= 1
-        self.live_bytes -= n
+        self._note_free(n)
         return 0
 
     cdef void free_quiet(self, uintptr_t p, size_t n) noexcept:
         c_free(<void *>p)
-        self.free_count += 1
-        self.live_alloc_count -= 1
-        self.live_bytes = self.live_bytes - n
+        self._note_free(n)
 
     cdef int memset(self, uintptr_t p, size_t n, uintptr_t stream) except -1:
         if self._fault("memset"):

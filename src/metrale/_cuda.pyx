@@ -63,9 +63,7 @@ cdef class CudaBackend(Backend):
     cdef cydriver.CUfunction _zero_fn
     cdef bint _retained
     cdef int _sm_count, _cc_major, _cc_minor
-    cdef readonly Py_ssize_t alloc_count, live_alloc_count, memset_count, launch_count
-    cdef readonly Py_ssize_t d2h_count, h2d_count, sync_count, free_count
-    cdef readonly object live_bytes
+    cdef readonly Py_ssize_t launch_count
 
     def __cinit__(self, device=0):
         cdef cydriver.CUresult err
@@ -77,7 +75,6 @@ cdef class CudaBackend(Backend):
         ordinal = device
         self.device_type = 2
         self.device_id = ordinal
-        self.live_bytes = 0
         try:
             with nogil:
                 err = cydriver.cuInit(0)
@@ -140,9 +137,7 @@ cdef class CudaBackend(Backend):
             err = cydriver.cuMemAlloc(&p, n)
         _check(err, f"cuMemAlloc({n} bytes)")
         out[0] = <uintptr_t>p
-        self.alloc_count += 1
-        self.live_alloc_count += 1
-        self.live_bytes += n
+        self._note_alloc(n)
         return 0
 
     cdef int free(self, uintptr_t p, size_t n) except -1:
@@ -151,9 +146,7 @@ cdef class CudaBackend(Backend):
         with nogil:
             err = cydriver.cuMemFree(<cydriver.CUdeviceptr>p)
         _check(err, "cuMemFree")
-        self.free_count += 1
-        self.live_alloc_count -= 1
-        self.live_bytes -= n
+        self._note_free(n)
         return 0
 
     cdef void free_quiet(self, uintptr_t p, size_t n) noexcept:
@@ -164,9 +157,7 @@ cdef class CudaBackend(Backend):
             cydriver.cuCtxSetCurrent(self._ctx)
             err = cydriver.cuMemFree(<cydriver.CUdeviceptr>p)
         if err == cydriver.CUDA_SUCCESS:
-            self.free_count += 1
-            self.live_alloc_count -= 1
-            self.live_bytes = self.live_bytes - n
+            self._note_free(n)
 
     cdef int memset(self, uintptr_t p, size_t n, uintptr_t stream) except -1:
         cdef cydriver.CUresult err
