@@ -617,3 +617,8 @@ def test_host_views_zero_copy():
         with pytest.raises(AttributeError):
             v.__cuda_array_interface__
         del a, b
+
+
+def test_core_helper_lists_match_the_spec():
+    g = plan_layout(BufferSizes.from_config(PRESET, 8, 4096, 16, 32, env=NOENV), 8)["groups"]
+    assert g == {"zero_all": ZERO_ALL, "prefill": PREFILL, "rows": ROWS, "checksum": CHECKSUM}

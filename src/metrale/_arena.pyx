@@ -48,7 +48,8 @@ cdef int _plan(mt_layout *L, tuple sizes, uint64_t max_batch_tokens) except -1:
 def plan_layout(sizes, max_batch_tokens):
     """The slab placement of `sizes` without allocating: a dict with
     `slab_bytes`, `offsets` (name -> offset or None), `slab_order`,
-    `zero_all` and `zero_prefill` (offset, length) ranges."""
+    `zero_all` and `zero_prefill` (offset, length) ranges, and `groups`
+    (helper -> the buffer names it covers)."""
     cdef mt_layout L
     if not isinstance(sizes, BufferSizes):
         raise TypeError(f"sizes must be a BufferSizes, got {type(sizes).__name__}")
@@ -63,6 +64,13 @@ def plan_layout(sizes, max_batch_tokens):
         "slab_order": tuple(BUFFER_NAMES[mt_slab_order[i]] for i in range(MT_NBUF)),
         "zero_all": (L.zero_all.offset, L.zero_all.length),
         "zero_prefill": (L.zero_prefill.offset, L.zero_prefill.length),
+        # Helper membership, from the core's own lists (ARENA.md §5, §7).
+        "groups": {
+            "zero_all": tuple(BUFFER_NAMES[mt_zero_all_ids[i]] for i in range(MT_N_ZERO_ALL)),
+            "prefill": tuple(BUFFER_NAMES[mt_prefill_ids[i]] for i in range(7)),
+            "rows": tuple(BUFFER_NAMES[mt_rows_ids[i]] for i in range(15)),
+            "checksum": tuple(BUFFER_NAMES[mt_checksum_ids[i]] for i in range(MT_N_CHECKSUM)),
+        },
     }
 
 

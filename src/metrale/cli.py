@@ -7,20 +7,6 @@ import sys
 from metrale.config import ModelConfig
 from metrale.sizes import BUFFER_NAMES, BufferSizes, Target
 
-_GROUPS = {
-    "zero_all": ("hidden_states", "residual", "norm_output", "qkv_output", "attn_output",
-                 "gate_logits", "moe_output", "ssm_qkvz", "ssm_ba", "ssm_deinterleaved",
-                 "ssm_gates", "ssm_conv_out_f32", "splitk_workspace", "expert_gate_out",
-                 "expert_up_out", "expert_down_out", "logits", "scratch"),
-    "prefill": ("hidden_states", "residual", "gate_logits", "expert_gate_out",
-                "expert_up_out", "expert_down_out", "moe_output"),
-    "rows": ("hidden_states", "residual", "norm_output", "qkv_output", "attn_output",
-             "gate_logits", "moe_output", "ssm_qkvz", "ssm_ba", "ssm_deinterleaved",
-             "ssm_gates", "ssm_conv_out_f32", "expert_gate_out", "expert_up_out",
-             "expert_down_out"),
-}
-
-
 def _parser():
     p = argparse.ArgumentParser(prog="metrale", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -59,7 +45,7 @@ def plan(args):
     rows = []
     for name in layout["slab_order"]:
         n = getattr(sizes, name)
-        groups = [g for g, members in _GROUPS.items() if name in members]
+        groups = [g for g, members in layout["groups"].items() if name in members]
         rows.append({"buffer": name, "bytes": n, "offset": layout["offsets"][name],
                      "groups": groups, "null": n == 0})
     result = {
