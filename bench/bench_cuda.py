@@ -2,7 +2,8 @@
 
 Qwen3-Next-80B preset at max_batch_tokens 8192.  GPU time from CUDA events
 around each operation (median and min..max of N runs), issue time from the
-host clock around the call, anchors in the same process: 18 cuMemsetD8Async
+host clock around the call (each run queued behind a spin kernel, so the
+events time the GPU alone), anchors in the same process: 18 cuMemsetD8Async
 through Python cuda.bindings.driver, torch zero_() on 18 tensors, the same as
 a torch CUDA graph, and one contiguous memset of the same bytes (the limit).
 Run:  python bench/bench_cuda.py [--runs 50]
@@ -18,6 +19,7 @@ from cuda.bindings import driver
 
 import metrale
 from metrale import BufferArena, CudaBackend, ModelConfig
+from metrale._arena import zero_rows_ranges
 
 ZERO_ALL = ("hidden_states", "residual", "norm_output", "qkv_output", "attn_output",
             "gate_logits", "moe_output", "ssm_qkvz", "ssm_ba", "ssm_deinterleaved", "ssm_gates",
@@ -33,6 +35,9 @@ def timed(fn, stream, runs):
     torch.cuda.synchronize()
     gpu_t, host_t = [], []
     for _ in range(runs):
+        # Queue the work behind a ~200 us spin so that the events time the GPU
+        # alone: from an idle stream they would also count the host's issue time.
+        torch.cuda._sleep(400_000)
         start.record(stream)
         t0 = time.perf_counter()
         fn()
@@ -93,6 +98,12 @@ def main():
     def one_memset():
         driver.cuMemsetD32Async(contig_buf.data_ptr(), 0, zbytes // 4, cs)
 
+    rows1_ranges = zero_rows_ranges(sizes, args.m, 1)
+    rows1 = sum(n for _, n in rows1_ranges)
+
+    def rows1_memset():
+        driver.cuMemsetD32Async(contig_buf.data_ptr(), 0, rows1 // 4, cs)
+
     rows = [
         ("zero_all", lambda: arena.zero_all(gpu, h)),
         ("zero_prefill_essentials", lambda: arena.zero_prefill_essentials(gpu, h)),
@@ -100,6 +111,7 @@ def main():
         ("zero_all_rows(tokens=16)", lambda: arena.zero_all_rows(gpu, h, 16)),
         ("zero_all_rows(tokens=4096)", lambda: arena.zero_all_rows(gpu, h, 4096)),
         ("anchor: one contiguous memset (limit)", one_memset),
+        ("anchor: contiguous memset, rows(1) bytes", rows1_memset),
         ("anchor: 18 cuMemsetD8Async (Python)", py_memsets),
         ("anchor: torch zero_() x18", torch_zero),
         ("anchor: torch CUDA graph replay x18", g.replay),
@@ -117,6 +129,9 @@ def main():
     lim = res["anchor: one contiguous memset (limit)"][0]
     print(f"\nzero_all / contiguous memset: {res['zero_all'][0] / lim:.3f}x (goal <= 1.02x); "
           f"{zbytes / res['zero_all'][0] / 1e6:.2f} TB/s")
+    r1 = res["zero_all_rows(tokens=1)"][0]
+    print(f"zero_all_rows(1): {rows1:,} bytes in {len(rows1_ranges)} ranges, {r1:.2f} us (goal <= 16); "
+          f"{r1 / res['anchor: contiguous memset, rows(1) bytes'][0]:.3f}x one contiguous memset of those bytes")
 
     import cupy
     try:
