@@ -267,6 +267,68 @@ def test_zeroing_argument_errors(backend):
             arena.zero_all(HostBackend(), 0)
 
 
+def _random_ranges(rnd, n):
+    """2..18 disjoint ranges inside [0, n): 16-byte aligned starts, lengths that
+    include 1..15, odd and multi-block sizes."""
+    k = rnd.randint(2, 18)
+    starts = sorted(rnd.sample(range(0, n // 16), k))
+    out = []
+    for i, a in enumerate(starts):
+        gap = (starts[i + 1] if i + 1 < k else n // 16) * 16 - a * 16
+        length = min(gap, rnd.choice([1, 7, 15, 16, 17, 4095, 8192, 8193, rnd.randint(1, 300_000)]))
+        out.append((a * 16, length))
+    rnd.shuffle(out)          # the call takes them in any order
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_clear_ranges_random(backend, seed):
+    """Backend.clear_ranges, the operation behind zero_all_rows, against a numpy
+    model: exactly the listed bytes become zero, in one launch on CUDA."""
+    import random
+
+    import numpy as np
+    gpu = backend
+    rnd = random.Random(seed)
+    with new(gpu, m=128) as arena:
+        mem = Mem(arena, gpu)
+        mem.fill("logits", 0xA5)
+        n = arena.sizes().logits
+        base = ptr_of(arena, "logits")
+        ranges = _random_ranges(rnd, n)
+        expect = np.full(n, 0xA5, dtype=np.uint8)
+        for off, length in ranges:
+            expect[off:off + length] = 0
+        launches = getattr(gpu, "launch_count", None)
+        gpu.clear_ranges([(base + off, length) for off, length in ranges], 0)
+        got = mem.read("logits")
+        bad = np.flatnonzero(got != expect)
+        assert bad.size == 0, f"{bad.size} bytes differ, first at {bad[:5]}"
+        if launches is not None:
+            assert gpu.launch_count - launches == 1
+
+
+def test_clear_ranges_errors():
+    gpu = HostBackend()
+    with new(gpu, m=16) as arena:
+        p = arena.hidden_states()
+        with pytest.raises(TypeError, match="ranges"):
+            gpu.clear_ranges(p)
+        with pytest.raises(TypeError, match="address"):
+            gpu.clear_ranges([(float(p), 16)])
+        with pytest.raises(TypeError, match="tuple"):
+            gpu.clear_ranges([[p, 16]])
+        with pytest.raises(ValueError, match="aligned"):
+            gpu.clear_ranges([(p + 8, 16)])
+        with pytest.raises(ValueError, match="nbytes"):
+            gpu.clear_ranges([(p, -1)])
+        with pytest.raises(ValueError, match="at most 18"):
+            gpu.clear_ranges([(p + 16 * i, 16) for i in range(19)])
+        before = gpu.memset_count
+        gpu.clear_ranges([(p, 0), (0, 0)])        # empty ranges: nothing to do
+        assert gpu.memset_count == before
+
+
 class _ProtoStream:
     def __cuda_stream__(self):
         return (0, 0)
@@ -381,6 +443,9 @@ def test_moe_fp8_scratch_arena(backend):
         arena.moe_fp8_scratch("x", 8)
     with pytest.raises(ValueError, match="rows"):
         arena.moe_fp8_scratch(MOE_FP8, -1)
+    arena.moe_fp8_scratch(MOE_FP8, 1)            # cached; True == 1 must not hit it
+    with pytest.raises(TypeError, match="rows"):
+        arena.moe_fp8_scratch(MOE_FP8, True)
     arena.release(gpu)
     assert live_counts(gpu) == before
     with pytest.raises(MetraleError, match="FP8 MoE scratch.*released"):

@@ -59,6 +59,37 @@ cdef class Backend:
     def target(self):
         raise NotImplementedError
 
+    def clear_ranges(self, ranges, stream=0):
+        """Zero up to 18 (address, nbytes) ranges of this backend's memory in one
+        operation: one kernel launch on CUDA (one memset for a single range), the
+        same call zero_all_rows makes.  Addresses must be 16-byte aligned; ranges
+        of 0 bytes are skipped.  Raw memory: nothing checks that it is yours."""
+        cdef mt_range r[18]
+        cdef int n = 0
+        cdef uintptr_t s = as_stream(stream)
+        if not isinstance(ranges, (list, tuple)):
+            raise TypeError(f"ranges must be a list or tuple of (address, nbytes), got {type(ranges).__name__}")
+        for item in ranges:
+            if not isinstance(item, tuple) or len(item) != 2:
+                raise TypeError(f"ranges: each item must be an (address, nbytes) tuple, got {item!r}")
+            ptr, nbytes = item
+            for what, v in (("address", ptr), ("nbytes", nbytes)):
+                if isinstance(v, bool) or not isinstance(v, int):
+                    raise TypeError(f"ranges: {what} must be an int, got {type(v).__name__}")
+                if v < 0 or v >= 1 << 64:
+                    raise ValueError(f"ranges: {what} {v} is out of range")
+            if nbytes == 0:
+                continue
+            if ptr == 0 or ptr % 16:
+                raise ValueError(f"ranges: address {ptr:#x} must be non-zero and 16-byte aligned")
+            if n == 18:
+                raise ValueError("ranges: at most 18 non-empty ranges in one call")
+            r[n].offset = ptr
+            r[n].length = nbytes
+            n += 1
+        if n:
+            self.zero_ranges(0, r, n, s)
+
 
 _OPS = ("alloc", "free", "memset", "d2h", "h2d", "sync")
 
