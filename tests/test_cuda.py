@@ -120,3 +120,44 @@ def test_checksum_on_gpu(gpu, caplog):
         recs = [r.getMessage() for r in caplog.records if r.name == "metrale"]
         assert len(recs) == 16
         assert recs[1].endswith("sum=-0.500000 ssq=5.250000 sabs=3.500000")
+
+
+def test_threads_share_the_backend(gpu):
+    """Fresh threads (no current context of their own) build, zero, check and
+    release arenas on one CudaBackend concurrently, and release arenas another
+    thread built; the backend's counters come back to where they were."""
+    import threading
+    before = (gpu.live_alloc_count, gpu.live_bytes)
+    errors, handoff = [], []
+    lock = threading.Lock()
+
+    def work(i):
+        try:
+            for round_ in range(3):
+                m_tokens, tokens = 16 + 8 * i, 1 + (i + round_) % 5
+                arena = BufferArena.new(PRESET, m_tokens, 4096, 16, 32, gpu)
+                m = _fill_all(arena, gpu)
+                arena.zero_all_rows(gpu, 0, tokens)
+                sizes = arena.sizes()
+                expect = {n: getattr(sizes, n) for n in ZERO_ALL}
+                for n in ROWS:
+                    expect[n] = expected_rows_length(getattr(sizes, n), m_tokens, tokens)
+                _check_zeroed(arena, m, expect)
+                if round_ == 2:
+                    with lock:
+                        handoff.append(arena)   # released by the main thread
+                else:
+                    arena.release(gpu)
+        except BaseException as e:              # reported below, with the thread
+            errors.append((i, e))
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert len(handoff) == 4
+    for arena in handoff:
+        arena.release(gpu)
+    assert (gpu.live_alloc_count, gpu.live_bytes) == before
