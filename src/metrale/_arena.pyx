@@ -344,11 +344,14 @@ cdef class BufferArena:
     # -- FP8 MoE scratch (ARENA.md §4.9) ------------------------------------------------------
     def moe_fp8_scratch(self, config, rows):
         """Fixed offsets of the FP8 MoE slab for (config, rows); pure, allocates nothing."""
+        # Keyed on exact ints only: True == 1 and hashes alike, but must still raise.
         key = (config, rows)
-        try:
-            hit = self._moe_cache.get(key)
-        except TypeError:
-            hit = None
+        hit = None
+        if type(rows) is int:
+            try:
+                hit = self._moe_cache.get(key)
+            except TypeError:        # an unhashable config: validated below
+                pass
         if hit is not None and not self._released:
             return hit
         layout = moe_fp8_layout(config, rows)
