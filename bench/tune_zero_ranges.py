@@ -68,6 +68,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=200)
     ap.add_argument("--ptx")
+    ap.add_argument("--arena-only", action="store_true", help="only the metrale-arena section")
     a = ap.parse_args()
     if a.ptx:
         ptx = open(a.ptx, "rb").read()
@@ -171,7 +172,7 @@ def main():
                     out.append((fn, hb_layout(ranges, per, big_first)[2], 256, (per, big_first)))
         return out
 
-    for label, ranges in scenarios:
+    for label, ranges in ([] if a.arena_only else scenarios):
         total = sum(n for _, n in ranges)
         print(f"\n# {label}: {len(ranges)} ranges, {total:,} bytes")
         rows = []
@@ -194,6 +195,31 @@ def main():
         for lab, cfgs, (med, mn) in rows:
             print(f"{lab:<46} {cfgs:>10} {med:>10.2f} {mn:>8.2f} {total / med / 1e6:>7.2f}")
 
+    # metrale's own call against the raw launch of the same kernel on the same
+    # slab: what the Python call path and the arena's placement add, if anything.
+    from metrale import BufferArena, CudaBackend
+    gpu = CudaBackend(0)
+    arena = BufferArena.new(cfg, 8192, 4096, 16, 32, gpu)
+    hs = int(stream)
+    for tokens in (1, 16):
+        ranges = zero_rows_ranges(sizes, 8192, tokens)
+        total = sum(n for _, n in ranges)
+        abase = arena.hidden_states() - plan_layout(sizes, 8192)["offsets"]["hidden_states"]
+        per = (512, True)
+        rs, first, g = hb_layout(ranges, *per)
+        args = make_args(ranges, per)
+        args.base = abase
+        print(f"\n# on a metrale arena's slab, tokens={tokens}")
+        for lab, fn in ((f"arena.zero_all_rows(gpu, stream, {tokens})",
+                         lambda: arena.zero_all_rows(gpu, hs, tokens)),
+                        ("raw launch of the shipped kernel, same ranges",
+                         lambda: launch(fns["shipped"], g, 256, args)),
+                        ("contiguous memset of the same bytes",
+                         lambda: cu.cuMemsetD32Async(abase + max(ranges, key=lambda r: r[1])[0],
+                                                     0, total // 4, stream))):
+            med, mn = timed(fn, a.runs)
+            print(f"{lab:<52} {med:>10.2f} {mn:>8.2f}")
+    arena.release(gpu)
     ok(cu.cuMemFree(base))
 
 

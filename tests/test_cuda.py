@@ -161,3 +161,76 @@ def test_threads_share_the_backend(gpu):
     for arena in handoff:
         arena.release(gpu)
     assert (gpu.live_alloc_count, gpu.live_bytes) == before
+
+
+def test_real_library_streams(gpu):
+    """torch, CuPy and cuda.core streams are accepted as they come, and the work
+    lands on them (checked after synchronising that stream alone)."""
+    torch = _torch()
+    streams = [("torch", torch.cuda.Stream(), lambda s: s.synchronize())]
+    try:
+        import cupy
+        streams.append(("cupy", cupy.cuda.Stream(non_blocking=True), lambda s: s.synchronize()))
+    except ImportError:
+        pass
+    try:
+        try:
+            from cuda.core import Device
+        except ImportError:
+            from cuda.core.experimental import Device
+        dev = Device(0)
+        dev.set_current()
+        streams.append(("cuda.core", dev.create_stream(), lambda s: s.sync()))
+    except ImportError:
+        pass
+    with BufferArena.new(PRESET, 16, 4096, 16, 32, gpu) as arena:
+        mem = Mem(arena, gpu)
+        for name, stream, sync in streams:
+            mem.fill("hidden_states", 0xAB)
+            mem.fill("logits", 0xAB)
+            arena.zero_all_rows(gpu, stream, 1)
+            sync(stream)
+            assert not mem.read("logits").any(), name
+            n = expected_rows_length(arena.sizes().hidden_states, 16, 1)
+            hs = mem.read("hidden_states")
+            assert not hs[:n].any() and (hs[n:] == 0xAB).all(), name
+
+
+@pytest.mark.parametrize("how", ["global", "cycle", "torch_view"])
+def test_arena_alive_at_exit(gpu, how):
+    """An arena (and a view of it) still alive when the interpreter exits must
+    not crash it: the finalizers skip the driver once Python is finalizing."""
+    import subprocess
+    import sys
+    code = [
+        "import metrale",
+        "g = metrale.CudaBackend(0)",
+        "a = metrale.BufferArena.new(metrale.ModelConfig.preset('qwen3-next-80b'), 16, 4096, 16, 32, g)",
+        "a.zero_all(g, 0)",
+    ]
+    if how == "cycle":
+        code += ["class Holder: pass", "h = Holder(); h.me = h; h.arena = a; h.gpu = g", "del a, g"]
+    elif how == "torch_view":
+        _torch()
+        code += ["import torch", "t = torch.from_dlpack(a.view('logits', 'bfloat16'))", "t.fill_(1.0)"]
+    r = subprocess.run([sys.executable, "-W", "ignore::ResourceWarning", "-c", "\n".join(code)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
+    assert "Fatal" not in r.stderr and "Segmentation" not in r.stderr, r.stderr[-2000:]
+
+
+def test_missing_bindings_is_a_clear_error():
+    """Without cuda-bindings (hidden here), CudaBackend() says what to install;
+    without the extension, that this build has no CUDA backend. No GPU needed."""
+    import importlib.util
+    import subprocess
+    import sys
+    code = ("import sys; sys.modules['cuda.bindings'] = None; sys.modules['cuda.bindings.cydriver'] = None\n"
+            "import metrale\n"
+            "try:\n    metrale.CudaBackend(0)\n"
+            "except metrale.MetraleError as e:\n    print(e)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    if importlib.util.find_spec("metrale._cuda") is None:
+        assert "built without its CUDA backend" in r.stdout, r.stdout
+    else:
+        assert "CudaBackend is unavailable" in r.stdout and "metrale[cuda]" in r.stdout, r.stdout

@@ -10,6 +10,11 @@ from metrale.errors import MetraleError
 try:
     from metrale._cuda import CudaBackend
 except ImportError as _e:  # the package still works on the host backend
+    if getattr(_e, "name", None) == "metrale._cuda":
+        _hint = ("this metrale was built without its CUDA backend; rebuild it where "
+                 "cuda-bindings and cuda.h are available (they are build requirements)")
+    else:
+        _hint = "install metrale[cuda] on a machine with an NVIDIA driver"
     _reason = f"{type(_e).__name__}: {_e}"
 
     class CudaBackend:
@@ -18,6 +23,6 @@ except ImportError as _e:  # the package still works on the host backend
         def __init__(self, device=0):
             raise MetraleError(
                 "CudaBackend is unavailable: the CUDA extension could not be loaded "
-                f"({_reason}); install metrale[cuda] on a machine with an NVIDIA driver")
+                f"({_reason}); {_hint}")
 
 __all__ = ["CudaBackend"]
