@@ -136,6 +136,15 @@ def _fill_all(arena, gpu, value=0xAB):
     return m
 
 
+def rows_expectation(sizes, m_tokens, tokens):
+    """name -> bytes zero_all_rows(tokens) must clear: the 18 whole, the 15
+    token-major ones trimmed by expected_rows_length."""
+    expect = {n: getattr(sizes, n) for n in ZERO_ALL}
+    for n in ROWS:
+        expect[n] = expected_rows_length(getattr(sizes, n), m_tokens, tokens)
+    return expect
+
+
 def _check_zeroed(arena, m, expect):
     """`expect`: name -> bytes from the start that must now be zero; every other
     byte of every buffer must still hold the sentinel."""
@@ -177,11 +186,7 @@ def test_zero_all_rows_exact(backend, m_tokens, tokens):
     with new(gpu, m=m_tokens) as arena:
         m = _fill_all(arena, gpu)
         arena.zero_all_rows(gpu, 0, tokens)
-        sizes = arena.sizes()
-        expect = {n: getattr(sizes, n) for n in ZERO_ALL}
-        for n in ROWS:
-            expect[n] = expected_rows_length(getattr(sizes, n), m_tokens, tokens)
-        _check_zeroed(arena, m, expect)
+        _check_zeroed(arena, m, rows_expectation(arena.sizes(), m_tokens, tokens))
 
 
 def test_zero_all_rows_ops_count():

@@ -7,7 +7,7 @@ import metrale
 from metrale import BufferArena, BufferSizes, ModelConfig, MetraleError, OutOfMemoryError
 
 from conftest import Mem, _cuda, _cuda_reason
-from test_arena import PREFILL, ROWS, ZERO_ALL, _check_zeroed, _fill_all, expected_rows_length
+from test_arena import PREFILL, ZERO_ALL, _check_zeroed, _fill_all, expected_rows_length, rows_expectation
 
 PRESET = ModelConfig.preset("qwen3-next-80b")
 
@@ -78,9 +78,7 @@ def test_graph_replay(gpu, helper):
         elif helper == "zero_prefill_essentials":
             expect = {n: getattr(sizes, n) for n in PREFILL}
         else:
-            expect = {n: getattr(sizes, n) for n in ZERO_ALL}
-            for n in ROWS:
-                expect[n] = expected_rows_length(getattr(sizes, n), m_tokens, int(helper[4:]))
+            expect = rows_expectation(sizes, m_tokens, int(helper[4:]))
         _check_zeroed(arena, m, expect)
         del g
 
@@ -138,11 +136,7 @@ def test_threads_share_the_backend(gpu):
                 arena = BufferArena.new(PRESET, m_tokens, 4096, 16, 32, gpu)
                 m = _fill_all(arena, gpu)
                 arena.zero_all_rows(gpu, 0, tokens)
-                sizes = arena.sizes()
-                expect = {n: getattr(sizes, n) for n in ZERO_ALL}
-                for n in ROWS:
-                    expect[n] = expected_rows_length(getattr(sizes, n), m_tokens, tokens)
-                _check_zeroed(arena, m, expect)
+                _check_zeroed(arena, m, rows_expectation(arena.sizes(), m_tokens, tokens))
                 if round_ == 2:
                     with lock:
                         handoff.append(arena)   # released by the main thread
@@ -234,3 +228,32 @@ def test_missing_bindings_is_a_clear_error():
         assert "built without its CUDA backend" in r.stdout, r.stdout
     else:
         assert "CudaBackend is unavailable" in r.stdout and "metrale[cuda]" in r.stdout, r.stdout
+
+
+def test_shipped_ptx_matches_its_source(tmp_path):
+    """The PTX in the package is what its .cu compiles to (no GPU needed; skipped
+    without the nvcc release that built it)."""
+    import re
+    import shutil
+    import subprocess
+    from importlib.resources import files
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("no nvcc here")
+    kdir = files("metrale") / "kernels"
+    try:
+        src = (kdir / "zero_ranges.cu").read_text()
+        shipped = (kdir / "zero_ranges.ptx").read_text()
+    except FileNotFoundError:
+        pytest.skip("this build of metrale ships no CUDA kernels")
+    m = re.search(r"V\d+\.\d+\.\d+", subprocess.run([nvcc, "--version"], capture_output=True,
+                                                    text=True).stdout)
+    if m is None or m.group(0) not in shipped:
+        pytest.skip(f"nvcc here is {m and m.group(0)}, not the release that built the shipped PTX")
+    (tmp_path / "z.cu").write_text(src)
+    subprocess.run([nvcc, "-ptx", "-arch=compute_75", str(tmp_path / "z.cu"), "-o",
+                    str(tmp_path / "z.ptx")], check=True)
+
+    def code(text):
+        return [line for line in text.splitlines() if not line.startswith("//")]
+    assert code((tmp_path / "z.ptx").read_text()) == code(shipped)
