@@ -7,7 +7,9 @@ over 20 back to back between two events, issue time from the host clock around
 one call, and host time per call in bursts of 50 behind a spin.  Anchors in the
 same process: 18 cuMemsetD8Async through Python cuda.bindings.driver, torch
 zero_() on 18 tensors, the same as a torch CUDA graph, and one contiguous
-memset of the same bytes (the limit).
+memset of the same bytes (the limit).  zero_all_rows and the memset of its bytes
+are also timed with L2 holding clean lines (256 MB read before each run), as a
+forward pass leaves it, instead of the dirty lines of their own previous run.
 Run:  python bench/bench_cuda.py [--runs 100] [--cpu N]
 """
 
