@@ -28,7 +28,8 @@ cdef extern from *:
     """
     int mt_py_finalizing()
 
-DEF MAX_RANGES = 18
+cdef enum:
+    MAX_RANGES = 18     # ranges one zero_ranges call takes (the 18 zero_all buffers)
 
 # Kernel parameters of kernels/zero_ranges.cu, passed by value.
 cdef struct mt_zero_args:
@@ -41,8 +42,9 @@ cdef struct mt_zero_args:
 
 # 16-byte chunks per block of the zeroing kernel: 8 KiB, two stores per thread
 # of a 256-thread block.  Measured on the H200 against 256..8192 (RESULTS.md).
-DEF ZERO_THREADS = 256
-DEF ZERO_PER = 512
+cdef enum:
+    ZERO_THREADS = 256
+    ZERO_PER = 512
 
 
 cdef str _err_name(cydriver.CUresult err):
