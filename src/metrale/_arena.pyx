@@ -67,8 +67,8 @@ def plan_layout(sizes, max_batch_tokens):
         # Helper membership, from the core's own lists (ARENA.md §5, §7).
         "groups": {
             "zero_all": tuple(BUFFER_NAMES[mt_zero_all_ids[i]] for i in range(MT_N_ZERO_ALL)),
-            "prefill": tuple(BUFFER_NAMES[mt_prefill_ids[i]] for i in range(7)),
-            "rows": tuple(BUFFER_NAMES[mt_rows_ids[i]] for i in range(15)),
+            "prefill": tuple(BUFFER_NAMES[mt_prefill_ids[i]] for i in range(MT_N_PREFILL)),
+            "rows": tuple(BUFFER_NAMES[mt_rows_ids[i]] for i in range(MT_N_ROWS)),
             "checksum": tuple(BUFFER_NAMES[mt_checksum_ids[i]] for i in range(MT_N_CHECKSUM)),
         },
     }
@@ -78,7 +78,7 @@ def zero_rows_ranges(sizes, max_batch_tokens, tokens):
     """The (offset, length) ranges, relative to the slab, that
     zero_all_rows(tokens) clears for an arena of `sizes`."""
     cdef mt_layout L
-    cdef mt_range r[18]
+    cdef mt_range r[MT_N_ZERO_ALL]
     _check_mbt(max_batch_tokens)
     _check_count("tokens", tokens)
     _plan(&L, sizes.as_tuple(), max_batch_tokens)
@@ -288,7 +288,7 @@ cdef class BufferArena:
 
     def zero_all_rows(self, gpu, stream, tokens):
         """zero_all limited to rows 0..tokens of each token-major buffer (ARENA.md §5.2)."""
-        cdef mt_range r[18]
+        cdef mt_range r[MT_N_ZERO_ALL]
         cdef int n
         self._live(gpu)
         _check_count("tokens", tokens)

@@ -5,6 +5,8 @@ from libc.stdint cimport uintptr_t
 from libc.stdlib cimport free as c_free
 from libc.string cimport memcpy, memset as c_memset
 
+from metrale._core cimport MT_N_ZERO_ALL, mt_range
+
 from metrale.errors import MetraleError, OutOfMemoryError
 
 cdef extern from "<stdlib.h>" nogil:
@@ -64,7 +66,7 @@ cdef class Backend:
         operation: one kernel launch on CUDA (one memset for a single range), the
         same call zero_all_rows makes.  Addresses must be 16-byte aligned; ranges
         of 0 bytes are skipped.  Raw memory: nothing checks that it is yours."""
-        cdef mt_range r[18]
+        cdef mt_range r[MT_N_ZERO_ALL]
         cdef int n = 0
         cdef uintptr_t s = as_stream(stream)
         if not isinstance(ranges, (list, tuple)):
@@ -82,8 +84,8 @@ cdef class Backend:
                 continue
             if ptr == 0 or ptr % 16:
                 raise ValueError(f"ranges: address {ptr:#x} must be non-zero and 16-byte aligned")
-            if n == 18:
-                raise ValueError("ranges: at most 18 non-empty ranges in one call")
+            if n == MT_N_ZERO_ALL:
+                raise ValueError(f"ranges: at most {MT_N_ZERO_ALL} non-empty ranges in one call")
             r[n].offset = ptr
             r[n].length = nbytes
             n += 1

@@ -6,6 +6,8 @@ cdef extern from "arena_core.h" nogil:
         MT_NBUF
         MT_ALIGN
         MT_N_ZERO_ALL
+        MT_N_PREFILL
+        MT_N_ROWS
         MT_N_CHECKSUM
         MT_NORM_UNIT_W
         MT_SSM_ROWWISE_W_BF16

@@ -11,7 +11,7 @@ from libc.stdint cimport uintptr_t
 from libc.string cimport memset as c_memset
 
 from cuda.bindings cimport cydriver
-from metrale._core cimport mt_range
+from metrale._core cimport MT_N_ZERO_ALL, mt_range
 from metrale._backend cimport Backend
 
 from metrale.errors import MetraleError, OutOfMemoryError
@@ -28,10 +28,8 @@ cdef extern from *:
     """
     int mt_py_finalizing()
 
-cdef enum:
-    MAX_RANGES = 18     # ranges one zero_ranges call takes (the 18 zero_all buffers)
-
-# Kernel parameters of kernels/zero_ranges.cu, passed by value.
+# Kernel parameters of kernels/zero_ranges.cu, passed by value (its
+# MT_MAX_RANGES is the core's MT_N_ZERO_ALL, 18).
 cdef struct mt_zero_args:
     unsigned long long base
     unsigned long long offset[18]
@@ -185,14 +183,14 @@ cdef class CudaBackend(Backend):
         cdef mt_zero_args args
         cdef void *params[1]
         cdef unsigned long long blocks = 0, chunks = 0, per = ZERO_PER, nb
-        cdef int order[MAX_RANGES]
+        cdef int order[MT_N_ZERO_ALL]
         cdef int i, j, k
         cdef cydriver.CUresult err
         cdef cydriver.CUstream s = <cydriver.CUstream>stream
         if n == 1:
             return self.memset(base + r[0].offset, r[0].length, stream)
-        if n > MAX_RANGES:
-            raise MetraleError(f"zero_ranges: {n} ranges, at most {MAX_RANGES}")
+        if n > MT_N_ZERO_ALL:
+            raise MetraleError(f"zero_ranges: {n} ranges, at most {MT_N_ZERO_ALL}")
         # Largest range first (stable): its blocks are dispatched first and the
         # small ranges, latency-bound, fill the tail.  Measured best overall.
         for i in range(n):
