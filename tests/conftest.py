@@ -46,13 +46,16 @@ class Mem:
     def fill(self, name, value):
         import numpy as np
         n = getattr(self.arena.sizes(), name)
-        ptr = ptr_of(self.arena, name)
-        if n == 0:
-            return
+        if n:
+            self.write(name, np.full(n, value, dtype=np.uint8))
+
+    def write(self, name, data):
+        """Write the uint8 array `data` over the whole of buffer `name`."""
+        import numpy as np
         if isinstance(self.gpu, metrale.HostBackend):
-            np.asarray(self.arena.view(name, "uint8"))[:] = value
+            np.asarray(self.arena.view(name, "uint8"))[:] = data
         else:
-            self.gpu.upload(ptr, np.full(n, value, dtype=np.uint8).tobytes())
+            self.gpu.upload(ptr_of(self.arena, name), data.tobytes())
 
     def read(self, name):
         import numpy as np

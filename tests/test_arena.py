@@ -369,11 +369,11 @@ def test_checksum_records(backend, caplog):
         hs = arena.sizes().hidden_states
         data = np.zeros(hs, dtype=np.uint8)
         data[:8] = np.frombuffer(lanes, dtype=np.uint8)
-        _upload(arena, gpu, "hidden_states", data)
+        m.write("hidden_states", data)
         lanes2 = np.array([1.0, np.nan, np.inf, 2.0, -np.inf], dtype="<f4")
         data = np.zeros(arena.sizes().residual, dtype=np.uint8)
         data[:20] = np.frombuffer(lanes2.tobytes(), dtype=np.uint8)
-        _upload(arena, gpu, "residual", data)
+        m.write("residual", data)
         counts = (gpu.sync_count, gpu.d2h_count)
         with caplog.at_level(logging.WARNING, logger="metrale"):
             assert arena.debug_buffer_checksum(gpu, 0, "step0") is None
@@ -385,14 +385,6 @@ def test_checksum_records(backend, caplog):
         assert recs[1].endswith("sum=3.000000 ssq=5.000000 sabs=3.000000")
         assert recs[2].endswith("sum=0.000000 ssq=0.000000 sabs=0.000000")
         assert gpu.sync_count - counts[0] == 1 and gpu.d2h_count - counts[1] == 16
-
-
-def _upload(arena, gpu, name, data):
-    if type(gpu) is HostBackend:
-        import numpy as np
-        np.asarray(arena.view(name, "uint8"))[:] = data
-    else:
-        gpu.upload(getattr(arena, name)(), data.tobytes())
 
 
 def test_checksum_partial_lane_and_failed_copy(caplog):

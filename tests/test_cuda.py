@@ -6,7 +6,7 @@ import pytest
 import metrale
 from metrale import BufferArena, BufferSizes, ModelConfig, MetraleError, OutOfMemoryError
 
-from conftest import Mem, _cuda, _cuda_reason
+from conftest import Mem, _cuda
 from test_arena import PREFILL, ZERO_ALL, _check_zeroed, _fill_all, expected_rows_length, rows_expectation
 
 PRESET = ModelConfig.preset("qwen3-next-80b")
