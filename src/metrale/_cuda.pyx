@@ -12,7 +12,8 @@ from libc.string cimport memset as c_memset
 
 from cuda.bindings cimport cydriver
 from metrale._core cimport MT_N_ZERO_ALL, mt_range
-from metrale._backend cimport Backend
+from metrale._backend cimport Backend, as_stream
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 
 from metrale.errors import MetraleError, OutOfMemoryError
 
@@ -277,18 +278,18 @@ cdef class CudaBackend(Backend):
         """Copy bytes-like `data` to device address `ptr` (blocking)."""
         cdef const unsigned char[::1] mv = memoryview(data).cast("B")
         if mv.shape[0]:
-            self.h2d(<uintptr_t>ptr, &mv[0], mv.shape[0], <uintptr_t>stream)
+            self.h2d(<uintptr_t>ptr, &mv[0], mv.shape[0], as_stream(stream))
 
     def download(self, ptr, n, stream=0):
         """`n` bytes from device address `ptr` (blocking), as bytes."""
-        out = bytearray(n)
-        cdef unsigned char[::1] mv = out
+        # Copied straight into the new bytes object, before anyone can see it.
+        out = PyBytes_FromStringAndSize(NULL, n)
         if n:
-            self.d2h(&mv[0], <uintptr_t>ptr, n, <uintptr_t>stream)
-        return bytes(out)
+            self.d2h(PyBytes_AS_STRING(out), <uintptr_t>ptr, n, as_stream(stream))
+        return out
 
     def synchronize(self, stream=0):
-        self.sync(<uintptr_t>stream)
+        self.sync(as_stream(stream))
 
     def __repr__(self):
         return (f"CudaBackend(device={self.device_id}, sm_count={self._sm_count}, "
