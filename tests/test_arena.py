@@ -12,40 +12,9 @@ from metrale import (BufferArena, BufferSizes, HostBackend, MetraleError, ModelC
 from metrale._arena import plan_layout, zero_rows_ranges
 from metrale.sizes import BUFFER_NAMES
 
-from conftest import Mem, live_counts, ptr_of
-
-PRESET = ModelConfig.preset("qwen3-next-80b")
-NOENV = {}
-ZERO_ALL = ("hidden_states", "residual", "norm_output", "qkv_output", "attn_output",
-            "gate_logits", "moe_output", "ssm_qkvz", "ssm_ba", "ssm_deinterleaved", "ssm_gates",
-            "ssm_conv_out_f32", "splitk_workspace", "expert_gate_out", "expert_up_out",
-            "expert_down_out", "logits", "scratch")
-PREFILL = ("hidden_states", "residual", "gate_logits", "expert_gate_out", "expert_up_out",
-           "expert_down_out", "moe_output")
-ROWS = ZERO_ALL[:12] + ZERO_ALL[13:16]
-CHECKSUM = ROWS + ("splitk_workspace",)
-POINTER_NAMES = [n for n in BUFFER_NAMES if n not in ("moe_fp8_scratch", "ssm_rowwise_w_bf16")]
-COMPACT = PRESET.replace(hidden_size=512, num_hidden_layers=4, linear_num_key_heads=4,
-                         linear_key_head_dim=64, linear_num_value_heads=8, linear_value_head_dim=64)
-
-
-def new(gpu, cfg=PRESET, m=128, seq=4096, blk=16, bs=32, env=NOENV):
-    s = BufferSizes.from_config(cfg, m, seq, blk, bs, target=gpu.target(), env=env)
-    return BufferArena.from_sizes(cfg, s, m, bs, gpu)
-
-
-def expected_rows_length(n, m, tokens):
-    """ARENA.md §5.2, written out again independently of the C core."""
-    m = max(m, 1)
-    if tokens >= m:
-        return n
-    if n % m == 0:
-        return n // m * tokens
-    m16 = -(-m // 16) * 16
-    if n % m16 == 0:
-        return n // m16 * min(-(-tokens // 16) * 16, m16)
-    return n
-
+from helpers import (CHECKSUM, COMPACT, NOENV, POINTER_NAMES, PREFILL, PRESET, ROWS, ZERO_ALL,
+                     Mem, check_zeroed, expected_rows_length, fill_all, live_counts, new, ptr_of,
+                     rows_expectation)
 
 # -- placement -------------------------------------------------------------------------
 
@@ -129,39 +98,6 @@ def test_zero_size_entries_are_null(backend):
 
 # -- zeroing sentinels ------------------------------------------------------------------
 
-def _fill_all(arena, gpu, value=0xAB):
-    m = Mem(arena, gpu)
-    for name in BUFFER_NAMES:
-        m.fill(name, value)
-    return m
-
-
-def rows_expectation(sizes, m_tokens, tokens):
-    """name -> bytes zero_all_rows(tokens) must clear: the 18 whole, the 15
-    token-major ones trimmed by expected_rows_length."""
-    expect = {n: getattr(sizes, n) for n in ZERO_ALL}
-    for n in ROWS:
-        expect[n] = expected_rows_length(getattr(sizes, n), m_tokens, tokens)
-    return expect
-
-
-def _check_zeroed(arena, m, expect):
-    """`expect`: name -> bytes from the start that must now be zero; every other
-    byte of every buffer must still hold the sentinel."""
-    sizes = arena.sizes()
-    for name in BUFFER_NAMES:
-        n = getattr(sizes, name)
-        if n == 0:
-            continue
-        data = m.read(name)
-        k = expect.get(name, 0)
-        if name == "norm_unit_w" and k == 0:
-            assert (data == 0xAB).all(), name   # only construction zero-fills it
-            continue
-        assert not data[:k].any(), f"{name}: first {k} bytes not zeroed"
-        assert (data[k:] == 0xAB).all(), f"{name}: bytes past {k} were written"
-
-
 @pytest.mark.parametrize("helper, group, m_tokens", [
     ("zero_all", ZERO_ALL, 100), ("zero_all", ZERO_ALL, 128),
     ("zero_prefill_essentials", PREFILL, 100),
@@ -170,11 +106,11 @@ def test_whole_helpers_exact(backend, helper, group, m_tokens):
     """zero_all and zero_prefill_essentials: one operation, exactly their buffers."""
     gpu = backend
     with new(gpu, m=m_tokens) as arena:
-        m = _fill_all(arena, gpu)
+        m = fill_all(arena, gpu)
         before = gpu.memset_count
         getattr(arena, helper)(gpu, 0)
         assert gpu.memset_count - before == 1
-        _check_zeroed(arena, m, {n: getattr(arena.sizes(), n) for n in group})
+        check_zeroed(arena, m, {n: getattr(arena.sizes(), n) for n in group})
 
 
 @pytest.mark.parametrize("m_tokens, tokens", [
@@ -184,9 +120,9 @@ def test_whole_helpers_exact(backend, helper, group, m_tokens):
 def test_zero_all_rows_exact(backend, m_tokens, tokens):
     gpu = backend
     with new(gpu, m=m_tokens) as arena:
-        m = _fill_all(arena, gpu)
+        m = fill_all(arena, gpu)
         arena.zero_all_rows(gpu, 0, tokens)
-        _check_zeroed(arena, m, rows_expectation(arena.sizes(), m_tokens, tokens))
+        check_zeroed(arena, m, rows_expectation(arena.sizes(), m_tokens, tokens))
 
 
 def test_zero_all_rows_ops_count():

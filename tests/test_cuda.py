@@ -4,25 +4,22 @@ torch / CuPy, driver errors.  Skipped with the reason where no GPU is usable."""
 import pytest
 
 import metrale
-from metrale import BufferArena, BufferSizes, ModelConfig, MetraleError, OutOfMemoryError
+from metrale import BufferArena, BufferSizes, MetraleError, OutOfMemoryError
 
-from conftest import Mem, _cuda
-from test_arena import PREFILL, ZERO_ALL, _check_zeroed, _fill_all, expected_rows_length, rows_expectation
-
-PRESET = ModelConfig.preset("qwen3-next-80b")
+from helpers import (PREFILL, PRESET, ZERO_ALL, Mem, check_zeroed, cuda_backend, cuda_reason,
+                     expected_rows_length, fill_all, rows_expectation)
 
 
 @pytest.fixture
 def gpu():
-    g = _cuda()
+    g = cuda_backend()
     if g is None:
-        from conftest import _cuda_reason as why
-        pytest.skip(why)
+        pytest.skip(cuda_reason())
     return g
 
 
 def test_unavailable_is_a_clear_error():
-    g = _cuda()
+    g = cuda_backend()
     if g is not None:
         pytest.skip("a GPU is present")
     with pytest.raises(MetraleError, match="CUDA|cuda"):
@@ -69,7 +66,7 @@ def test_graph_replay(gpu, helper):
                 arena.zero_prefill_essentials(gpu, s)
             else:
                 arena.zero_all_rows(gpu, s, int(helper[4:]))
-        m = _fill_all(arena, gpu)
+        m = fill_all(arena, gpu)
         g.replay()
         torch.cuda.synchronize()
         sizes = arena.sizes()
@@ -79,7 +76,7 @@ def test_graph_replay(gpu, helper):
             expect = {n: getattr(sizes, n) for n in PREFILL}
         else:
             expect = rows_expectation(sizes, m_tokens, int(helper[4:]))
-        _check_zeroed(arena, m, expect)
+        check_zeroed(arena, m, expect)
         del g
 
 
@@ -134,9 +131,9 @@ def test_threads_share_the_backend(gpu):
             for round_ in range(3):
                 m_tokens, tokens = 16 + 8 * i, 1 + (i + round_) % 5
                 arena = BufferArena.new(PRESET, m_tokens, 4096, 16, 32, gpu)
-                m = _fill_all(arena, gpu)
+                m = fill_all(arena, gpu)
                 arena.zero_all_rows(gpu, 0, tokens)
-                _check_zeroed(arena, m, rows_expectation(arena.sizes(), m_tokens, tokens))
+                check_zeroed(arena, m, rows_expectation(arena.sizes(), m_tokens, tokens))
                 if round_ == 2:
                     with lock:
                         handoff.append(arena)   # released by the main thread

@@ -7,22 +7,7 @@ import pytest
 
 from metrale import MetraleError, ScratchSpaceManager, ScratchStats
 
-
-def in_thread(fn, *args):
-    out = {}
-
-    def run():
-        try:
-            out["value"] = fn(*args)
-        except BaseException as e:     # re-raised in the caller
-            out["error"] = e
-
-    t = threading.Thread(target=run)
-    t.start()
-    t.join()
-    if "error" in out:
-        raise out["error"]
-    return out.get("value")
+from helpers import in_thread
 
 
 def test_lazy_creation_and_sizes():

@@ -1,0 +1,152 @@
+"""Helpers shared by the test modules (imported as `helpers`; conftest.py
+holds only fixtures and settings)."""
+
+import threading
+
+import metrale
+from metrale import BufferArena, BufferSizes, ModelConfig
+from metrale.sizes import BUFFER_NAMES
+
+PRESET = ModelConfig.preset("qwen3-next-80b")
+NOENV = {}
+ZERO_ALL = ("hidden_states", "residual", "norm_output", "qkv_output", "attn_output",
+            "gate_logits", "moe_output", "ssm_qkvz", "ssm_ba", "ssm_deinterleaved", "ssm_gates",
+            "ssm_conv_out_f32", "splitk_workspace", "expert_gate_out", "expert_up_out",
+            "expert_down_out", "logits", "scratch")
+PREFILL = ("hidden_states", "residual", "gate_logits", "expert_gate_out", "expert_up_out",
+           "expert_down_out", "moe_output")
+ROWS = ZERO_ALL[:12] + ZERO_ALL[13:16]
+CHECKSUM = ROWS + ("splitk_workspace",)
+POINTER_NAMES = [n for n in BUFFER_NAMES if n not in ("moe_fp8_scratch", "ssm_rowwise_w_bf16")]
+COMPACT = PRESET.replace(hidden_size=512, num_hidden_layers=4, linear_num_key_heads=4,
+                         linear_key_head_dim=64, linear_num_value_heads=8, linear_value_head_dim=64)
+
+
+def new(gpu, cfg=PRESET, m=128, seq=4096, blk=16, bs=32, env=NOENV):
+    s = BufferSizes.from_config(cfg, m, seq, blk, bs, target=gpu.target(), env=env)
+    return BufferArena.from_sizes(cfg, s, m, bs, gpu)
+
+
+def expected_rows_length(n, m, tokens):
+    """ARENA.md §5.2, written out again independently of the C core."""
+    m = max(m, 1)
+    if tokens >= m:
+        return n
+    if n % m == 0:
+        return n // m * tokens
+    m16 = -(-m // 16) * 16
+    if n % m16 == 0:
+        return n // m16 * min(-(-tokens // 16) * 16, m16)
+    return n
+
+
+_reason = None
+_backend = None
+
+
+def cuda_backend():
+    """The shared CudaBackend(0), or None where none can be made (see cuda_reason())."""
+    global _reason, _backend
+    if _backend is None and _reason is None:
+        try:
+            _backend = metrale.CudaBackend(0)
+        except metrale.MetraleError as e:
+            _reason = f"no CUDA backend here: {e}"
+    return _backend
+
+
+def cuda_reason():
+    return _reason
+
+
+def live_counts(gpu):
+    """(live allocations, live bytes) as the backend reports them."""
+    return gpu.live_alloc_count, gpu.live_bytes
+
+
+class Mem:
+    """Read and write arena buffers as bytes on either backend (host: numpy;
+    CUDA: the backend's own copies), for sentinel tests."""
+
+    def __init__(self, arena, gpu):
+        self.arena, self.gpu = arena, gpu
+
+    def fill(self, name, value):
+        import numpy as np
+        n = getattr(self.arena.sizes(), name)
+        if n:
+            self.write(name, np.full(n, value, dtype=np.uint8))
+
+    def write(self, name, data):
+        """Write the uint8 array `data` over the whole of buffer `name`."""
+        import numpy as np
+        if isinstance(self.gpu, metrale.HostBackend):
+            np.asarray(self.arena.view(name, "uint8"))[:] = data
+        else:
+            self.gpu.upload(ptr_of(self.arena, name), data.tobytes())
+
+    def read(self, name):
+        import numpy as np
+        n = getattr(self.arena.sizes(), name)
+        if n == 0:
+            return np.zeros(0, dtype=np.uint8)
+        if isinstance(self.gpu, metrale.HostBackend):
+            return np.asarray(self.arena.view(name, "uint8")).copy()
+        return np.frombuffer(self.gpu.download(ptr_of(self.arena, name), n), dtype=np.uint8)
+
+
+def ptr_of(arena, name):
+    """The pointer of any of the 46 entries (the two without an accessor via a view)."""
+    if name in ("moe_fp8_scratch", "ssm_rowwise_w_bf16"):
+        return arena.view(name, "uint8").ptr if getattr(arena.sizes(), name) else 0
+    return getattr(arena, name)()
+
+
+def fill_all(arena, gpu, value=0xAB):
+    m = Mem(arena, gpu)
+    for name in BUFFER_NAMES:
+        m.fill(name, value)
+    return m
+
+
+def rows_expectation(sizes, m_tokens, tokens):
+    """name -> bytes zero_all_rows(tokens) must clear: the 18 whole, the 15
+    token-major ones trimmed by expected_rows_length."""
+    expect = {n: getattr(sizes, n) for n in ZERO_ALL}
+    for n in ROWS:
+        expect[n] = expected_rows_length(getattr(sizes, n), m_tokens, tokens)
+    return expect
+
+
+def check_zeroed(arena, m, expect):
+    """`expect`: name -> bytes from the start that must now be zero; every other
+    byte of every buffer must still hold the sentinel."""
+    sizes = arena.sizes()
+    for name in BUFFER_NAMES:
+        n = getattr(sizes, name)
+        if n == 0:
+            continue
+        data = m.read(name)
+        k = expect.get(name, 0)
+        if name == "norm_unit_w" and k == 0:
+            assert (data == 0xAB).all(), name   # only construction zero-fills it
+            continue
+        assert not data[:k].any(), f"{name}: first {k} bytes not zeroed"
+        assert (data[k:] == 0xAB).all(), f"{name}: bytes past {k} were written"
+
+
+def in_thread(fn, *args):
+    out = {}
+
+    def run():
+        try:
+            out["value"] = fn(*args)
+        except BaseException as e:     # re-raised in the caller
+            out["error"] = e
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    if "error" in out:
+        raise out["error"]
+    return out.get("value")
