@@ -67,13 +67,60 @@ int mt_zero_rows_ranges(const mt_layout *L, uint64_t tokens, mt_range *out);
  * lanes of n bytes (a trailing 1-3 bytes ignored), in lane order, in double. */
 void mt_checksum_f32(const void *data, size_t n, double out[3]);
 
-/* The row-wise slab cursor: one relaxed fetch-and-add per carve (opaque so
- * that this header needs no <stdatomic.h>). */
+/* The row-wise slab cursor (opaque so that this header needs no <stdatomic.h>).
+ * A carve advances it atomically by `bytes`, saturating at 2^64 - 1 instead of
+ * wrapping, so once a carve has overrun the slab every later one fails too,
+ * whatever the interleaving of callers (ARENA.md §6.2 step 4). */
 typedef struct mt_cursor mt_cursor;
 mt_cursor *mt_cursor_new(void);
 void mt_cursor_free(mt_cursor *c);
-uint64_t mt_cursor_take(mt_cursor *c, uint64_t bytes, int *wrapped);
+/* Carve `bytes` of a `size`-byte slab: *base = the cursor before the carve.
+ * Returns 0 when [*base, *base + bytes) lies inside the slab, else -1
+ * (exhausted; the cursor stays advanced). */
+int mt_cursor_take(mt_cursor *c, uint64_t bytes, uint64_t size, uint64_t *base);
 uint64_t mt_cursor_load(const mt_cursor *c);
+
+/* ---- arena lifetime -------------------------------------------------------------
+ * One atomic word says whether the slab may still be touched: a released flag,
+ * the number of live exports (views of the arena, each of which keeps its
+ * memory readable) and the number of operations in flight (calls that read or
+ * write the slab, possibly with the GIL released).  Closing sets the flag in
+ * one compare-and-swap, and only while no export is live, so an export either
+ * came first (and closing is refused) or sees the flag and never touches the
+ * slab; so does an operation, and the closer then waits for the operations
+ * already in flight to leave before the slab is freed.  Per-buffer export
+ * counts are kept beside the word to name the buffers in a refusal. */
+typedef struct mt_life mt_life;
+
+enum {
+    MT_LIFE_OK = 0,
+    MT_LIFE_RELEASED = 1,   /* the arena is (already) released */
+    MT_LIFE_EXPORTED = 2,   /* mt_life_close: views are alive */
+    MT_LIFE_IN_FLIGHT = 3,  /* mt_life_close: called from inside an operation while one runs */
+    MT_LIFE_FULL = 4        /* a counter is at its limit */
+};
+
+mt_life *mt_life_new(void);
+void mt_life_free(mt_life *l);
+/* Start an operation that touches the slab: MT_LIFE_OK or MT_LIFE_RELEASED/FULL.
+ * Operations nest per thread (enter/leave in LIFO order). */
+int mt_life_enter(mt_life *l);
+void mt_life_leave(mt_life *l);
+/* Count one more live export of buffer `buf`: MT_LIFE_OK or MT_LIFE_RELEASED/FULL. */
+int mt_life_export(mt_life *l, int buf);
+void mt_life_unexport(mt_life *l, int buf);
+uint64_t mt_life_exports(const mt_life *l, int buf);
+uint64_t mt_life_in_flight(const mt_life *l);
+/* Mark released unless an export is live: MT_LIFE_OK (the caller then calls
+ * mt_life_drain and frees the slab), MT_LIFE_RELEASED (already), or refused:
+ * MT_LIFE_EXPORTED, or MT_LIFE_IN_FLIGHT when the calling thread is itself
+ * inside an operation (of any arena) while one is in flight here: waiting
+ * there could wait for itself. */
+int mt_life_close(mt_life *l);
+/* After a successful close: wait until the operations in flight have left
+ * (call it without the GIL: they may need it to finish). */
+void mt_life_drain(mt_life *l);
+int mt_life_released(const mt_life *l);
 
 /* ---- per-thread scratch tables ------------------------------------------------
  * A fixed table of max_threads slots.  A thread claims a slot with one CAS on

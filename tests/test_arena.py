@@ -463,6 +463,65 @@ def test_rowwise_concurrent_disjoint():
             arena.take_ssm_rowwise_w_bf16(1)
 
 
+SLAB = 6_291_456      # the compact config's row-wise slab (ARENA.md §6.1)
+
+
+@pytest.mark.parametrize("first", [SLAB - 1, SLAB, SLAB + 1, 2**63, 2**64 - 4096, 2**64 - 1])
+def test_rowwise_cursor_at_its_limits(first):
+    """One byte under, at and past the slab, 2^63, 2^64 - 4096 and 2^64 - 1: a
+    carve that fits succeeds once; after the first that does not, every carve
+    fails, whatever its size (the cursor saturates instead of wrapping)."""
+    gpu = HostBackend()
+    with _rowwise_arena(gpu, SLAB) as arena:
+        base = arena.view("ssm_rowwise_w_bf16", "uint8").ptr
+        if first <= SLAB:
+            assert arena.take_ssm_rowwise_w_bf16(first) == base
+            rest = SLAB - first
+            assert arena.take_ssm_rowwise_w_bf16(rest) == base + first
+            assert arena.take_ssm_rowwise_w_bf16(0) == base + SLAB      # empty, at the end
+        with pytest.raises(MetraleError, match="exhausted"):
+            arena.take_ssm_rowwise_w_bf16(first if first > SLAB else 1)
+        for n in (0, 1, 4096, 2**63, 2**64 - 4096, 2**64 - 1, 0):
+            with pytest.raises(MetraleError, match="exhausted"):
+                arena.take_ssm_rowwise_w_bf16(n)
+
+
+def test_rowwise_cursor_saturates_under_threads():
+    """Concurrent carves of sizes up to 2^64 - 1: successes are disjoint and
+    inside the slab, and none follows an observed exhaustion."""
+    import random
+    gpu = HostBackend()
+    sizes = [0, 1, 64, 4096, 65_536, 2**63, 2**64 - 4096, 2**64 - 1]
+    with _rowwise_arena(gpu, SLAB) as arena:
+        base = arena.view("ssm_rowwise_w_bf16", "uint8").ptr
+        failed = threading.Event()
+        got, errors = [], []
+        barrier = threading.Barrier(4)
+
+        def work(seed):
+            rnd = random.Random(seed)
+            barrier.wait()
+            for _ in range(3000):
+                n = rnd.choice(sizes[:5]) if rnd.random() < 0.995 else rnd.choice(sizes)
+                after_failure = failed.is_set()
+                try:
+                    p = arena.take_ssm_rowwise_w_bf16(n)
+                except MetraleError:
+                    failed.set()
+                    continue
+                if after_failure:
+                    errors.append(("carved after exhaustion", n))
+                got.append((p - base, n))
+
+        ts = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+        [t.start() for t in ts]
+        [t.join() for t in ts]
+        assert not errors
+        spans = sorted((o, o + n) for o, n in got if n)
+        assert all(0 <= a and b <= SLAB for a, b in spans)
+        assert all(spans[i][1] <= spans[i + 1][0] for i in range(len(spans) - 1))
+
+
 # -- release, errors, faults ---------------------------------------------------------------
 
 def test_release_behaviour(backend):
@@ -614,9 +673,72 @@ def test_host_views_zero_copy():
             arena.view("nope", "uint8")
         with pytest.raises(AttributeError):
             v.__cuda_array_interface__
-        del a, b
+        del a, b, v, bf          # views alive at release would make it refuse
 
 
 def test_core_helper_lists_match_the_spec():
     g = plan_layout(BufferSizes.from_config(PRESET, 8, 4096, 16, 32, env=NOENV), 8)["groups"]
     assert g == {"zero_all": ZERO_ALL, "prefill": PREFILL, "rows": ROWS, "checksum": CHECKSUM}
+
+
+def test_view_shapes_are_checked_when_made():
+    import itertools
+
+    import numpy as np
+    gpu = HostBackend()
+    with new(gpu, m=16) as arena:
+        n = arena.sizes().hidden_states
+        for shape, exc, word in [
+            ((0, 2**63), ValueError, "shape"),                       # past numpy's int64 dims
+            ((2**62, 0, 3), ValueError, "more elements than an array can index"),
+            ((1,) * 33, ValueError, "more than 32 dimensions"),
+            (itertools.repeat(1), ValueError, "more than 32 dimensions"),
+            ((2, -1), ValueError, "shape must be >= 0"),
+            ((2, True), TypeError, "shape"),
+            ((2.0,), TypeError, "shape"),
+            ("12", TypeError, "shape"),
+            (1.5, TypeError, "shape"),
+            ((n + 1,), ValueError, "needs"),
+        ]:
+            with pytest.raises(exc, match=word):
+                arena.view("hidden_states", "uint8", shape)
+        assert arena.view("hidden_states", "uint8", (0, 2**63 - 1)).shape == (0, 2**63 - 1)
+        assert np.asarray(arena.view("hidden_states", "uint8", (0, 2**63 - 1))).shape == (0, 2**63 - 1)
+        assert arena.view("hidden_states", "uint8", (1,) * 32).shape == (1,) * 32
+        assert np.asarray(arena.view("hidden_states", "float32", ())).shape == ()
+        assert arena.view("hidden_states", "uint8", np.int64(8)).shape == (8,)
+        assert arena.view("hidden_states", "uint8", (x for x in (2, 4))).shape == (2, 4)
+        with pytest.raises(TypeError, match="name"):
+            arena.view(b"hidden_states", "uint8")
+
+
+def test_objects_are_made_only_by_their_factories():
+    from metrale._arena import ArenaView
+    from metrale._backend import Backend
+    from metrale._scratch import ScratchSpace, _Lease, _Region
+    for cls in (BufferArena, ArenaView, ScratchSpace, _Lease, _Region):
+        with pytest.raises(TypeError):
+            cls()
+        with pytest.raises(TypeError):
+            cls.__new__(cls)
+    sizes = BufferSizes(**dict.fromkeys(BUFFER_NAMES, 0)).replace(logits=256)
+    with pytest.raises(TypeError, match="gpu: Backend does not implement"):
+        BufferArena.from_sizes(PRESET, sizes, 1, 0, Backend())
+    with pytest.raises(TypeError, match="gpu"):
+        BufferArena.new(PRESET, 1, 16, 16, 1, Backend())
+
+
+def test_clear_ranges_only_in_backend_memory():
+    import numpy as np
+    gpu = HostBackend()
+    other = np.zeros(4096, dtype=np.uint8)
+    with new(gpu, m=16) as arena:
+        slab_end = arena.hidden_states() + arena.slab_bytes()
+        for bad in [(other.ctypes.data // 16 * 16 + 16, 16), (16, 16), (2**64 - 16, 16),
+                    (slab_end - 16, 32), (arena.hidden_states(), arena.slab_bytes() + 16)]:
+            with pytest.raises(ValueError, match="not inside memory this HostBackend allocated"):
+                gpu.clear_ranges([bad])
+        gpu.clear_ranges([(slab_end - 16, 16)])
+        p = arena.hidden_states()
+    with pytest.raises(ValueError, match="not inside"):
+        gpu.clear_ranges([(p, 16)])                      # released: no longer the backend's

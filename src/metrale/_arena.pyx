@@ -14,7 +14,12 @@ from libc.stdint cimport uint8_t, uint16_t, int32_t, int64_t, uint64_t, uintptr_
 from libc.stdlib cimport malloc, free
 
 from metrale._core cimport *
-from metrale._backend cimport Backend, as_stream
+from metrale._backend cimport Backend
+from metrale._common cimport MT_MAX_NDIM, as_stream, index_arg, u64_arg, mt_py_finalizing
+
+cdef extern from "Python.h":
+    # C-level warning: a finalizer must not import the warnings module.
+    int PyErr_ResourceWarning(object source, Py_ssize_t stack_level, const char *fmt, ...) except -1
 
 from metrale.config import ModelConfig
 from metrale.errors import MetraleError, OutOfMemoryError
@@ -53,8 +58,7 @@ def plan_layout(sizes, max_batch_tokens):
     cdef mt_layout L
     if not isinstance(sizes, BufferSizes):
         raise TypeError(f"sizes must be a BufferSizes, got {type(sizes).__name__}")
-    _check_mbt(max_batch_tokens)
-    _plan(&L, sizes.as_tuple(), max_batch_tokens)
+    _plan(&L, sizes.as_tuple(), u64_arg(max_batch_tokens, "max_batch_tokens", 1))
     offsets = {}
     for i in range(MT_NBUF):
         offsets[BUFFER_NAMES[i]] = L.offset[i] if L.size[i] else None
@@ -79,27 +83,15 @@ def zero_rows_ranges(sizes, max_batch_tokens, tokens):
     zero_all_rows(tokens) clears for an arena of `sizes`."""
     cdef mt_layout L
     cdef mt_range r[MT_N_ZERO_ALL]
-    _check_mbt(max_batch_tokens)
-    _check_count("tokens", tokens)
-    _plan(&L, sizes.as_tuple(), max_batch_tokens)
-    n = mt_zero_rows_ranges(&L, tokens, r)
+    if not isinstance(sizes, BufferSizes):
+        raise TypeError(f"sizes must be a BufferSizes, got {type(sizes).__name__}")
+    _plan(&L, sizes.as_tuple(), u64_arg(max_batch_tokens, "max_batch_tokens", 1))
+    n = mt_zero_rows_ranges(&L, u64_arg(tokens, "tokens"), r)
     return [(r[i].offset, r[i].length) for i in range(n)]
 
 
-cdef _check_count(str name, object v):
-    if type(v) is not int:
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise TypeError(f"{name} must be an int, got {type(v).__name__}")
-    if v < 0:
-        raise ValueError(f"{name} must be >= 0, got {v}")
-    if v > 0xFFFFFFFFFFFFFFFF:
-        raise ValueError(f"{name} must fit in 64 bits, got {v}")
-
-
-cdef _check_mbt(object v):
-    _check_count("max_batch_tokens", v)
-    if v == 0:
-        raise ValueError("max_batch_tokens must be >= 1, got 0")
+# Private constructor key: BufferArena and ArenaView are made only by this module.
+cdef object _TOKEN = object()
 
 
 class MoeFp8Scratch:
@@ -134,31 +126,40 @@ class MoeFp8Scratch:
         return "MoeFp8Scratch(" + ", ".join(f"{n}={getattr(self, n):#x}" if n in ("activation", "scales", "worklist", "total_tiles", "small_worklist", "small_total_tiles") else f"{n}={getattr(self, n)}" for n in MoeFp8Scratch.__slots__) + ")"
 
 
+# no_gc_clear: the finalizer frees the slab through _gpu, which a gc clear
+# would have set to None first (the RMM #931 pattern).
 @cython.no_gc_clear
 @cython.final
 cdef class BufferArena:
-    """The GPU buffers of one forward pass (ARENA.md), in one backend slab."""
+    """The GPU buffers of one forward pass (ARENA.md), in one backend slab.
+
+    Lifetime: the arena owns its slab until `release(gpu)`.  A live view (and
+    every array made from one) keeps the slab: `release` then raises
+    BufferError and frees nothing.  An operation running on another thread
+    keeps it until it returns: `release` waits for it.  Nothing starts on a
+    released arena.
+    """
 
     cdef Backend _gpu
     cdef object _config, _sizes, _decode_meta, _mbt
     cdef mt_layout _L
     cdef uintptr_t _base
-    cdef tuple _ptrs
+    cdef tuple _ptrs              # prebuilt ints: an accessor is one tuple load
     cdef tuple _bytes
-    cdef mt_cursor *_cursor
-    cdef bint _released
+    cdef mt_cursor *_cursor       # row-wise carve cursor (ARENA.md §6)
+    cdef mt_life *_life           # released flag, live views, operations in flight
     cdef dict _moe_cache
     cdef object __weakref__
 
-    def __cinit__(self):
-        self._cursor = mt_cursor_new()
-        if self._cursor == NULL:
-            raise MemoryError()
+    def __cinit__(self, token=None):
+        if token is not _TOKEN:
+            raise TypeError("use BufferArena.new(...) or BufferArena.from_sizes(...)")
         self._ptrs = _ZEROS
-        self._released = True     # until a slab is held
-
-    def __init__(self):
-        raise TypeError("use BufferArena.new(...) or BufferArena.from_sizes(...)")
+        self._bytes = _ZEROS
+        self._cursor = mt_cursor_new()
+        self._life = mt_life_new()
+        if self._cursor == NULL or self._life == NULL:
+            raise OutOfMemoryError("cannot allocate the arena's bookkeeping")
 
     # -- construction ------------------------------------------------------------
     @staticmethod
@@ -182,15 +183,15 @@ cdef class BufferArena:
             raise TypeError(f"sizes must be a BufferSizes, got {type(sizes).__name__}")
         if not isinstance(gpu, Backend):
             raise TypeError(f"gpu must be a backend (HostBackend or CudaBackend), got {type(gpu).__name__}")
-        _check_mbt(max_batch_tokens)
-        _check_count("max_batch_size", max_batch_size)
+        max_batch_tokens = index_arg(max_batch_tokens, "max_batch_tokens", 1)
+        decode_meta = DecodeMetaLayout.for_max_batch_size(max_batch_size)
         be = <Backend>gpu
-        self = BufferArena.__new__(BufferArena)
+        self = BufferArena.__new__(BufferArena, _TOKEN)
         self._gpu = be
         self._config = config
         self._sizes = sizes
-        self._mbt = int(max_batch_tokens)
-        self._decode_meta = DecodeMetaLayout.for_max_batch_size(max_batch_size)
+        self._mbt = max_batch_tokens
+        self._decode_meta = decode_meta
         self._moe_cache = {}
         cdef tuple values = sizes.as_tuple()
         _plan(&self._L, values, max_batch_tokens)
@@ -217,7 +218,6 @@ cdef class BufferArena:
         self._base = base
         self._ptrs = tuple(PyLong_FromSize_t(base + self._L.offset[i]) if self._L.size[i] else 0
                            for i in range(MT_NBUF))
-        self._released = False
         _logger().info(
             "Buffer arena: %d tokens x %.1f MiB total (attn_out=%d, ssm_deint=%d, kv_lora_rank=%d)",
             max_batch_tokens, sizes.total_bytes() / 1048576.0, sizes.attn_output,
@@ -229,18 +229,45 @@ cdef class BufferArena:
         return "buffer arena"
 
     def release(self, gpu):
-        """Free the slab. Idempotent; afterwards every pointer accessor returns 0."""
+        """Free the slab. Idempotent; afterwards every pointer accessor returns 0.
+
+        Operations already running on other threads are waited for (with the
+        GIL released); any started later raise MetraleError.  Refused, freeing
+        nothing: BufferError while a view of the arena (or an array made from
+        one) is alive; MetraleError when called from inside an operation (a
+        logging handler, a stream callback) while one is running here.
+        """
         if gpu is not self._gpu:
             raise MetraleError("release: this backend is not the arena's own")
-        if self._released:
+        rc = mt_life_close(self._life)
+        if rc == MT_LIFE_RELEASED:
             return None
+        if rc == MT_LIFE_EXPORTED:
+            raise BufferError(f"release: the arena's memory is still exported ({self._exported()}); "
+                              "nothing was freed: drop those views and every array made from them "
+                              "(numpy, DLPack, __cuda_array_interface__), then release again")
+        if rc == MT_LIFE_IN_FLIGHT:
+            raise MetraleError(
+                f"release: called from inside an operation (a logging handler or stream callback) "
+                f"while {mt_life_in_flight(self._life)} operation(s) on this arena are still "
+                "running; nothing was freed: release after they return")
+        with nogil:
+            mt_life_drain(self._life)
         base, n = self._base, self._L.slab_bytes
         self._base = 0
         self._ptrs = _ZEROS
-        self._released = True
         if base:
             self._gpu.free(base, n)   # raises MetraleError with the driver's error name
         return None
+
+    cdef str _exported(self):
+        cdef uint64_t k
+        parts = []
+        for i in range(MT_NBUF):
+            k = mt_life_exports(self._life, i)
+            if k:
+                parts.append(f"{BUFFER_NAMES[i]}: {k} view{'s' if k > 1 else ''}")
+        return ", ".join(parts) or "views being dropped right now"
 
     def __enter__(self):
         return self
@@ -250,52 +277,71 @@ cdef class BufferArena:
         return False
 
     def __del__(self):
-        if not self._released and self._base:
-            import warnings
-            warnings.warn(f"unreleased buffer arena ({self._L.slab_bytes} bytes) freed by the "
-                          "garbage collector; call release(gpu) or use it as a context manager",
-                          ResourceWarning)
+        # At exit the warnings machinery may be gone: free silently then.
+        if self._base and not mt_life_released(self._life) and not mt_py_finalizing():
+            # source None: a recorded warning must not keep the arena alive.
+            PyErr_ResourceWarning(None, 1, "unreleased buffer arena (%llu bytes) freed by the "
+                                  "garbage collector; call release(gpu) or use it as a context manager",
+                                  <unsigned long long>self._L.slab_bytes)
 
     def __dealloc__(self):
-        if not self._released and self._base and self._gpu is not None:
+        # No view and no operation can be alive here: each holds a reference.
+        if self._life != NULL and not mt_life_released(self._life) and self._base and self._gpu is not None:
             self._gpu.free_quiet(self._base, self._L.slab_bytes)
             self._base = 0
         if self._cursor != NULL:
             mt_cursor_free(self._cursor)
             self._cursor = NULL
+        if self._life != NULL:
+            mt_life_free(self._life)
+            self._life = NULL
 
-    cdef inline int _live(self, object gpu) except -1:
+    cdef inline int _enter(self, object gpu) except -1:
+        """Start an operation that touches the slab; pair with mt_life_leave."""
         if gpu is not self._gpu:
             raise MetraleError("this backend is not the arena's own (pass the backend the arena was built with)")
-        if self._released:
+        if mt_life_enter(self._life) != MT_LIFE_OK:
             raise MetraleError("the buffer arena has been released")
         return 0
 
     # -- zeroing (ARENA.md §5) -------------------------------------------------------
     def zero_all(self, gpu, stream):
         """Zero the 18 zero_all buffers whole: one operation over their contiguous range."""
-        self._live(gpu)
-        cdef uintptr_t s = as_stream(stream)
-        if self._L.zero_all.length:
-            self._gpu.memset(self._base + self._L.zero_all.offset, self._L.zero_all.length, s)
+        cdef uintptr_t s
+        self._enter(gpu)
+        try:
+            s = as_stream(stream)
+            if self._L.zero_all.length:
+                self._gpu.memset(self._base + self._L.zero_all.offset, self._L.zero_all.length, s)
+        finally:
+            mt_life_leave(self._life)
 
     def zero_prefill_essentials(self, gpu, stream):
         """Zero hidden_states, residual, gate_logits, the expert outputs and moe_output: one operation."""
-        self._live(gpu)
-        cdef uintptr_t s = as_stream(stream)
-        if self._L.zero_prefill.length:
-            self._gpu.memset(self._base + self._L.zero_prefill.offset, self._L.zero_prefill.length, s)
+        cdef uintptr_t s
+        self._enter(gpu)
+        try:
+            s = as_stream(stream)
+            if self._L.zero_prefill.length:
+                self._gpu.memset(self._base + self._L.zero_prefill.offset, self._L.zero_prefill.length, s)
+        finally:
+            mt_life_leave(self._life)
 
     def zero_all_rows(self, gpu, stream, tokens):
         """zero_all limited to rows 0..tokens of each token-major buffer (ARENA.md §5.2)."""
         cdef mt_range r[MT_N_ZERO_ALL]
         cdef int n
-        self._live(gpu)
-        _check_count("tokens", tokens)
-        cdef uintptr_t s = as_stream(stream)
-        n = mt_zero_rows_ranges(&self._L, <uint64_t>tokens, r)
-        if n:
-            self._gpu.zero_ranges(self._base, r, n, s)
+        cdef uintptr_t s
+        cdef uint64_t t
+        self._enter(gpu)
+        try:
+            t = u64_arg(tokens, "tokens")
+            s = as_stream(stream)
+            n = mt_zero_rows_ranges(&self._L, t, r)
+            if n:
+                self._gpu.zero_ranges(self._base, r, n, s)
+        finally:
+            mt_life_leave(self._life)
 
     # -- checksum (ARENA.md §7) ---------------------------------------------------------
     def debug_buffer_checksum(self, gpu, stream, tag):
@@ -303,34 +349,38 @@ cdef class BufferArena:
         cdef double out[3]
         cdef void *host = NULL
         cdef uint64_t most = 0, n
+        cdef uintptr_t s, base
         cdef int i, b
         if not isinstance(tag, str):
             raise TypeError(f"tag must be a str, got {type(tag).__name__}")
-        self._live(gpu)
-        cdef uintptr_t s = as_stream(stream)
+        # Held across the loop, log calls included: a handler that releases
+        # the arena is refused instead of freeing the slab under the copies.
+        self._enter(gpu)
         try:
-            self._gpu.sync(s)
-        except Exception:
-            pass
-        for i in range(MT_N_CHECKSUM):
-            b = mt_checksum_ids[i]
-            if self._L.size[b] > most:
-                most = self._L.size[b]
-        if most == 0:
-            return None
-        host = malloc(most)
-        if host == NULL:
-            _logger().warning("METRALE_BUF_CKSUM[%s] skipped: no %d-byte host buffer", tag, most)
-            return None
-        log = _logger()
-        try:
+            s = as_stream(stream)
+            base = self._base
+            try:
+                self._gpu.sync(s)
+            except Exception:
+                pass
+            for i in range(MT_N_CHECKSUM):
+                b = mt_checksum_ids[i]
+                if self._L.size[b] > most:
+                    most = self._L.size[b]
+            if most == 0:
+                return None
+            host = malloc(most)
+            if host == NULL:
+                _logger().warning("METRALE_BUF_CKSUM[%s] skipped: no %d-byte host buffer", tag, most)
+                return None
+            log = _logger()
             for i in range(MT_N_CHECKSUM):
                 b = mt_checksum_ids[i]
                 n = self._L.size[b]
                 if n == 0:
                     continue
                 try:
-                    self._gpu.d2h(host, self._base + self._L.offset[b], n, s)
+                    self._gpu.d2h(host, base + self._L.offset[b], n, s)
                 except Exception:
                     continue     # a failed copy skips that buffer (ARENA.md §7)
                 with nogil:
@@ -339,6 +389,7 @@ cdef class BufferArena:
                             tag, BUFFER_NAMES[b], n, out[0], out[1], out[2])
         finally:
             free(host)
+            mt_life_leave(self._life)
         return None
 
     # -- FP8 MoE scratch (ARENA.md §4.9) ------------------------------------------------------
@@ -347,18 +398,20 @@ cdef class BufferArena:
         # Keyed on exact ints only: True == 1 and hashes alike, but must still raise.
         key = (config, rows)
         hit = None
+        released = mt_life_released(self._life)
         if type(rows) is int:
             try:
                 hit = self._moe_cache.get(key)
             except TypeError:        # an unhashable config: validated below
                 pass
-        if hit is not None and not self._released:
+        if hit is not None and not released:
             return hit
         layout = moe_fp8_layout(config, rows)
+        rows = index_arg(rows, "rows")
         cap = self._bytes[MT_MOE_FP8_SCRATCH]
         base = self._ptrs[MT_MOE_FP8_SCRATCH]
         if rows > self._mbt or layout.bytes == 0 or layout.bytes > cap or base == 0:
-            why = " (the arena was released)" if self._released else ""
+            why = " (the arena was released)" if released else ""
             raise MetraleError(
                 f"FP8 MoE scratch does not fit the arena: rows={rows} (max_batch_tokens="
                 f"{self._mbt}) needs {layout.bytes} bytes, capacity {cap} bytes{why}")
@@ -368,7 +421,7 @@ cdef class BufferArena:
             layout.counter - layout.worklist,
             base + layout.small_worklist if small else 0,
             base + layout.small_counter if small else 0, layout.small_bytes)
-        if len(self._moe_cache) < 64:
+        if type(key[1]) is int and len(self._moe_cache) < 64:
             self._moe_cache[key] = result
         return result
 
@@ -377,39 +430,36 @@ cdef class BufferArena:
         return self._bytes[MT_SSM_ROWWISE_W_BF16]
 
     def take_ssm_rowwise_w_bf16(self, nbytes):
-        """Carve the next `nbytes` of the row-wise slab (one atomic fetch-and-add)."""
-        cdef int wrapped = 0
-        cdef uint64_t base, size, want
-        _check_count("bytes", nbytes)
-        want = nbytes
+        """Carve the next `nbytes` of the row-wise slab (one atomic cursor step)."""
+        cdef uint64_t base = 0, want, size
+        want = u64_arg(nbytes, "bytes")
         size = self._L.size[MT_SSM_ROWWISE_W_BF16]
-        if self._released or size == 0:
+        if size == 0 or mt_life_enter(self._life) != MT_LIFE_OK:
             raise MetraleError(
-                f"row-wise BF16 weight slab is absent: cannot carve {nbytes} bytes; the arena was "
+                f"row-wise BF16 weight slab is absent: cannot carve {want} bytes; the arena was "
                 "sized without METRALE_FP8_ROWWISE=1 (or has been released). The weight loader "
                 "and this slab read the same lever, so they cannot legitimately disagree")
-        base = mt_cursor_take(self._cursor, want, &wrapped)
-        if wrapped or base + want > size:
-            raise MetraleError(
-                f"row-wise BF16 weight slab exhausted: cannot carve {nbytes} bytes at offset "
-                f"{base} of a {size}-byte slab; the slab is sized for num_ssm_layers x "
-                "(in_proj_qkvz + out_proj), so this is a sizing bug")
-        return PyLong_FromSize_t(self._base + self._L.offset[MT_SSM_ROWWISE_W_BF16] + base)
+        try:
+            if mt_cursor_take(self._cursor, want, size, &base) != 0:
+                raise MetraleError(
+                    f"row-wise BF16 weight slab exhausted: cannot carve {want} bytes at offset "
+                    f"{base} of a {size}-byte slab; the slab is sized for num_ssm_layers x "
+                    "(in_proj_qkvz + out_proj), so this is a sizing bug")
+            return PyLong_FromSize_t(self._base + self._L.offset[MT_SSM_ROWWISE_W_BF16] + base)
+        finally:
+            mt_life_leave(self._life)
 
     # -- views -------------------------------------------------------------------------
     def view(self, name, dtype, shape=None):
         """A zero-copy view of buffer `name` for numpy / torch / CuPy (DLPack and
-        the array interfaces). It keeps the arena object alive, not its memory:
-        do not use it after release()."""
+        the array interfaces).  While the view, or any array made from it, is
+        alive, release() refuses with BufferError: the memory stays valid."""
         if not isinstance(name, str):
             raise TypeError(f"name must be a str, got {type(name).__name__}")
         i = _INDEX.get(name)
         if i is None:
             raise ValueError(f"unknown buffer name {name!r}")
-        if self._released:
-            raise MetraleError("the buffer arena has been released")
-        return ArenaView._make(self, name, self._ptrs[i], self._bytes[i], dtype, shape,
-                               self._gpu.device_type, self._gpu.device_id)
+        return ArenaView._make(self, i, dtype, shape)
 
     # -- plain accessors ---------------------------------------------------------------------
     def max_batch_tokens(self):
@@ -426,10 +476,10 @@ cdef class BufferArena:
         return self._L.slab_bytes
 
     def is_released(self):
-        return self._released
+        return bool(mt_life_released(self._life))
 
     def __repr__(self):
-        state = "released" if self._released else f"{self._L.slab_bytes} bytes at {self._base:#x}"
+        state = "released" if mt_life_released(self._life) else f"{self._L.slab_bytes} bytes at {self._base:#x}"
         return f"<BufferArena max_batch_tokens={self._mbt} {state}>"
 
     # Pointer accessors: one tuple load of a prebuilt int each.
@@ -568,46 +618,86 @@ cdef void _dl_capsule_destructor(object capsule) noexcept:
         t.deleter(t)
 
 
+cdef tuple _view_shape(object shape, uint64_t nbytes, int item, str name):
+    """`shape` checked whole, as numpy and DLPack will take it."""
+    if shape is None:
+        return (nbytes // item,)
+    if isinstance(shape, (str, bytes)) or (not hasattr(shape, "__iter__") and not hasattr(type(shape), "__index__")):
+        raise TypeError(f"shape must be an int or a sequence of ints, got {type(shape).__name__}")
+    if hasattr(type(shape), "__index__"):
+        shape = (shape,)
+    dims = []
+    for d in shape:
+        if len(dims) == MT_MAX_NDIM:
+            raise ValueError(f"shape has more than {MT_MAX_NDIM} dimensions")
+        dims.append(index_arg(d, "shape", 0, 0x7FFFFFFFFFFFFFFF))
+    count = 1
+    nonzero = 1
+    for d in dims:
+        count *= d
+        if d:
+            nonzero *= d
+    if nonzero * item > 0x7FFFFFFFFFFFFFFF:     # numpy: "array is too big"
+        raise ValueError(f"shape {tuple(dims)} has more elements than an array can index")
+    if count * item > nbytes:
+        raise ValueError(f"shape {tuple(dims)} needs {count * item} bytes; {name} holds {nbytes}")
+    return tuple(dims)
+
+
+# no_gc_clear: a view's arena must outlive it, or its dealloc would count an
+# export off freed bookkeeping and its arrays would read a freed slab.
+@cython.no_gc_clear
 @cython.final
 cdef class ArenaView:
     """A typed window on one arena buffer; consumed through DLPack or the
-    (CUDA) array interface, never copied."""
+    (CUDA) array interface, never copied.  Alive, it keeps the arena's memory:
+    release() refuses while it (or an array made from it) exists."""
     cdef readonly object arena
     cdef readonly str name
     cdef readonly str dtype
     cdef readonly tuple shape
     cdef readonly object ptr
     cdef readonly object nbytes
-    cdef int _dev_type, _dev_id, _code, _bits
+    cdef int _dev_type, _dev_id, _code, _bits, _buf
+    cdef mt_life *_life           # the arena's, once this view is counted in it
+
+    def __cinit__(self, token=None):
+        if token is not _TOKEN:
+            raise TypeError("use BufferArena.view(name, dtype, shape) to make a view")
 
     @staticmethod
-    cdef ArenaView _make(arena, str name, ptr, nbytes, dtype, shape, int dev_type, int dev_id):
-        cdef ArenaView v = ArenaView.__new__(ArenaView)
+    cdef ArenaView _make(BufferArena arena, int buf, dtype, shape):
+        cdef ArenaView v
+        cdef int rc
+        name = BUFFER_NAMES[buf]
+        nbytes = arena._bytes[buf]
         dname = _dtype_name(dtype)
         typestr, code, bits = _DTYPES[dname]
         item = bits // 8
-        if shape is None:
-            shape = (nbytes // item,)
-        elif isinstance(shape, int):
-            shape = (shape,)
-        else:
-            shape = tuple(shape)
+        shape = _view_shape(shape, nbytes, item, name)
         count = 1
         for d in shape:
-            if type(d) is not int:
-                raise TypeError("shape must hold ints")
-            if d < 0:
-                raise ValueError(f"shape must not be negative, got {shape}")
             count *= d
-        if count * item > nbytes:
-            raise ValueError(f"shape {shape} of {dname} needs {count * item} bytes; "
-                             f"{name} holds {nbytes}")
-        if ptr == 0 and count:
+        if nbytes == 0 and count:
             raise MetraleError(f"{name} is NULL in this arena")
+        v = ArenaView.__new__(ArenaView, _TOKEN)
+        rc = mt_life_export(arena._life, buf)
+        if rc == MT_LIFE_RELEASED:
+            raise MetraleError("the buffer arena has been released")
+        if rc != MT_LIFE_OK:
+            raise MetraleError("too many live views of this arena")
+        # Counted from here: the pointer stays valid until this view is gone.
+        v._life = arena._life
+        v._buf = buf
         v.arena, v.name, v.dtype, v.shape = arena, name, dname, shape
-        v.ptr, v.nbytes = ptr, count * item
-        v._dev_type, v._dev_id, v._code, v._bits = dev_type, dev_id, code, bits
+        v.ptr, v.nbytes = arena._ptrs[buf], count * item
+        v._dev_type, v._dev_id = arena._gpu.device_type, arena._gpu.device_id
+        v._code, v._bits = code, bits
         return v
+
+    def __dealloc__(self):
+        if self._life != NULL:        # set only once the export was counted
+            mt_life_unexport(self._life, self._buf)
 
     def _interface(self):
         return {"shape": self.shape, "typestr": _DTYPES[self.dtype][0],

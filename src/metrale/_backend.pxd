@@ -3,8 +3,6 @@
 from libc.stdint cimport uintptr_t
 from metrale._core cimport mt_range
 
-cdef uintptr_t as_stream(object stream) except? 0
-
 cdef class Backend:
     # DLPack device type of the memory (1 = CPU, 2 = CUDA) and its ordinal.
     cdef readonly int device_type
@@ -21,6 +19,8 @@ cdef class Backend:
         self.free_count += 1
         self.live_alloc_count -= 1
         self.live_bytes -= n
+    # Raise ValueError unless [p, p + n) lies inside memory this backend holds.
+    cdef int check_range(self, uintptr_t p, size_t n) except -1
     cdef int alloc(self, size_t n, uintptr_t *out) except -1
     cdef int free(self, uintptr_t p, size_t n) except -1
     # Best effort from a finalizer: never raises, may skip at interpreter exit.

@@ -40,8 +40,28 @@ cdef extern from "arena_core.h" nogil:
         pass
     mt_cursor *mt_cursor_new()
     void mt_cursor_free(mt_cursor *c)
-    uint64_t mt_cursor_take(mt_cursor *c, uint64_t nbytes, int *wrapped)
+    int mt_cursor_take(mt_cursor *c, uint64_t nbytes, uint64_t size, uint64_t *base)
     uint64_t mt_cursor_load(const mt_cursor *c)
+
+    enum:
+        MT_LIFE_OK
+        MT_LIFE_RELEASED
+        MT_LIFE_EXPORTED
+        MT_LIFE_IN_FLIGHT
+        MT_LIFE_FULL
+    ctypedef struct mt_life:
+        pass
+    mt_life *mt_life_new()
+    void mt_life_free(mt_life *l)
+    int mt_life_enter(mt_life *l)
+    void mt_life_leave(mt_life *l)
+    int mt_life_export(mt_life *l, int buf)
+    void mt_life_unexport(mt_life *l, int buf)
+    uint64_t mt_life_exports(const mt_life *l, int buf)
+    uint64_t mt_life_in_flight(const mt_life *l)
+    int mt_life_close(mt_life *l)
+    void mt_life_drain(mt_life *l)
+    int mt_life_released(const mt_life *l)
 
     ctypedef struct mt_scratch:
         pass

@@ -12,22 +12,11 @@ from libc.string cimport memset as c_memset
 
 from cuda.bindings cimport cydriver
 from metrale._core cimport MT_N_ZERO_ALL, mt_range
-from metrale._backend cimport Backend, as_stream
+from metrale._backend cimport Backend
+from metrale._common cimport as_stream, index_arg, u64_arg, mt_py_finalizing
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 
 from metrale.errors import MetraleError, OutOfMemoryError
-
-cdef extern from *:
-    """
-    static int mt_py_finalizing(void) {
-    #if PY_VERSION_HEX >= 0x030D0000
-        return Py_IsFinalizing();
-    #else
-        return _Py_IsFinalizing();
-    #endif
-    }
-    """
-    int mt_py_finalizing()
 
 # Kernel parameters of kernels/zero_ranges.cu, passed by value (its
 # MT_MAX_RANGES is the core's MT_N_ZERO_ALL, 18).
@@ -75,12 +64,7 @@ cdef class CudaBackend(Backend):
 
     def __cinit__(self, device=0):
         cdef cydriver.CUresult err
-        cdef int ordinal
-        if isinstance(device, bool) or not isinstance(device, int):
-            raise TypeError(f"device must be an int, got {type(device).__name__}")
-        if device < 0:
-            raise ValueError(f"device must be >= 0, got {device}")
-        ordinal = device
+        cdef int ordinal = <int>u64_arg(device, "device", 0, 0x7FFFFFFF)
         self.device_type = 2
         self.device_id = ordinal
         try:
@@ -137,6 +121,34 @@ cdef class CudaBackend(Backend):
         return 0
 
     # -- Backend interface ----------------------------------------------------------
+    cdef int check_range(self, uintptr_t p, size_t n) except -1:
+        # The driver knows every allocation's extent: [p, p + n) must lie in one
+        # that is device memory of this backend's device.
+        cdef cydriver.CUdeviceptr start = 0
+        cdef size_t size = 0
+        cdef int ordinal = -1
+        cdef unsigned int mtype = 0
+        cdef cydriver.CUpointer_attribute attrs[4]
+        cdef void *data[4]
+        cdef cydriver.CUresult err
+        attrs[0] = cydriver.CU_POINTER_ATTRIBUTE_RANGE_START_ADDR
+        attrs[1] = cydriver.CU_POINTER_ATTRIBUTE_RANGE_SIZE
+        attrs[2] = cydriver.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
+        attrs[3] = cydriver.CU_POINTER_ATTRIBUTE_MEMORY_TYPE
+        data[0] = &start
+        data[1] = &size
+        data[2] = &ordinal
+        data[3] = &mtype
+        self._current()
+        with nogil:
+            err = cydriver.cuPointerGetAttributes(4, attrs, data, <cydriver.CUdeviceptr>p)
+        if (err != cydriver.CUDA_SUCCESS or start == 0 or ordinal != self.device_id
+                or mtype != cydriver.CU_MEMORYTYPE_DEVICE
+                or p < start or n > size or p - start > size - n):
+            raise ValueError(f"ranges: [{p:#x}, +{n}) is not inside one allocation of device "
+                             f"memory on device {self.device_id}")
+        return 0
+
     cdef int alloc(self, size_t n, uintptr_t *out) except -1:
         cdef cydriver.CUdeviceptr p = 0
         cdef cydriver.CUresult err
@@ -275,17 +287,23 @@ cdef class CudaBackend(Backend):
         return self.device_id
 
     def upload(self, ptr, data, stream=0):
-        """Copy bytes-like `data` to device address `ptr` (blocking)."""
+        """Copy bytes-like `data` to device address `ptr` (blocking).  The
+        driver refuses (MetraleError) an address range it does not know."""
+        cdef uintptr_t p = u64_arg(ptr, "ptr")
+        cdef uintptr_t s = as_stream(stream)
         cdef const unsigned char[::1] mv = memoryview(data).cast("B")
         if mv.shape[0]:
-            self.h2d(<uintptr_t>ptr, &mv[0], mv.shape[0], as_stream(stream))
+            self.h2d(p, &mv[0], mv.shape[0], s)
 
     def download(self, ptr, n, stream=0):
         """`n` bytes from device address `ptr` (blocking), as bytes."""
+        cdef uintptr_t p = u64_arg(ptr, "ptr")
+        cdef uintptr_t s = as_stream(stream)
+        n = index_arg(n, "n", 0, 0x7FFFFFFFFFFFFFFF)
         # Copied straight into the new bytes object, before anyone can see it.
         out = PyBytes_FromStringAndSize(NULL, n)
         if n:
-            self.d2h(PyBytes_AS_STRING(out), <uintptr_t>ptr, n, as_stream(stream))
+            self.d2h(PyBytes_AS_STRING(out), p, n, s)
         return out
 
     def synchronize(self, stream=0):

@@ -13,13 +13,16 @@ from cpython.ref cimport PyObject
 from libc.stdint cimport uint64_t, uintptr_t
 
 from metrale._core cimport *
+from metrale._common cimport index_arg, u64_arg
 
 from metrale.errors import MetraleError, OutOfMemoryError
 
 import threading
 
 cdef object _np = None
-cdef dict _ITEMSIZE = {}
+cdef dict _DTYPES = {}         # dtype argument -> (numpy dtype, itemsize), checked once
+# Private constructor key: the classes below are made only by this module.
+cdef object _TOKEN = object()
 
 
 cdef object _numpy():
@@ -30,14 +33,37 @@ cdef object _numpy():
     return _np
 
 
-cdef size_t _check_size(str name, object v, size_t minimum=0) except? 0:
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise TypeError(f"{name} must be an int, got {type(v).__name__}")
-    if v < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {v}")
-    if v > <size_t>-1 // 64:
-        raise ValueError(f"{name} is too large ({v})")
-    return v
+cdef size_t _check_size(str name, object v) except? 0:
+    # Sizes stay far below SIZE_MAX so that rounding to 64 bytes cannot wrap.
+    return u64_arg(v, name, 0, <size_t>-1 // 64)
+
+
+cdef tuple _dtype_of(object dtype):
+    """(numpy dtype, itemsize) of a `get` dtype argument, refusing what numpy
+    cannot place in raw memory (object fields, no fixed size)."""
+    hit = None
+    try:
+        hit = _DTYPES.get(dtype)
+    except TypeError:          # unhashable: checked below, not cached
+        pass
+    if hit is not None:
+        return hit
+    np = _numpy()
+    try:
+        dt = np.dtype(dtype)
+    except Exception as e:
+        raise TypeError(f"dtype {dtype!r} is not a numpy dtype ({e})") from None
+    if dt.hasobject:
+        raise ValueError(f"dtype {dt} holds Python objects; scratch holds raw bytes only")
+    if dt.itemsize == 0:
+        raise ValueError(f"dtype {dt} has no fixed size")
+    hit = (dt, dt.itemsize)
+    try:
+        if len(_DTYPES) < 256:
+            _DTYPES[dtype] = hit
+    except TypeError:
+        pass
+    return hit
 
 
 class ScratchStats:
@@ -73,6 +99,10 @@ cdef class _Region:
     cdef unsigned char *ptr
     cdef Py_ssize_t n
 
+    def __cinit__(self, token=None):
+        if token is not _TOKEN:
+            raise TypeError("_Region is internal to metrale")
+
     def __dealloc__(self):
         if self.s != NULL:
             mt_scratch_decref(self.s)
@@ -85,7 +115,7 @@ cdef class _Region:
 
 
 cdef _Region _region(mt_scratch *s, unsigned char *ptr, Py_ssize_t n):
-    cdef _Region r = _Region.__new__(_Region)
+    cdef _Region r = _Region.__new__(_Region, _TOKEN)
     mt_scratch_incref(s)
     r.s = s
     r.ptr = ptr
@@ -105,6 +135,10 @@ cdef class ScratchSpace:
     cdef uint64_t claim
     cdef uint64_t tid
 
+    def __cinit__(self, token=None):
+        if token is not _TOKEN:
+            raise TypeError("use ScratchSpaceManager.get_scratch() to get a ScratchSpace")
+
     def __dealloc__(self):
         if self.s != NULL:
             mt_scratch_decref(self.s)
@@ -117,29 +151,21 @@ cdef class ScratchSpace:
 
     def get(self, count, dtype="float32"):
         """A zero-filled, 64-byte aligned numpy array of `count` elements carved
-        from this thread's buffer, or None when it does not fit."""
+        from this thread's buffer, or None when it does not fit.  Arguments are
+        checked before anything is carved: a refused call consumes nothing."""
         cdef unsigned char *p
-        cdef size_t n, item
+        cdef uint64_t n
         self._own()
-        n = _check_size("count", count)
-        item = _ITEMSIZE.get(dtype, 0)
-        if item == 0:
-            np = _numpy()
-            try:
-                dt = np.dtype(dtype)
-            except TypeError as e:
-                raise TypeError(f"dtype {dtype!r} is not a numpy dtype") from e
-            item = dt.itemsize
-            if item == 0:
-                raise ValueError(f"dtype {dtype!r} has no fixed size")
-            try:
-                _ITEMSIZE[dtype] = item
-            except TypeError:
-                pass
-        p = mt_scratch_carve(self.s, self.slot, n * item)
+        count = index_arg(count, "count")
+        dt, item = _dtype_of(dtype)
+        nbytes = count * item
+        if nbytes > 0xFFFFFFFFFFFFFFFF:
+            raise ValueError(f"count {count} of dtype {dt} is more than 2**64 - 1 bytes")
+        n = nbytes
+        p = mt_scratch_carve(self.s, self.slot, n)
         if p == NULL:
             return None
-        return _numpy().frombuffer(_region(self.s, p, n * item), dtype=dtype, count=count)
+        return _numpy().frombuffer(_region(self.s, p, n), dtype=dt, count=count)
 
     def as_bytes(self):
         """A writable memoryview of this thread's whole buffer."""
@@ -155,11 +181,10 @@ cdef class ScratchSpace:
         return mt_scratch_used(self.s, self.slot)
 
     def remaining(self):
+        """Bytes not yet carved: capacity() - used().  The next array starts at
+        the next 64-byte boundary, so up to 63 of them may be skipped."""
         self._own()
-        used = mt_scratch_used(self.s, self.slot)
-        size = mt_scratch_size(self.s)
-        aligned = (used + 63) // 64 * 64
-        return size - aligned if aligned < size else 0
+        return mt_scratch_size(self.s) - mt_scratch_used(self.s, self.slot)
 
     def capacity(self):
         return mt_scratch_size(self.s)
@@ -175,6 +200,10 @@ cdef class _Lease:
     cdef long slot
     cdef uint64_t claim
     cdef object space
+
+    def __cinit__(self, token=None):
+        if token is not _TOKEN:
+            raise TypeError("_Lease is internal to metrale")
 
     def __dealloc__(self):
         if self.s != NULL:
@@ -193,7 +222,7 @@ cdef class ScratchSpaceManager:
         cdef size_t nthreads = _check_size("max_threads", max_threads)
         self.s = mt_scratch_new(size, nthreads)
         if self.s == NULL:
-            raise MemoryError("cannot allocate the scratch slot table")
+            raise OutOfMemoryError(f"cannot allocate the scratch slot table for max_threads={nthreads}")
         self._local = threading.local()
 
     def __dealloc__(self):
@@ -208,8 +237,7 @@ cdef class ScratchSpaceManager:
     @classmethod
     def for_model(cls, hidden_dim, max_threads):
         """Scratch of hidden_dim * 4 * 4 bytes per thread."""
-        hidden_dim = _check_size("hidden_dim", hidden_dim)
-        return cls(hidden_dim * 4 * 4, max_threads)
+        return cls(index_arg(hidden_dim, "hidden_dim", 0, (<size_t>-1 // 64) // 16) * 16, max_threads)
 
     def get_scratch(self):
         """The calling thread's ScratchSpace, created on its first call."""
@@ -228,13 +256,13 @@ cdef class ScratchSpaceManager:
                 "threads already hold scratch buffers")
         if slot == -2:
             raise OutOfMemoryError(f"cannot allocate a {mt_scratch_size(self.s)}-byte scratch buffer")
-        space = ScratchSpace.__new__(ScratchSpace)
+        space = ScratchSpace.__new__(ScratchSpace, _TOKEN)
         mt_scratch_incref(self.s)
         space.s = self.s
         space.slot = slot
         space.claim = mt_scratch_claim_id(self.s, slot)
         space.tid = mt_thread_id()
-        lease = _Lease.__new__(_Lease)
+        lease = _Lease.__new__(_Lease, _TOKEN)
         mt_scratch_incref(self.s)
         lease.s = self.s
         lease.slot = slot

@@ -2,6 +2,8 @@
 
 import os
 
+from ._common import check_index
+
 __all__ = ["ModelConfig"]
 
 # Field order follows ARENA.md §3.1.
@@ -38,12 +40,7 @@ class ModelConfig:
         values = dict(_DEFAULTS)
         values.update(fields)
         for name in _INT_FIELDS:
-            v = values[name]
-            if type(v) is bool or not isinstance(v, int):
-                raise TypeError(f"ModelConfig field {name!r} must be an int, got {type(v).__name__}")
-            if v < 0:
-                raise ValueError(f"ModelConfig field {name!r} must be >= 0, got {v}")
-            values[name] = int(v)
+            values[name] = check_index(values[name], f"ModelConfig field {name!r}")
         for name in _BOOL_FIELDS:
             if not isinstance(values[name], bool):
                 raise TypeError(f"ModelConfig field {name!r} must be a bool, got {type(values[name]).__name__}")

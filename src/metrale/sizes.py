@@ -4,8 +4,8 @@ Pure Python with exact integer arithmetic; no allocation, no GPU contact.
 """
 
 import os
-from collections.abc import Mapping
 
+from ._common import check_index
 from .config import ModelConfig
 
 __all__ = [
@@ -54,14 +54,6 @@ def _ceil(x, n):
     return _cdiv(x, n) * n
 
 
-def _check_int(name, value, minimum=0):
-    if type(value) is bool or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
-
-
 # -- Target and split-K (§4.3) -------------------------------------------------
 
 _PINNED = tuple(str(n) for n in range(1, _MAX_DECODE_SPLITS + 1))
@@ -73,7 +65,7 @@ class Target:
     __slots__ = ("_sm_count", "_splitk")
 
     def __init__(self, sm_count, splitk):
-        sm_count = _check_int("sm_count", sm_count)
+        sm_count = check_index(sm_count, "sm_count")
         if not isinstance(splitk, str):
             raise TypeError(f"splitk must be a str, got {type(splitk).__name__}")
         if splitk not in ("legacy", "auto") and splitk not in _PINNED:
@@ -141,11 +133,11 @@ class DecodeMetaLayout:
     __slots__ = ("_rows",)
 
     def __init__(self, rows):
-        self._rows = rows
+        self._rows = check_index(rows, "rows")
 
     @classmethod
     def for_max_batch_size(cls, n):
-        n = _check_int("max_batch_size", n)
+        n = check_index(n, "max_batch_size")
         return cls(max(n, DECODE_META_MIN_ROWS))
 
     def rows(self):
@@ -168,7 +160,7 @@ class DecodeMetaLayout:
         return 24 * self._rows
 
     def meta_bytes(self, max_blocks):
-        max_blocks = _check_int("max_blocks", max_blocks)
+        max_blocks = check_index(max_blocks, "max_blocks")
         return 24 * self._rows + 4 * self._rows * max_blocks
 
     def __eq__(self, other):
@@ -204,7 +196,7 @@ class MoeFp8Layout:
 def moe_fp8_layout(config, rows):
     if not isinstance(config, ModelConfig):
         raise TypeError(f"config must be a ModelConfig, got {type(config).__name__}")
-    rows = _check_int("rows", rows)
+    rows = check_index(rows, "rows")
     c = config
     E, H, Im = c.num_experts, c.hidden_size, c.moe_intermediate_size
     if E == 0:
@@ -292,12 +284,13 @@ class BufferSizes:
             raise TypeError(f"target must be a Target or None, got {type(target).__name__}")
         if env is None:
             env = os.environ
-        elif not isinstance(env, Mapping):
+        elif not callable(getattr(env, "get", None)):
+            # Only env.get is used; a Mapping ABC check would import collections.
             raise TypeError(f"env must be a mapping or None, got {type(env).__name__}")
-        M = _check_int("max_batch_tokens", max_batch_tokens, 1)
-        max_seq_len = _check_int("max_seq_len", max_seq_len)
-        kv_block_size = _check_int("kv_block_size", kv_block_size)
-        max_batch_size = _check_int("max_batch_size", max_batch_size)
+        M = check_index(max_batch_tokens, "max_batch_tokens", 1)
+        max_seq_len = check_index(max_seq_len, "max_seq_len")
+        kv_block_size = check_index(kv_block_size, "kv_block_size")
+        max_batch_size = check_index(max_batch_size, "max_batch_size")
         values = _compute(config, M, max_seq_len, kv_block_size, max_batch_size, target, env)
         total = 0
         for name, v in zip(BUFFER_NAMES, values):
@@ -347,20 +340,10 @@ class BufferSizes:
 
 
 def _validated(sizes):
-    out = []
-    for name in BUFFER_NAMES:
-        v = sizes[name]
-        if type(v) is bool or not isinstance(v, int):
-            raise TypeError(f"size of {name} must be an int, got {type(v).__name__}")
-        if v < 0:
-            raise ValueError(f"size of {name} must be >= 0, got {v}")
-        if v > _U64_MAX:
-            raise ValueError(f"size of {name} ({v}) exceeds 2^64 - 1")
-        out.append(int(v))
     extra = set(sizes) - set(BUFFER_NAMES)
     if extra:
-        raise TypeError(f"BufferSizes has no entry {sorted(extra)[0]!r}")
-    return tuple(out)
+        raise TypeError(f"BufferSizes has no entry {sorted(map(str, extra))[0]!r}")
+    return tuple(check_index(sizes[name], f"size of {name}") for name in BUFFER_NAMES)
 
 
 for _i, _name in enumerate(BUFFER_NAMES):

@@ -1,0 +1,24 @@
+# Argument checks shared by every module: one rule for integers, one for streams.
+from libc.stdint cimport uint64_t, uintptr_t
+
+cdef enum:
+    # ndim limit of views: numpy 1.x's NPY_MAXDIMS, within DLPack's int32 and numpy 2's 64
+    MT_MAX_NDIM = 32
+
+cdef object index_arg(object value, str name, uint64_t minimum=*, uint64_t maximum=*)
+cdef uint64_t u64_arg(object value, str name, uint64_t minimum=*, uint64_t maximum=*) except? 0
+cdef uintptr_t as_stream(object stream) except? 0
+
+cdef extern from *:
+    """
+    static int mt_py_finalizing(void) {
+    #if PY_VERSION_HEX >= 0x030D0000
+        return Py_IsFinalizing();
+    #else
+        return _Py_IsFinalizing();
+    #endif
+    }
+    """
+    # True once the interpreter is shutting down: finalizers then import
+    # nothing and skip what needs the runtime (a driver, the warnings module).
+    bint mt_py_finalizing()
