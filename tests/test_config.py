@@ -148,7 +148,8 @@ def test_hf_gemma_text_config():
 
 
 def test_hf_nulls_aliases_and_types():
-    c = ModelConfig.from_hf_config({"hidden_size": 64, "num_attention_heads": None,
+    shape = {"hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 100, "intermediate_size": 128}
+    c = ModelConfig.from_hf_config({**shape, "num_attention_heads": 0, "head_dim": None,
                                     "num_local_experts": 8, "moe_shared_expert_intermediate_size": 5,
                                     "attn_output_gate": True, "unknown": 1})
     assert c.num_attention_heads == 0 and c.head_dim == 0
@@ -157,3 +158,72 @@ def test_hf_nulls_aliases_and_types():
         ModelConfig.from_hf_config({"hidden_size": "4096"})
     with pytest.raises(TypeError, match="path_or_dict"):
         ModelConfig.from_hf_config(3)
+
+
+SHAPE = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 100,
+         "intermediate_size": 256}
+
+
+@pytest.mark.parametrize("missing", sorted(SHAPE))
+def test_hf_refuses_a_config_without_the_shape(missing):
+    data = {k: v for k, v in SHAPE.items() if k != missing}
+    with pytest.raises(ValueError, match=f"path_or_dict: the config has no '{missing}'"):
+        ModelConfig.from_hf_config(data)
+    with pytest.raises(ValueError, match="hidden_size"):
+        ModelConfig.from_hf_config({})
+    with pytest.raises(ValueError, match=f"no '{missing}'"):
+        ModelConfig.from_hf_config({**data, missing: None})      # null counts as absent
+
+
+# Older families' key names (trimmed from their published config.json files).
+GPT2 = {"model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12, "n_inner": None,
+        "vocab_size": 50257, "n_positions": 1024}
+NEOX = {"model_type": "gpt_neox", "hidden_size": 6144, "num_hidden_layers": 44,
+        "num_attention_heads": 64, "intermediate_size": 24576, "vocab_size": 50432}
+FALCON_7B = {"model_type": "falcon", "hidden_size": 4544, "num_hidden_layers": 32,
+             "num_attention_heads": 71, "multi_query": True, "vocab_size": 65024}
+FALCON_40B = {"model_type": "falcon", "hidden_size": 8192, "n_layer": 60, "n_head": 128,
+              "new_decoder_architecture": True, "num_kv_heads": 8, "vocab_size": 65024}
+BLOOM = {"model_type": "bloom", "n_embed": 1024, "n_layer": 24, "num_attention_heads": 16,
+         "vocab_size": 250880}
+
+
+@pytest.mark.parametrize("data, expect", [
+    (GPT2, dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                num_key_value_heads=12, head_dim=64, intermediate_size=3072, vocab_size=50257)),
+    ({**GPT2, "n_inner": 1000}, dict(intermediate_size=1000)),
+    (NEOX, dict(hidden_size=6144, intermediate_size=24576, num_key_value_heads=64, head_dim=96)),
+    (FALCON_7B, dict(num_key_value_heads=1, intermediate_size=4 * 4544, head_dim=64)),
+    (FALCON_40B, dict(num_hidden_layers=60, num_attention_heads=128, num_key_value_heads=8,
+                      intermediate_size=32768, head_dim=64)),
+    (BLOOM, dict(hidden_size=1024, num_hidden_layers=24, intermediate_size=4096, head_dim=64)),
+])
+def test_hf_family_aliases(data, expect):
+    c = ModelConfig.from_hf_config(data)
+    for k, v in expect.items():
+        assert getattr(c, k) == v, k
+
+
+def test_hf_file_errors_name_the_file(tmp_path):
+    deep = tmp_path / "deep.json"
+    deep.write_text('{"a": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"hidden_size": 4096,')
+    binary = tmp_path / "bin.json"
+    binary.write_bytes(b"\xff\xfe\x00{")
+    array = tmp_path / "array.json"
+    array.write_text("[1, 2]")
+    huge = tmp_path / "huge.json"
+    huge.write_text('{"hidden_size": ' + "9" * 5000 + "}")
+    for path, word in ((deep, "nested too deeply"), (bad, "malformed JSON"),
+                       (binary, "not UTF-8"), (array, "must hold a JSON object, got list"),
+                       (huge, "malformed JSON")):
+        with pytest.raises(ValueError, match=word) as e:
+            ModelConfig.from_hf_config(path)
+        assert str(path) in str(e.value)
+    with pytest.raises(ValueError, match="JSON text, not a path"):
+        ModelConfig.from_hf_config(json.dumps(SHAPE))
+    with pytest.raises(FileNotFoundError):
+        ModelConfig.from_hf_config(tmp_path / "absent.json")
+    with pytest.raises(TypeError, match="path_or_dict"):
+        ModelConfig.from_hf_config(b"config.json")

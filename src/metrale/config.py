@@ -144,38 +144,75 @@ class ModelConfig:
     @staticmethod
     def from_hf_config(path_or_dict):
         """Read a Hugging Face config.json (a path, a directory holding one, or a
-        parsed dict), mapped as ARENA.md §3.5 says."""
+        parsed dict), mapped as ARENA.md §3.5 says.
+
+        The model's shape must be there: hidden_size, num_hidden_layers,
+        num_attention_heads, vocab_size and intermediate_size, or the names
+        GPT-2, GPT-NeoX, Falcon and BLOOM give them (n_embd, n_layer, n_head,
+        n_inner, ...).  A missing one raises ValueError naming it, as do
+        malformed JSON and a str that holds JSON text instead of a path.
+        """
         if isinstance(path_or_dict, dict):
-            data = path_or_dict
-        elif isinstance(path_or_dict, (str, os.PathLike)):
-            import json
-            path = os.fspath(path_or_dict)
-            if os.path.isdir(path):
-                path = os.path.join(path, "config.json")
-            with open(path, encoding="utf-8") as f:
-                data = json.load(f)
-            if not isinstance(data, dict):
-                raise ValueError(f"{path}: a config.json must hold a JSON object")
-        else:
+            return ModelConfig(**_map_hf(path_or_dict, "path_or_dict"))
+        if not isinstance(path_or_dict, (str, os.PathLike)):
             raise TypeError("path_or_dict must be a path or a dict, "
                             f"got {type(path_or_dict).__name__}")
-        return ModelConfig(**_map_hf(data))
+        path = os.fspath(path_or_dict)
+        if not isinstance(path, str):
+            raise TypeError(f"path_or_dict must be a str path, got {type(path).__name__}")
+        if path.lstrip().startswith(("{", "[")):
+            raise ValueError("path_or_dict is a str holding JSON text, not a path; "
+                             "pass json.loads(text) or the file's path")
+        if os.path.isdir(path):
+            path = os.path.join(path, "config.json")
+        return ModelConfig(**_map_hf(_read_json(path), path))
+
+
+def _read_json(path):
+    import json
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except ValueError as e:    # JSONDecodeError, or an int past the digit limit
+        raise ValueError(f"{path}: malformed JSON: {e}") from None
+    except RecursionError:
+        raise ValueError(f"{path}: JSON nested too deeply to read") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: a config.json must hold a JSON object, got {type(data).__name__}")
+    return data
 
 
 def _rebuild(fields):
     return ModelConfig(**fields)
 
 
+# field <- config keys, first present wins (ARENA.md §3.5).  Beyond the spec's
+# three, the names older families give the model's shape: GPT-2 (n_embd,
+# n_layer, n_head, n_inner), BLOOM (n_embed), Falcon (num_kv_heads,
+# ffn_hidden_size); GPT-NeoX already uses the field names.
 _HF_ALIASES = {
+    "hidden_size": ("hidden_size", "n_embd", "n_embed"),
+    "num_hidden_layers": ("num_hidden_layers", "n_layer"),
+    "num_attention_heads": ("num_attention_heads", "n_head"),
+    "num_key_value_heads": ("num_key_value_heads", "num_kv_heads"),
+    "intermediate_size": ("intermediate_size", "n_inner", "ffn_hidden_size"),
     "num_experts": ("num_experts", "n_routed_experts", "num_local_experts"),
     "shared_expert_intermediate_size": ("shared_expert_intermediate_size",
                                         "moe_shared_expert_intermediate_size"),
     "attn_gated": ("attn_gated", "attn_output_gate"),
 }
+# The model's shape: a config without one of these is refused.
+_HF_REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size",
+                "intermediate_size")
+# Families whose MLP is 4 x hidden_size when the config names no width.
+_HF_MLP_4H = ("gpt2", "bloom", "falcon", "RefinedWeb", "RefinedWebModel")
 _PATTERN = {"M": "linear_attention", "*": "full_attention", "E": "moe", "-": "mlp"}
 
 
-def _map_hf(data):
+def _map_hf(data, where):
     text = data.get("text_config")
     text = text if isinstance(text, dict) else {}
 
@@ -187,6 +224,8 @@ def _map_hf(data):
         return False, None
 
     out = {}
+    mt = data.get("model_type")
+    out["model_type"] = mt if isinstance(mt, str) else ""
     for name in FIELDS:
         if name in ("model_type", "layer_types"):
             continue
@@ -195,31 +234,40 @@ def _map_hf(data):
             if found:
                 if name in _BOOL_FIELDS:
                     if not isinstance(v, bool):
-                        raise TypeError(f"config key {key!r} must be a JSON boolean")
+                        raise TypeError(f"{where}: config key {key!r} must be a JSON boolean")
                 elif type(v) is bool or not isinstance(v, int):
-                    raise TypeError(f"config key {key!r} must be a JSON integer, "
+                    raise TypeError(f"{where}: config key {key!r} must be a JSON integer, "
                                     f"got {type(v).__name__}")
                 out[name] = v
                 break
-    mt = data.get("model_type")
-    out["model_type"] = mt if isinstance(mt, str) else ""
+    if "intermediate_size" not in out and out["model_type"] in _HF_MLP_4H and "hidden_size" in out:
+        out["intermediate_size"] = 4 * out["hidden_size"]
+    if "num_key_value_heads" not in out and lookup("multi_query")[1] is True:
+        out["num_key_value_heads"] = 1          # Falcon's multi-query attention
+    for name in _HF_REQUIRED:
+        if name not in out:
+            keys = _HF_ALIASES.get(name, (name,))
+            also = f" (or {', '.join(keys[1:])})" if len(keys) > 1 else ""
+            raise ValueError(f"{where}: the config has no {name!r}{also}: it does not give "
+                             "the model's shape")
     found, lt = lookup("layer_types")
     if found:
-        if not isinstance(lt, list):
-            raise TypeError("config key 'layer_types' must be a JSON list")
+        if not isinstance(lt, list) or not all(isinstance(x, str) for x in lt):
+            raise TypeError(f"{where}: config key 'layer_types' must be a JSON list of strings")
         out["layer_types"] = tuple(lt)
     else:
         found, pat = lookup("hybrid_override_pattern")
         if found:
             if not isinstance(pat, str):
-                raise TypeError("config key 'hybrid_override_pattern' must be a string")
+                raise TypeError(f"{where}: config key 'hybrid_override_pattern' must be a string")
             try:
                 out["layer_types"] = tuple(_PATTERN[ch] for ch in pat)
             except KeyError as e:
-                raise ValueError(f"hybrid_override_pattern has an unknown layer code {e.args[0]!r}") from None
-    heads = out.get("num_attention_heads", 0)
+                raise ValueError(f"{where}: hybrid_override_pattern has an unknown layer code "
+                                 f"{e.args[0]!r}") from None
+    heads = out["num_attention_heads"]
     out.setdefault("num_key_value_heads", heads)
-    out.setdefault("head_dim", out.get("hidden_size", 0) // heads if heads else 0)
+    out.setdefault("head_dim", out["hidden_size"] // heads if heads else 0)
     out.setdefault("attn_gated", out["model_type"] == "qwen3_next")
     return out
 
