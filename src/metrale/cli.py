@@ -2,13 +2,31 @@
 
 import argparse
 import json
+import os
 import sys
 
 from metrale.config import ModelConfig
+from metrale.errors import MetraleError
 from metrale.sizes import BUFFER_NAMES, BufferSizes, Target
 
+# Exit statuses: 2 for what the user typed (flags, values, the config file),
+# 1 for what failed while running (an allocation refused, a driver error).
+USAGE, RUNTIME = 2, 1
+_SPLITK = ("legacy", "auto") + tuple(str(n) for n in range(1, 17))
+
+
+class _UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    # argparse prints the usage and exits; metrale prints one line and returns 2.
+    def error(self, message):
+        raise _UsageError(message)
+
+
 def _parser():
-    p = argparse.ArgumentParser(prog="metrale", description=__doc__)
+    p = _Parser(prog="metrale", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     plan = sub.add_parser("plan", help="print the buffer ledger of an arena")
     src = plan.add_mutually_exclusive_group(required=True)
@@ -20,7 +38,8 @@ def _parser():
     plan.add_argument("--max-batch-size", type=int, default=32)
     plan.add_argument("--sm-count", type=int, default=None,
                       help="size for a device with this many SMs (default: the reference target)")
-    plan.add_argument("--splitk", default=None, help="split-K policy: legacy, auto or 1..16")
+    plan.add_argument("--splitk", default=None, choices=_SPLITK, metavar="{legacy,auto,1..16}",
+                      help="split-K policy")
     plan.add_argument("--allocate", action="store_true",
                       help="also build the arena on the host backend and zero it")
     plan.add_argument("--json", action="store_true", help="machine-readable output")
@@ -66,10 +85,11 @@ def plan(args):
         gpu = HostBackend()
         with BufferArena.from_sizes(config, sizes, args.max_batch_tokens,
                                     args.max_batch_size, gpu) as arena:
+            before = gpu.memset_count
             arena.zero_all(gpu, 0)
             result["allocated"] = {"backend": "host", "slab_bytes": arena.slab_bytes(),
                                    "allocations": gpu.alloc_count,
-                                   "zero_all_operations": gpu.memset_count - 1}
+                                   "zero_all_operations": gpu.memset_count - before}
     return result
 
 
@@ -98,16 +118,42 @@ def _print(result, out):
           f"allocation; zero_all issued {a['zero_all_operations']} operation\n")
 
 
+def _fail(message, status):
+    # One line, whatever the message holds.
+    print("metrale: error: " + " ".join(str(message).split()), file=sys.stderr)
+    return status
+
+
 def main(argv=None):
-    args = _parser().parse_args(argv)
+    """Run the CLI; returns the exit status (0, 1 runtime failure, 2 usage)."""
     try:
-        result = plan(args)
-    except (ValueError, TypeError, OSError) as e:
-        print(f"metrale: error: {e}", file=sys.stderr)
-        return 2
-    if args.json:
-        json.dump(result, sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
-        _print(result, sys.stdout)
+        try:
+            args = _parser().parse_args(argv)
+        except _UsageError as e:
+            return _fail(f"{e} (see metrale --help)", USAGE)
+        except SystemExit as e:              # --help
+            return e.code if isinstance(e.code, int) else 0
+        try:
+            result = plan(args)
+        except (ValueError, TypeError, OSError) as e:
+            return _fail(e, USAGE)
+        except (MetraleError, MemoryError) as e:
+            return _fail(e, RUNTIME)
+        try:
+            if args.json:
+                json.dump(result, sys.stdout, indent=2)
+                sys.stdout.write("\n")
+            else:
+                _print(result, sys.stdout)
+            sys.stdout.flush()
+        except BrokenPipeError:
+            # The reader left (`metrale plan ... | head -1`): end quietly.  Point
+            # stdout at devnull so the flush at exit cannot raise again.
+            try:
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            except (OSError, ValueError):
+                pass
+            return RUNTIME
+    except KeyboardInterrupt:
+        return 130
     return 0
