@@ -230,3 +230,48 @@ def test_bad_arguments():
     m = ScratchSpaceManager(16, 0)
     with pytest.raises(MetraleError, match="max_threads=0"):
         m.get_scratch()
+
+
+def test_get_checks_before_it_carves():
+    m = ScratchSpaceManager(1024, 1)
+    s = m.get_scratch()
+    s.get(3, "uint8")
+    used = s.used()
+    for count, dtype, exc, word in [
+        (4, "object", ValueError, "Python objects"),
+        (4, np.dtype([("a", "f4"), ("b", "O")]), ValueError, "Python objects"),
+        (4, "S0", ValueError, "no fixed size"),
+        (4, "not-a-dtype", TypeError, "not a numpy dtype"),
+        (4, 3.5, TypeError, "not a numpy dtype"),
+        (2**62, "float64", ValueError, "more than 2\\*\\*64 - 1 bytes"),
+        (2**64, "uint8", ValueError, "count"),
+        (-1, "uint8", ValueError, "count"),
+        (True, "uint8", TypeError, "count"),
+        (1.0, "uint8", TypeError, "count"),
+    ]:
+        with pytest.raises(exc, match=word):
+            s.get(count, dtype)
+        assert s.used() == used                      # nothing carved
+    assert s.get(2**60, "float64") is None and s.used() == used    # fits 64 bits, not the buffer
+    a = s.get(np.int64(2), np.dtype([("x", "<i4"), ("y", "<f4")]))
+    assert a.shape == (2,) and a.dtype.names == ("x", "y") and not a.view(np.uint8).any()
+    assert s.remaining() == s.capacity() - s.used()
+
+
+def test_zero_size_scratch():
+    m = ScratchSpaceManager(0, 1)
+    s = m.get_scratch()
+    assert s.get(1, "uint8") is None and s.get(0, "uint8") is None
+    assert len(s.as_bytes()) == 0 and s.remaining() == 0
+
+
+def test_manager_limits_are_refused_cleanly():
+    from metrale import OutOfMemoryError
+    with pytest.raises(ValueError, match="max_threads"):
+        ScratchSpaceManager(8, 2**63)
+    with pytest.raises(OutOfMemoryError, match="scratch slot table"):
+        ScratchSpaceManager(8, 2**57)               # fits the rule, not the machine
+    m = ScratchSpaceManager(2**57, 1)               # the buffer is allocated on first use
+    with pytest.raises(OutOfMemoryError, match="scratch buffer"):
+        m.get_scratch()
+    assert m.active_threads() == 0
