@@ -150,3 +150,26 @@ def in_thread(fn, *args):
     if "error" in out:
         raise out["error"]
     return out.get("value")
+
+
+def check_placement(arena, gpu):
+    """ARENA.md §8.3: non-NULL entries 256-aligned, disjoint, inside the slab,
+    whose size lies between the sum of the sizes and the sum of their ceil256."""
+    sizes = arena.sizes()
+    spans = []
+    for name in BUFFER_NAMES:
+        n, p = getattr(sizes, name), ptr_of(arena, name)
+        if n:
+            assert p % 256 == 0, name
+            spans.append((p, p + n, name))
+    spans.sort()
+    if not spans:
+        assert arena.slab_bytes() == 0
+        return
+    for (a0, a1, an), (b0, b1, bn) in zip(spans, spans[1:]):
+        assert a1 <= b0, f"{an} overlaps {bn}"
+    lo, hi = spans[0][0], spans[-1][1]
+    assert hi - lo <= arena.slab_bytes()
+    total = sum(sizes.as_dict().values())
+    ceil_total = sum(-(-v // 256) * 256 for v in sizes.as_dict().values())
+    assert total <= arena.slab_bytes() <= ceil_total

@@ -13,8 +13,8 @@ from metrale._arena import plan_layout, zero_rows_ranges
 from metrale.sizes import BUFFER_NAMES
 
 from helpers import (CHECKSUM, COMPACT, NOENV, POINTER_NAMES, PREFILL, PRESET, ROWS, ZERO_ALL,
-                     Mem, check_zeroed, expected_rows_length, fill_all, live_counts, new, ptr_of,
-                     rows_expectation)
+                     Mem, check_placement, check_zeroed, expected_rows_length, fill_all,
+                     live_counts, new, ptr_of, rows_expectation)
 
 # -- placement -------------------------------------------------------------------------
 
@@ -40,24 +40,6 @@ def test_arena_sanity_golden(backend):
     assert live_counts(gpu) == before
 
 
-def _check_placement(arena, gpu):
-    sizes = arena.sizes()
-    spans = []
-    for name in BUFFER_NAMES:
-        n, p = getattr(sizes, name), ptr_of(arena, name)
-        if n:
-            assert p % 256 == 0, name
-            spans.append((p, p + n, name))
-    spans.sort()
-    for (a0, a1, an), (b0, b1, bn) in zip(spans, spans[1:]):
-        assert a1 <= b0, f"{an} overlaps {bn}"
-    lo, hi = spans[0][0], spans[-1][1]
-    assert hi - lo <= arena.slab_bytes()
-    total = sum(sizes.as_dict().values())
-    ceil_total = sum(-(-v // 256) * 256 for v in sizes.as_dict().values())
-    assert total <= arena.slab_bytes() <= ceil_total
-
-
 @pytest.mark.parametrize("preset", ModelConfig.presets())
 @pytest.mark.parametrize("m", [1, 100, 128, 8192])
 def test_every_preset_one_slab(preset, m):
@@ -65,7 +47,7 @@ def test_every_preset_one_slab(preset, m):
     arena = new(gpu, ModelConfig.preset(preset), m=m)
     assert gpu.alloc_count == 1 and gpu.live_alloc_count == 1
     assert gpu.live_bytes == arena.slab_bytes()
-    _check_placement(arena, gpu)
+    check_placement(arena, gpu)
     # zero_all and zero_prefill_essentials are each one contiguous range.
     layout = plan_layout(arena.sizes(), m)
     za_lo, za_len = layout["zero_all"]
@@ -91,7 +73,7 @@ def test_zero_size_entries_are_null(backend):
     with BufferArena.from_sizes(PRESET, s, 16, 32, gpu) as arena:
         assert arena.hidden_states() == 0 and arena.logits() == 0 and arena.o_latent() == 0
         assert arena.residual() != 0
-        _check_placement(arena, gpu)
+        check_placement(arena, gpu)
         arena.zero_all(gpu, 0)
         arena.zero_all_rows(gpu, 0, 1)
 

@@ -1,0 +1,378 @@
+"""Property-based tests (hypothesis) over every public entry point.
+
+Invariants: a call either succeeds with a result that satisfies the contract
+or raises TypeError / ValueError / MetraleError (BufferError where the
+lifetime rules say so) naming what was wrong; after any failure the
+backend's live counts are back to their baseline; allocations are never
+smaller than the formulas; carves are disjoint and inside the slab.
+
+Profiles (conftest.py): "ci" is deterministic with a bounded example count;
+METRALE_HYPOTHESIS_PROFILE=long runs many more examples locally.
+"""
+
+import contextlib
+import io
+import json
+import os
+import tempfile
+
+import pytest
+
+hypothesis = pytest.importorskip("hypothesis")
+np = pytest.importorskip("numpy")
+from hypothesis import assume, given, strategies as st  # noqa: E402
+
+from metrale import (BufferArena, BufferSizes, HostBackend, MetraleError, ModelConfig,  # noqa: E402
+                     OutOfMemoryError, ScratchSpaceManager, Target)
+from metrale.cli import main  # noqa: E402
+from metrale.config import FIELDS  # noqa: E402
+from metrale.sizes import BUFFER_NAMES  # noqa: E402
+
+from helpers import (COMPACT, PRESET, ROWS, ZERO_ALL, Mem, check_placement,  # noqa: E402
+                     expected_rows_length, live_counts, ptr_of)
+
+ARG_ERRORS = (TypeError, ValueError)
+
+# -- value strategies -------------------------------------------------------------------------
+
+wide_ints = st.one_of(
+    st.integers(0, 5000), st.integers(-2**70, 2**70),
+    st.sampled_from([0, 1, 2**32, 2**63 - 1, 2**63, 2**64 - 1, 2**64, -1]))
+int_like = st.one_of(wide_ints, wide_ints.filter(lambda v: -2**63 <= v < 2**63).map(np.int64),
+                     st.integers(0, 2**64 - 1).map(np.uint64))
+junk = st.one_of(st.none(), st.booleans(), st.floats(allow_nan=True), st.text(max_size=8),
+                 st.binary(max_size=4), st.lists(st.integers(), max_size=2), st.just(np.float32(1)),
+                 st.just(np.True_))
+anything = st.one_of(int_like, junk)
+json_values = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=False),
+              st.text(max_size=8)),
+    lambda inner: st.one_of(st.lists(inner, max_size=4),
+                            st.dictionaries(st.text(max_size=8), inner, max_size=4)),
+    max_leaves=12)
+HF_KEYS = sorted(set(FIELDS) | {"n_embd", "n_embed", "n_layer", "n_head", "n_inner",
+                                "num_kv_heads", "ffn_hidden_size", "multi_query", "text_config",
+                                "n_routed_experts", "num_local_experts", "attn_output_gate",
+                                "hybrid_override_pattern", "moe_shared_expert_intermediate_size"})
+SHAPE = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 100,
+         "intermediate_size": 256}
+
+
+def _names_argument(e, *names):
+    msg = str(e)
+    return any(n in msg for n in names)
+
+
+# -- ModelConfig, presets, from_hf_config -----------------------------------------------------
+
+@given(st.dictionaries(st.sampled_from(FIELDS), anything, max_size=6))
+def test_model_config_fields(fields):
+    try:
+        c = ModelConfig(**fields)
+    except ARG_ERRORS as e:
+        assert _names_argument(e, *fields), e
+        return
+    for k, v in fields.items():
+        got = getattr(c, k)
+        if k in ("attn_gated", "mrope_interleaved", "model_type"):
+            assert got == v
+        elif k == "layer_types":
+            assert got == tuple(v)
+        else:
+            assert type(got) is int and got == int(v) and 0 <= got < 2**64
+
+
+@given(st.one_of(st.sampled_from(ModelConfig.presets()), st.text(max_size=12), junk))
+def test_presets(name):
+    try:
+        c = ModelConfig.preset(name)
+    except ARG_ERRORS as e:
+        assert "name" in str(e) or "preset" in str(e)
+        return
+    assert isinstance(c, ModelConfig) and name in ModelConfig.presets()
+
+
+@given(st.dictionaries(st.sampled_from(HF_KEYS), st.one_of(json_values, wide_ints), max_size=8),
+       st.booleans())
+def test_from_hf_config_dicts(data, with_shape):
+    if with_shape:
+        data = {**SHAPE, **data}
+    try:
+        c = ModelConfig.from_hf_config(data)
+    except ARG_ERRORS as e:
+        assert str(e).startswith("path_or_dict") or "ModelConfig field" in str(e), e
+        return
+    assert c.hidden_size == data.get("hidden_size", data.get("n_embd", data.get("n_embed", c.hidden_size)))
+
+
+@given(st.one_of(json_values.map(json.dumps),
+                 st.dictionaries(st.sampled_from(HF_KEYS), json_values).map(
+                     lambda d: json.dumps({**SHAPE, **d})),
+                 st.text(max_size=40), st.binary(max_size=40)))
+def test_from_hf_config_files(text):
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "config.json")
+        with open(path, "wb") as f:
+            f.write(text if isinstance(text, bytes) else text.encode("utf-8", "surrogatepass"))
+        for arg in (path, d):                       # the file, or its directory
+            try:
+                ModelConfig.from_hf_config(arg)
+            except ARG_ERRORS as e:
+                assert path in str(e) or "ModelConfig field" in str(e), e
+
+
+@given(st.text(max_size=300))
+def test_from_hf_config_path_strings(path):
+    try:
+        ModelConfig.from_hf_config(path)
+    except ARG_ERRORS:
+        pass
+    except OSError:
+        assert not os.path.isfile(path)             # only a path that names no file
+
+
+# -- sizing ------------------------------------------------------------------------------
+
+configs = st.builds(
+    lambda base, h, layers, e: base.replace(hidden_size=h, num_hidden_layers=layers, num_experts=e),
+    st.sampled_from([PRESET, COMPACT] + [ModelConfig.preset(n) for n in ModelConfig.presets()]),
+    st.integers(0, 8192), st.integers(0, 64), st.sampled_from([0, 8, 128, 256, 512]))
+limits = st.tuples(st.one_of(st.integers(1, 4096), int_like), st.one_of(st.integers(0, 65536), int_like),
+                   st.one_of(st.integers(0, 64), int_like), st.one_of(st.integers(0, 256), int_like))
+levers = st.dictionaries(st.sampled_from(["METRALE_FP8_ROWWISE", "METRALE_GGUF_NATIVE_Q2",
+                                          "METRALE_GGUF_NATIVE_Q2_MMQ", "METRALE_ATTN_DECODE_SPLITK"]),
+                         st.sampled_from(["1", "0", "auto", "legacy", "16", "", "x"]))
+
+
+@given(configs, limits, st.one_of(st.none(), st.builds(Target, st.integers(0, 200),
+                                                       st.sampled_from(["legacy", "auto", "4"]))),
+       levers)
+def test_buffer_sizes_from_config(cfg, lim, target, env):
+    try:
+        s = BufferSizes.from_config(cfg, *lim, target=target, env=env)
+    except ARG_ERRORS as e:
+        assert _names_argument(e, "max_batch_tokens", "max_seq_len", "kv_block_size",
+                               "max_batch_size"), e
+        return
+    d = s.as_dict()
+    assert list(d) == list(BUFFER_NAMES)
+    assert all(type(v) is int and 0 <= v < 2**64 for v in d.values())
+    assert s.total_bytes() == sum(d.values()) - d["o_latent"] - d["norm_unit_w"]
+    assert d["hidden_states"] == 2 * int(lim[0]) * cfg.hidden_size      # one formula, checked
+
+
+# -- arenas: construction with faults, placement ---------------------------------------------
+
+def small_sizes(max_bytes=20_000):
+    """46 sizes, most small, some 0, a few with awkward remainders."""
+    one = st.one_of(st.just(0), st.integers(1, max_bytes), st.sampled_from([256, 255, 257, 4096]))
+    return st.lists(one, min_size=len(BUFFER_NAMES), max_size=len(BUFFER_NAMES)).map(
+        lambda vs: BufferSizes(**dict(zip(BUFFER_NAMES, vs))))
+
+
+@given(small_sizes(), st.integers(1, 64), st.sampled_from([None, "alloc", "memset", "sync"]),
+       st.integers(1, 3))
+def test_arena_construction_with_faults(sizes, m, fault, nth):
+    gpu = HostBackend()
+    base = live_counts(gpu)
+    if fault:
+        gpu.inject_fault(fault, nth)
+    try:
+        arena = BufferArena.from_sizes(PRESET, sizes, m, 8, gpu)
+    except (OutOfMemoryError, MetraleError):
+        assert fault is not None and live_counts(gpu) == base
+        return
+    check_placement(arena, gpu)                      # never smaller than the sizes asked for
+    for name in BUFFER_NAMES:
+        assert (ptr_of(arena, name) == 0) == (getattr(sizes, name) == 0), name
+    arena.release(gpu)
+    assert live_counts(gpu) == base
+
+
+@given(small_sizes(), st.integers(1, 40), st.integers(0, 60))
+def test_zero_all_rows_matches_the_byte_model(sizes, m, tokens):
+    """zero_all_rows writes exactly the ranges of ARENA.md §5.2 (the model in
+    helpers.expected_rows_length), nothing else, for arbitrary sizes."""
+    gpu = HostBackend()
+    with BufferArena.from_sizes(PRESET, sizes, m, 8, gpu) as arena:
+        mem = Mem(arena, gpu)
+        for name in BUFFER_NAMES:
+            mem.fill(name, 0xAB)
+        arena.zero_all_rows(gpu, 0, tokens)
+        for name in BUFFER_NAMES:
+            n = getattr(sizes, name)
+            if name in ROWS:
+                k = expected_rows_length(n, m, tokens)
+            else:
+                k = n if name in ZERO_ALL else 0
+            data = mem.read(name)
+            assert not data[:k].any() and (data[k:] == 0xAB).all(), name
+
+
+# -- arena calls --------------------------------------------------------------------------
+
+_HOST = {}
+
+
+def _shared_arena():
+    """One small arena for the call-level properties (built once: they only read)."""
+    if "arena" not in _HOST:
+        gpu = HostBackend()
+        cfg = ModelConfig.preset("qwen3-next-80b")
+        s = BufferSizes.from_config(cfg, 16, 512, 16, 32, env={})
+        _HOST["gpu"], _HOST["cfg"] = gpu, cfg
+        _HOST["arena"] = BufferArena.from_sizes(cfg, s, 16, 32, gpu)
+    return _HOST["arena"], _HOST["gpu"], _HOST["cfg"]
+
+
+dtypes = st.one_of(st.sampled_from(["uint8", "int8", "int16", "int32", "int64", "uint16", "uint32",
+                                    "uint64", "float16", "float32", "float64", "bfloat16", "bf16",
+                                    "f32", "torch.float16"]),
+                   st.sampled_from([np.float32, np.dtype("int16"), np.uint8]), junk)
+shapes = st.one_of(st.none(), int_like, st.lists(int_like, max_size=5).map(tuple),
+                   st.lists(st.integers(0, 4), min_size=30, max_size=40).map(tuple), junk)
+
+
+@given(st.one_of(st.sampled_from(BUFFER_NAMES), st.text(max_size=10), junk), dtypes, shapes)
+def test_views(name, dtype, shape):
+    arena, gpu, _ = _shared_arena()
+    try:
+        v = arena.view(name, dtype, shape)
+    except ARG_ERRORS + (MetraleError,) as e:
+        assert _names_argument(e, "name", "dtype", "shape", "buffer", "NULL", "needs"), e
+        return
+    n = getattr(arena.sizes(), name)
+    assert v.nbytes <= n and v.ptr == ptr_of(arena, name)
+    if v.dtype != "bfloat16":
+        a = np.asarray(v)
+        assert a.nbytes == v.nbytes and a.shape == v.shape
+        assert a.ctypes.data == v.ptr or a.size == 0
+
+
+@given(st.one_of(st.integers(-5, 40), int_like, junk))
+def test_moe_fp8_scratch(rows):
+    arena, gpu, cfg = _shared_arena()
+    try:
+        m = arena.moe_fp8_scratch(cfg, rows)
+    except ARG_ERRORS + (MetraleError,) as e:
+        assert "rows" in str(e), e
+        return
+    base, cap = m.activation, arena.sizes().moe_fp8_scratch
+    for addr in (m.scales, m.worklist, m.total_tiles):
+        assert base <= addr < base + cap
+    assert m.total_tiles + 4 <= base + cap
+
+
+@given(st.lists(st.one_of(st.integers(0, 3_000_000), st.sampled_from([0, 1, 2**63, 2**64 - 1]),
+                          junk), max_size=12))
+def test_rowwise_carve_sequences(requests):
+    """Against a model: a cursor that saturates at 2^64 - 1 and never rolls back."""
+    gpu = HostBackend()
+    slab = 6_291_456
+    s = BufferSizes.from_config(COMPACT, 64, 4096, 16, 32, env={}).replace(ssm_rowwise_w_bf16=slab)
+    with BufferArena.from_sizes(COMPACT, s, 64, 32, gpu) as arena:
+        base = ptr_of(arena, "ssm_rowwise_w_bf16")
+        cursor, spans = 0, []
+        for n in requests:
+            try:
+                p = arena.take_ssm_rowwise_w_bf16(n)
+            except ARG_ERRORS as e:
+                assert "bytes" in str(e)
+                continue
+            except MetraleError as e:
+                assert cursor + n > slab and "exhausted" in str(e)
+                cursor = min(cursor + n, 2**64 - 1)
+                continue
+            assert cursor + n <= slab and p == base + cursor
+            spans.append((cursor, cursor + n))
+            cursor += n
+        assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
+
+
+@given(st.one_of(st.integers(-3, 4096), int_like, junk), dtypes)
+def test_scratch_get(count, dtype):
+    m = ScratchSpaceManager(4096, 1)
+    s = m.get_scratch()
+    s.get(1, "uint8")
+    used = s.used()
+    try:
+        a = s.get(count, dtype)
+    except ARG_ERRORS as e:
+        assert _names_argument(e, "count", "dtype"), e
+        assert s.used() == used
+        return
+    if a is None:
+        assert s.used() == used
+        return
+    assert a.ctypes.data % 64 == 0 and not a.view(np.uint8).any()
+    assert s.used() >= used and s.remaining() == s.capacity() - s.used()
+
+
+class _Proto:
+    def __init__(self, result):
+        self.result = result
+
+    def __cuda_stream__(self):
+        return self.result
+
+
+class _Attr:
+    def __init__(self, name, value):
+        setattr(self, name, value)
+
+
+streams = st.one_of(
+    anything,
+    st.tuples(anything, anything).map(_Proto),
+    st.lists(anything, max_size=3).map(lambda x: _Proto(tuple(x))),
+    anything.map(_Proto),
+    st.builds(_Attr, st.sampled_from(["cuda_stream", "ptr", "__cuda_stream__"]), anything))
+
+
+@given(streams)
+def test_stream_objects(stream):
+    arena, gpu, _ = _shared_arena()
+    before = gpu.memset_count
+    try:
+        arena.zero_prefill_essentials(gpu, stream)
+    except ARG_ERRORS as e:
+        assert "stream" in str(e), e
+        assert gpu.memset_count == before
+        return
+    assert gpu.memset_count == before + 1
+
+
+# -- CLI ------------------------------------------------------------------------------------
+
+flag_values = {
+    "--preset": st.one_of(st.sampled_from(ModelConfig.presets()), st.text(max_size=5)),
+    "--max-batch-tokens": st.one_of(st.sampled_from(["1", "16", "100", "-1", "0", "x", "",
+                                                     str(2**36), str(2**64)])),
+    "--max-seq-len": st.sampled_from(["0", "4096", "-3", "1e3", str(2**64)]),
+    "--kv-block-size": st.sampled_from(["0", "16", "-1", "z"]),
+    "--max-batch-size": st.sampled_from(["0", "32", "200", "-2"]),
+    "--sm-count": st.sampled_from(["0", "132", "-1", "x"]),
+    "--splitk": st.sampled_from(["legacy", "auto", "1", "16", "17", "", "0"]),
+    "--config": st.sampled_from(["/nonexistent/config.json", "", "{}"]),
+}
+switches = ["--json", "--allocate", "--bogus"]
+
+
+@given(st.lists(st.one_of(st.sampled_from(sorted(flag_values)).flatmap(
+                    lambda f: flag_values[f].map(lambda v: [f, v])),
+                st.sampled_from(switches).map(lambda s: [s])), max_size=5),
+       st.sampled_from([["plan"], [], ["nope"]]))
+def test_cli(parts, head):
+    argv = head + [x for p in parts for x in p]
+    if "--allocate" in argv:          # keep real allocations small (the default M is 8192)
+        mbt = [p[1] for p in parts if p[0] == "--max-batch-tokens"]
+        assume(mbt and mbt[-1] in ("1", "16", "100", str(2**36)))
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = main(argv)
+    assert status in (0, 1, 2)
+    if status:
+        lines = err.getvalue().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("metrale: error: "), err.getvalue()
+    else:
+        assert out.getvalue() and not err.getvalue()
