@@ -238,37 +238,38 @@ def test_views_on_another_thread_are_counted(backend):
 
 
 def test_views_and_release_race():
-    """Threads make and drop views while this one releases: release succeeds
-    only with no view alive, and every view made has a live pointer."""
+    """Threads make and drop views while this one tries to release: release
+    succeeds only with no view alive, a view is never made after it, and once
+    the threads are done it succeeds."""
     from metrale import HostBackend
     gpu = HostBackend()
     arena = new(gpu, m=16)
-    stop = threading.Event()
     errors = []
+    made = []
 
     def churn():
-        while not stop.is_set():
+        for _ in range(2000):
             try:
                 v = arena.view("hidden_states", "uint8", (16,))
             except MetraleError as e:
                 if "released" not in str(e):
                     errors.append(e)
                 return
-            if v.ptr == 0:
+            if v.ptr == 0 or arena.is_released():
                 errors.append("a view of a released arena")
+            made.append(1)
             del v
 
     ts = [threading.Thread(target=churn) for _ in range(3)]
     [t.start() for t in ts]
-    while True:
+    while any(t.is_alive() for t in ts) and not arena.is_released():
         try:
             arena.release(gpu)
-            break
         except BufferError:
             pass
-    stop.set()
     [t.join() for t in ts]
-    assert not errors and gpu.live_alloc_count == 0
+    arena.release(gpu)
+    assert not errors and made and gpu.live_alloc_count == 0
 
 
 # -- interpreter exit -----------------------------------------------------------------------
