@@ -100,6 +100,61 @@ def test_torch_and_cupy_views(gpu):
         assert c.data.ptr == arena.residual()
         c2 = cupy.asarray(arena.view("residual", "uint8"))
         assert c2.data.ptr == arena.residual()
+        del t, c, c2              # exports alive at release would make it refuse
+
+
+def test_exports_into_torch_and_cupy_keep_the_memory(gpu):
+    """Every way torch and CuPy take an arena view (DLPack, the CUDA array
+    interface) keeps it: release refuses, naming the buffers, the memory stays
+    readable, and once the last consumer is gone release frees at once."""
+    torch = _torch()
+    cupy = pytest.importorskip("cupy")
+    before = (gpu.live_alloc_count, gpu.live_bytes)
+    arena = BufferArena.new(PRESET, 16, 4096, 16, 32, gpu)
+    t = torch.from_dlpack(arena.view("hidden_states", "bfloat16", (16, 2048)))
+    u = torch.as_tensor(arena.view("logits", "float32", (4, 8)), device="cuda")   # CAI
+    c = cupy.from_dlpack(arena.view("residual", "float32"))
+    k = cupy.asarray(arena.view("residual", "uint8"))                             # CAI
+    assert u.data_ptr() == arena.logits() and k.data.ptr == arena.residual()
+    t.fill_(2.0)
+    c.fill(3.0)
+    live = {"t": t, "u": u, "k": k, "c": c}
+    del t, u, k, c
+    for names, drop in ((["hidden_states: 1 view", "logits: 1 view", "residual: 2 views"], "t"),
+                        (["logits: 1 view", "residual: 2 views"], "u"),
+                        (["residual: 2 views"], "k"),
+                        (["residual: 1 view"], "c")):
+        with pytest.raises(BufferError) as e:
+            arena.release(gpu)
+        for n in names:
+            assert n in str(e.value)
+        # nothing was freed: the consumers still read what was written
+        if "t" in live:
+            assert live["t"].float().sum().item() == 2.0 * live["t"].numel()
+        if "c" in live:
+            assert float(live["c"].sum()) == 3.0 * live["c"].size
+        del live[drop]
+    torch.cuda.synchronize()
+    arena.release(gpu)
+    assert (gpu.live_alloc_count, gpu.live_bytes) == before
+
+
+def test_clear_ranges_only_in_device_memory(gpu):
+    torch = _torch()
+    import numpy as np
+    host = np.zeros(4096, dtype=np.uint8)
+    other = torch.zeros(4096, dtype=torch.uint8, device="cuda")
+    with BufferArena.new(PRESET, 16, 4096, 16, 32, gpu) as arena:
+        end = arena.hidden_states() + arena.slab_bytes()
+        for bad in [(host.ctypes.data // 16 * 16 + 16, 16), (16, 16), (end - 16, 2**31),
+                    (2**64 - 16, 16)]:
+            with pytest.raises(ValueError, match="not inside one allocation of device memory"):
+                gpu.clear_ranges([bad])
+        gpu.clear_ranges([(end - 16, 16), (other.data_ptr(), 4096)])   # device memory: yours
+        torch.cuda.synchronize()
+        p = arena.hidden_states()
+    with pytest.raises(ValueError, match="not inside"):
+        gpu.clear_ranges([(p, 16)])                                  # freed
 
 
 def test_checksum_on_gpu(gpu, caplog):
@@ -115,6 +170,7 @@ def test_checksum_on_gpu(gpu, caplog):
         recs = [r.getMessage() for r in caplog.records if r.name == "metrale"]
         assert len(recs) == 16
         assert recs[1].endswith("sum=-0.500000 ssq=5.250000 sabs=3.500000")
+        del t
 
 
 def test_threads_share_the_backend(gpu):

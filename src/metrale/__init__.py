@@ -1,7 +1,7 @@
 """metrale: the GPU memory of one LLM forward pass, with nothing on the hot path.
 
-`import metrale` loads neither numpy nor cuda.bindings and touches no GPU:
-the scratch manager and the CUDA backend load on first use.
+`import metrale` loads neither numpy nor cuda.bindings and touches no GPU: the
+extension modules (arena, backends, scratch) load on first use of their names.
 """
 
 from metrale.errors import MetraleError, OutOfMemoryError
@@ -9,8 +9,6 @@ from metrale.config import ModelConfig
 from metrale.sizes import (BufferSizes, DecodeMetaLayout, Target, GATEUP_FUSED_MAX_M,
                            DECODE_META_MIN_ROWS, DECODE_META_MAX_ROWS, Q12_SIZING_STREAMS,
                            VERIFY_ROW_CAP)
-from metrale._backend import HostBackend
-from metrale._arena import BufferArena, MoeFp8Scratch
 
 __version__ = "0.1.0"
 
@@ -22,6 +20,9 @@ __all__ = [
 ]
 
 _LAZY = {
+    "BufferArena": "metrale._arena",
+    "MoeFp8Scratch": "metrale._arena",
+    "HostBackend": "metrale._backend",
     "ScratchSpaceManager": "metrale._scratch",
     "ScratchSpace": "metrale._scratch",
     "ScratchStats": "metrale._scratch",
