@@ -173,3 +173,20 @@ def check_placement(arena, gpu):
     total = sum(sizes.as_dict().values())
     ceil_total = sum(-(-v // 256) * 256 for v in sizes.as_dict().values())
     assert total <= arena.slab_bytes() <= ceil_total
+
+
+class ProtoStream:
+    """A stream of the CUDA stream protocol: __cuda_stream__() returns `result`."""
+
+    def __init__(self, result=(0, 0)):
+        self.result = result
+
+    def __cuda_stream__(self):
+        return self.result
+
+
+class AttrStream:
+    """A stream object by attribute: cuda_stream (torch) or ptr (CuPy)."""
+
+    def __init__(self, **attrs):
+        self.__dict__.update(attrs)

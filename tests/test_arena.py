@@ -13,7 +13,7 @@ from metrale._arena import plan_layout, zero_rows_ranges
 from metrale.sizes import BUFFER_NAMES
 
 from helpers import (CHECKSUM, COMPACT, NOENV, POINTER_NAMES, PREFILL, PRESET, ROWS, ZERO_ALL,
-                     Mem, check_placement, check_zeroed, expected_rows_length, fill_all,
+                     AttrStream, Mem, ProtoStream, check_placement, check_zeroed, expected_rows_length, fill_all,
                      live_counts, new, ptr_of, rows_expectation)
 
 # -- placement -------------------------------------------------------------------------
@@ -252,20 +252,7 @@ def test_clear_ranges_errors():
         assert gpu.memset_count == before
 
 
-class _ProtoStream:
-    def __cuda_stream__(self):
-        return (0, 0)
-
-
-class _TorchLike:
-    cuda_stream = 0
-
-
-class _CupyLike:
-    ptr = 0
-
-
-@pytest.mark.parametrize("stream", [0, _ProtoStream(), _TorchLike(), _CupyLike()])
+@pytest.mark.parametrize("stream", [0, ProtoStream(), AttrStream(cuda_stream=0), AttrStream(ptr=0)])
 def test_stream_objects(backend, stream):
     gpu = backend
     with new(gpu, m=16) as arena:

@@ -9,7 +9,7 @@ from metrale import (BufferArena, BufferSizes, DecodeMetaLayout, HostBackend, Mo
 from metrale._common import check_index
 from metrale.sizes import BUFFER_NAMES, moe_fp8_layout
 
-from helpers import COMPACT, NOENV, PRESET, new
+from helpers import COMPACT, NOENV, PRESET, AttrStream, ProtoStream, new
 
 np = pytest.importorskip("numpy")
 
@@ -97,21 +97,8 @@ def test_numpy_integers_size_the_same():
 
 # -- streams ------------------------------------------------------------------------------
 
-class Proto:
-    def __init__(self, result):
-        self.result = result
-
-    def __cuda_stream__(self):
-        return self.result
-
-
-class Attr:
-    def __init__(self, **kw):
-        self.__dict__.update(kw)
-
-
-GOOD_STREAMS = [0, 7, 2**64 - 1, np.uint64(5), Proto((0, 3)), Proto((0, np.int64(3))),
-                Attr(cuda_stream=9), Attr(ptr=11)]
+GOOD_STREAMS = [0, 7, 2**64 - 1, np.uint64(5), ProtoStream((0, 3)), ProtoStream((0, np.int64(3))),
+                AttrStream(cuda_stream=9), AttrStream(ptr=11)]
 BAD_STREAMS = [
     (-5, ValueError, "stream must be >= 0"),
     (2**64, ValueError, "stream must fit in 64 bits"),
@@ -120,17 +107,17 @@ BAD_STREAMS = [
     (1.0, TypeError, "stream"),
     ("0", TypeError, "stream"),
     (object(), TypeError, "stream"),
-    (Proto((1, 3)), ValueError, "protocol version 1"),
-    (Proto((0,)), TypeError, r"stream.__cuda_stream__\(\) must return a \(version, handle\)"),
-    (Proto([0, 3]), TypeError, "must return a"),
-    (Proto(("0", 3)), TypeError, "version must be an int"),
-    (Proto((0, 3.0)), TypeError, "stream: the handle of __cuda_stream__"),
-    (Proto((0, -1)), ValueError, "stream must be >= 0"),
-    (Proto((0, 2**64)), ValueError, "stream must fit"),
-    (Attr(__cuda_stream__=5), TypeError, "stream.__cuda_stream__ must be a method"),
-    (Attr(cuda_stream="s"), TypeError, "stream.cuda_stream must be an int"),
-    (Attr(ptr=-1), ValueError, "stream must be >= 0"),
-    (Attr(ptr=True), TypeError, "stream.ptr"),
+    (ProtoStream((1, 3)), ValueError, "protocol version 1"),
+    (ProtoStream((0,)), TypeError, r"stream.__cuda_stream__\(\) must return a \(version, handle\)"),
+    (ProtoStream([0, 3]), TypeError, "must return a"),
+    (ProtoStream(("0", 3)), TypeError, "version must be an int"),
+    (ProtoStream((0, 3.0)), TypeError, "stream: the handle of __cuda_stream__"),
+    (ProtoStream((0, -1)), ValueError, "stream must be >= 0"),
+    (ProtoStream((0, 2**64)), ValueError, "stream must fit"),
+    (AttrStream(__cuda_stream__=5), TypeError, "stream.__cuda_stream__ must be a method"),
+    (AttrStream(cuda_stream="s"), TypeError, "stream.cuda_stream must be an int"),
+    (AttrStream(ptr=-1), ValueError, "stream must be >= 0"),
+    (AttrStream(ptr=True), TypeError, "stream.ptr"),
 ]
 
 

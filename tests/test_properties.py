@@ -28,8 +28,8 @@ from metrale.cli import main  # noqa: E402
 from metrale.config import FIELDS  # noqa: E402
 from metrale.sizes import BUFFER_NAMES  # noqa: E402
 
-from helpers import (COMPACT, PRESET, ROWS, ZERO_ALL, Mem, check_placement,  # noqa: E402
-                     expected_rows_length, live_counts, ptr_of)
+from helpers import (COMPACT, PRESET, ROWS, ZERO_ALL, AttrStream, Mem, ProtoStream,  # noqa: E402
+                     check_placement, expected_rows_length, live_counts, ptr_of)
 
 ARG_ERRORS = (TypeError, ValueError)
 
@@ -308,25 +308,13 @@ def test_scratch_get(count, dtype):
     assert s.used() >= used and s.remaining() == s.capacity() - s.used()
 
 
-class _Proto:
-    def __init__(self, result):
-        self.result = result
-
-    def __cuda_stream__(self):
-        return self.result
-
-
-class _Attr:
-    def __init__(self, name, value):
-        setattr(self, name, value)
-
-
 streams = st.one_of(
     anything,
-    st.tuples(anything, anything).map(_Proto),
-    st.lists(anything, max_size=3).map(lambda x: _Proto(tuple(x))),
-    anything.map(_Proto),
-    st.builds(_Attr, st.sampled_from(["cuda_stream", "ptr", "__cuda_stream__"]), anything))
+    st.tuples(anything, anything).map(ProtoStream),
+    st.lists(anything, max_size=3).map(lambda x: ProtoStream(tuple(x))),
+    anything.map(ProtoStream),
+    st.builds(lambda name, value: AttrStream(**{name: value}),
+              st.sampled_from(["cuda_stream", "ptr", "__cuda_stream__"]), anything))
 
 
 @given(streams)

@@ -305,27 +305,25 @@ cdef class BufferArena:
         return 0
 
     # -- zeroing (ARENA.md §5) -------------------------------------------------------
-    def zero_all(self, gpu, stream):
-        """Zero the 18 zero_all buffers whole: one operation over their contiguous range."""
+    cdef int _zero_range(self, object gpu, object stream, const mt_range *r) except -1:
+        """One memset over a range of the slab that the layout made contiguous."""
         cdef uintptr_t s
         self._enter(gpu)
         try:
             s = as_stream(stream)
-            if self._L.zero_all.length:
-                self._gpu.memset(self._base + self._L.zero_all.offset, self._L.zero_all.length, s)
+            if r.length:
+                self._gpu.memset(self._base + r.offset, r.length, s)
         finally:
             mt_life_leave(self._life)
+        return 0
+
+    def zero_all(self, gpu, stream):
+        """Zero the 18 zero_all buffers whole: one operation over their contiguous range."""
+        self._zero_range(gpu, stream, &self._L.zero_all)
 
     def zero_prefill_essentials(self, gpu, stream):
         """Zero hidden_states, residual, gate_logits, the expert outputs and moe_output: one operation."""
-        cdef uintptr_t s
-        self._enter(gpu)
-        try:
-            s = as_stream(stream)
-            if self._L.zero_prefill.length:
-                self._gpu.memset(self._base + self._L.zero_prefill.offset, self._L.zero_prefill.length, s)
-        finally:
-            mt_life_leave(self._life)
+        self._zero_range(gpu, stream, &self._L.zero_prefill)
 
     def zero_all_rows(self, gpu, stream, tokens):
         """zero_all limited to rows 0..tokens of each token-major buffer (ARENA.md §5.2)."""
@@ -406,8 +404,7 @@ cdef class BufferArena:
                 pass
         if hit is not None and not released:
             return hit
-        layout = moe_fp8_layout(config, rows)
-        rows = index_arg(rows, "rows")
+        layout = moe_fp8_layout(config, rows)      # checks config and rows
         cap = self._bytes[MT_MOE_FP8_SCRATCH]
         base = self._ptrs[MT_MOE_FP8_SCRATCH]
         if rows > self._mbt or layout.bytes == 0 or layout.bytes > cap or base == 0:
@@ -619,9 +616,10 @@ cdef void _dl_capsule_destructor(object capsule) noexcept:
 
 
 cdef tuple _view_shape(object shape, uint64_t nbytes, int item, str name):
-    """`shape` checked whole, as numpy and DLPack will take it."""
+    """(dims, element count) of `shape`, checked whole, as numpy and DLPack
+    will take it, against a buffer of `nbytes`."""
     if shape is None:
-        return (nbytes // item,)
+        return (nbytes // item,), nbytes // item
     if isinstance(shape, (str, bytes)) or (not hasattr(shape, "__iter__") and not hasattr(type(shape), "__index__")):
         raise TypeError(f"shape must be an int or a sequence of ints, got {type(shape).__name__}")
     if hasattr(type(shape), "__index__"):
@@ -640,8 +638,10 @@ cdef tuple _view_shape(object shape, uint64_t nbytes, int item, str name):
     if nonzero * item > 0x7FFFFFFFFFFFFFFF:     # numpy: "array is too big"
         raise ValueError(f"shape {tuple(dims)} has more elements than an array can index")
     if count * item > nbytes:
+        if nbytes == 0:
+            raise MetraleError(f"{name} is NULL in this arena: only an empty view can be made")
         raise ValueError(f"shape {tuple(dims)} needs {count * item} bytes; {name} holds {nbytes}")
-    return tuple(dims)
+    return tuple(dims), count
 
 
 # no_gc_clear: a view's arena must outlive it, or its dealloc would count an
@@ -674,12 +674,7 @@ cdef class ArenaView:
         dname = _dtype_name(dtype)
         typestr, code, bits = _DTYPES[dname]
         item = bits // 8
-        shape = _view_shape(shape, nbytes, item, name)
-        count = 1
-        for d in shape:
-            count *= d
-        if nbytes == 0 and count:
-            raise MetraleError(f"{name} is NULL in this arena")
+        shape, count = _view_shape(shape, nbytes, item, name)
         v = ArenaView.__new__(ArenaView, _TOKEN)
         rc = mt_life_export(arena._life, buf)
         if rc == MT_LIFE_RELEASED:
