@@ -12,53 +12,65 @@
 extern "C" {
 #endif
 
-#define MT_NBUF 46          /* buffers, in the canonical order of ARENA.md §2.2 */
-#define MT_ALIGN 256        /* alignment of every buffer in the slab */
-#define MT_N_ZERO_ALL 18
-#define MT_N_PREFILL 7
-#define MT_N_ROWS 15
-#define MT_N_CHECKSUM 16
+#include "buffers.h"
 
-/* Canonical buffer ids (ARENA.md §2.2). */
+#define MT_ALIGN 256        /* alignment of every buffer in the slab */
+
+/* Buffer ids MT_<ID>, in canonical order, and their count MT_NBUF. */
 enum {
-    MT_HIDDEN_STATES, MT_RESIDUAL, MT_NORM_OUTPUT, MT_QKV_OUTPUT, MT_ATTN_OUTPUT,
-    MT_GATE_LOGITS, MT_GATE_LOGITS_F32, MT_MOE_ROUTER_IN_F32, MT_MOE_OUTPUT, MT_LOGITS,
-    MT_SSM_QKVZ, MT_SSM_BA, MT_SSM_DEINTERLEAVED, MT_SSM_GATES, MT_SSM_CONV_OUT_F32,
-    MT_SCRATCH, MT_EXPERT_GATE_OUT, MT_EXPERT_UP_OUT, MT_EXPERT_DOWN_OUT,
-    MT_SPLITK_WORKSPACE, MT_O_LATENT, MT_NORM_UNIT_W, MT_HC_STREAMS, MT_HC_POST,
-    MT_HC_COMB, MT_HC_LOWRANK_SCRATCH, MT_QSA_SELECT_SCRATCH, MT_SSD_SCRATCH,
-    MT_GDN_FLA_SCRATCH, MT_TOKEN_IDS, MT_FFN_ACT_Q8, MT_FFN_ACT_A, MT_FFN_ACT_SCALE,
-    MT_FFN_ACT_SCALE_KMAJOR, MT_FFN_GATE_UP_FUSED, MT_FP8_ACT, MT_MOE_FP8_SCRATCH,
-    MT_FP8_ACT_SCALE, MT_FP8_ACT_SCALE_KMAJOR, MT_Q2_DEQUANT_SCRATCH, MT_LORA_XA,
-    MT_LORA_DELTA, MT_LORA_HACT, MT_LORA_SEQ_SLOT, MT_Q2_ACT_Q8, MT_SSM_ROWWISE_W_BF16
+#define MT_ID_(id, name, flags) MT_##id,
+    MT_BUFFER_TABLE(MT_ID_)
+#undef MT_ID_
+    MT_NBUF
 };
+
+/* How many buffers each helper covers (18, 15, 7, 16 for the table as it is). */
+#define MT_IF_ZERO_ALL_(id, name, flags) + (((flags) & MT_IN_ZERO_ALL) != 0)
+#define MT_IF_ROWS_(id, name, flags) + (((flags) & MT_IN_ROWS) != 0)
+#define MT_IF_PREFILL_(id, name, flags) + (((flags) & MT_IN_PREFILL) != 0)
+#define MT_IF_CHECKSUM_(id, name, flags) + (((flags) & MT_IN_CHECKSUM) != 0)
+enum {
+    MT_N_ZERO_ALL = 0 MT_BUFFER_TABLE(MT_IF_ZERO_ALL_),
+    MT_N_ROWS = 0 MT_BUFFER_TABLE(MT_IF_ROWS_),
+    MT_N_PREFILL = 0 MT_BUFFER_TABLE(MT_IF_PREFILL_),
+    MT_N_CHECKSUM = 0 MT_BUFFER_TABLE(MT_IF_CHECKSUM_)
+};
+
+/* Named results of the core's calls that can fail. */
+enum {
+    MT_OK = 0,
+    MT_ERR_OVERFLOW = -1,      /* a size or offset does not fit 64 bits */
+    MT_ERR_LIMIT = -2,         /* a fixed table is full (scratch: max_threads slots) */
+    MT_ERR_NOMEM = -3          /* malloc refused */
+};
+
+extern const char *const mt_buffer_names[MT_NBUF];
+extern const unsigned mt_buffer_flags[MT_NBUF];
 
 /* A byte range relative to the slab base. */
 typedef struct mt_range { uint64_t offset; uint64_t length; } mt_range;
 
 /* Where each buffer sits in the one slab.  Zero-size buffers have offset 0 and
- * no range.  The 7 zero_prefill_essentials buffers come first, then the other
- * 11 zero_all buffers, so each of those helpers is one contiguous range. */
+ * no range.  Slab order (`order`): the zero_prefill_essentials buffers, then
+ * the other zero_all_rows candidates, then the rest of zero_all (zeroed
+ * whole), then everything else, each part in canonical order: so each of
+ * zero_all and zero_prefill_essentials is one contiguous range, and the
+ * ranges zero_all_rows keeps whole merge into one. */
 typedef struct mt_layout {
     uint64_t size[MT_NBUF];
     uint64_t offset[MT_NBUF];
+    int order[MT_NBUF];         /* buffer ids in slab order */
     uint64_t slab_bytes;        /* bytes the backend must allocate (0: none) */
     uint64_t max_batch_tokens;
     mt_range zero_all;          /* the 18 Z buffers, whole, padding between them */
     mt_range zero_prefill;      /* the 7 P buffers, whole */
 } mt_layout;
 
-extern const char *const mt_buffer_names[MT_NBUF];
-extern const int mt_slab_order[MT_NBUF];
-extern const int mt_zero_all_ids[MT_N_ZERO_ALL];   /* ARENA.md §5.1 order */
-extern const int mt_prefill_ids[MT_N_PREFILL];     /* §5.3 order */
-extern const int mt_rows_ids[MT_N_ROWS];           /* §5.2 token-major candidates */
-extern const int mt_checksum_ids[MT_N_CHECKSUM];   /* §7 order */
-
-/* Place the buffers.  Returns 0, or -1 if the slab size overflows 64 bits. */
+/* Place the buffers.  Returns MT_OK, or MT_ERR_OVERFLOW if the slab size
+ * does not fit 64 bits. */
 int mt_layout_plan(mt_layout *L, const uint64_t sizes[MT_NBUF], uint64_t max_batch_tokens);
 
-/* The ranges zero_all_rows(tokens) clears (ARENA.md §5.2), sorted by offset,
+/* The ranges zero_all_rows(tokens) clears (ARENA.md §5.2), in slab order,
  * with adjacent ones merged.  `out` holds MT_N_ZERO_ALL entries; returns the
  * count (0 when every range is empty). */
 int mt_zero_rows_ranges(const mt_layout *L, uint64_t tokens, mt_range *out);
@@ -75,10 +87,9 @@ typedef struct mt_cursor mt_cursor;
 mt_cursor *mt_cursor_new(void);
 void mt_cursor_free(mt_cursor *c);
 /* Carve `bytes` of a `size`-byte slab: *base = the cursor before the carve.
- * Returns 0 when [*base, *base + bytes) lies inside the slab, else -1
- * (exhausted; the cursor stays advanced). */
+ * Returns MT_OK when [*base, *base + bytes) lies inside the slab, else
+ * MT_ERR_LIMIT (exhausted; the cursor stays advanced). */
 int mt_cursor_take(mt_cursor *c, uint64_t bytes, uint64_t size, uint64_t *base);
-uint64_t mt_cursor_load(const mt_cursor *c);
 
 /* ---- arena lifetime -------------------------------------------------------------
  * One atomic word says whether the slab may still be touched: a released flag,
@@ -145,7 +156,8 @@ size_t mt_scratch_max_threads(const mt_scratch *s);
 /* The calling thread's slot, or -1 if it has none (lock-free). */
 long mt_scratch_find(mt_scratch *s);
 /* Claim a slot for the calling thread and make sure its buffer exists.
- * Returns the slot, -1 at the thread limit, -2 if the buffer allocation fails. */
+ * Returns the slot, MT_ERR_LIMIT at the thread limit, MT_ERR_NOMEM if the
+ * buffer allocation fails. */
 long mt_scratch_claim(mt_scratch *s);
 /* Give a slot back (its buffer is kept for the next claimant). */
 void mt_scratch_release(mt_scratch *s, long slot, uint64_t claim);

@@ -647,7 +647,11 @@ def test_host_views_zero_copy():
 
 def test_core_helper_lists_match_the_spec():
     g = plan_layout(BufferSizes.from_config(PRESET, 8, 4096, 16, 32, env=NOENV), 8)["groups"]
-    assert g == {"zero_all": ZERO_ALL, "prefill": PREFILL, "rows": ROWS, "checksum": CHECKSUM}
+    # zero_all and zero_prefill_essentials are one merged operation each, so only
+    # their membership is observable; the checksum's order is its log order.
+    assert set(g["zero_all"]) == set(ZERO_ALL) and len(g["zero_all"]) == 18
+    assert set(g["prefill"]) == set(PREFILL) and len(g["prefill"]) == 7
+    assert g["rows"] == ROWS and g["checksum"] == CHECKSUM
 
 
 def test_view_shapes_are_checked_when_made():

@@ -76,11 +76,13 @@ def test_thread_limit():
 
     t = threading.Thread(target=hold)
     t.start()
-    ready.wait()
-    with pytest.raises(MetraleError, match="max_threads=2"):
-        in_thread(m.get_scratch)
-    release.set()
-    t.join()
+    try:
+        ready.wait()
+        with pytest.raises(MetraleError, match="max_threads=2"):
+            in_thread(m.get_scratch)
+    finally:
+        release.set()                               # a failure must not leave it waiting
+        t.join()
     in_thread(m.get_scratch)                        # the holder ended: its slot is free again
     assert m.active_threads() == 1
 

@@ -13,7 +13,14 @@ from cpython.ref cimport Py_INCREF, Py_DECREF, PyObject
 from libc.stdint cimport uint8_t, uint16_t, int32_t, int64_t, uint64_t, uintptr_t
 from libc.stdlib cimport malloc, free
 
-from metrale._core cimport *
+# Buffer ids (MT_HIDDEN_STATES ...) come with the generated accessors below.
+from metrale._core cimport (
+    MT_IN_CHECKSUM, MT_LIFE_EXPORTED, MT_LIFE_IN_FLIGHT, MT_LIFE_OK,
+    MT_LIFE_RELEASED, MT_N_ZERO_ALL, MT_NBUF, MT_OK, mt_buffer_flags, mt_buffer_names, mt_checksum_f32, mt_cursor,
+    mt_cursor_free, mt_cursor_new, mt_cursor_take, mt_layout, mt_layout_plan, mt_life,
+    mt_life_close, mt_life_drain, mt_life_enter, mt_life_export, mt_life_exports,
+    mt_life_free, mt_life_in_flight, mt_life_leave, mt_life_new, mt_life_released,
+    mt_life_unexport, mt_range, mt_zero_rows_ranges)
 from metrale._backend cimport Backend
 from metrale._common cimport MT_MAX_NDIM, as_stream, index_arg, u64_arg, mt_py_finalizing
 
@@ -23,8 +30,10 @@ cdef extern from "Python.h":
 
 from metrale.config import ModelConfig
 from metrale.errors import MetraleError, OutOfMemoryError
-from metrale.sizes import (BUFFER_NAMES, BufferSizes, DecodeMetaLayout,
-                           moe_fp8_layout)
+from metrale._buffers import BUFFER_NAMES, GROUPS
+from metrale.sizes import BufferSizes, DecodeMetaLayout, moe_fp8_layout
+
+include "_accessors.pxi"
 
 cdef object _log = None
 
@@ -40,11 +49,11 @@ cdef tuple _ZEROS = (0,) * MT_NBUF
 
 
 cdef int _plan(mt_layout *L, tuple sizes, uint64_t max_batch_tokens) except -1:
-    cdef uint64_t raw[46]
+    cdef uint64_t raw[MT_NBUF]
     cdef int i
     for i in range(MT_NBUF):
         raw[i] = sizes[i]
-    if mt_layout_plan(L, raw, max_batch_tokens) != 0:
+    if mt_layout_plan(L, raw, max_batch_tokens) != MT_OK:
         raise ValueError(f"the slab of these sizes exceeds 2^64 - 1 bytes "
                          f"(max_batch_tokens={max_batch_tokens})")
     return 0
@@ -65,17 +74,18 @@ def plan_layout(sizes, max_batch_tokens):
     return {
         "slab_bytes": L.slab_bytes,
         "offsets": offsets,
-        "slab_order": tuple(BUFFER_NAMES[mt_slab_order[i]] for i in range(MT_NBUF)),
+        "slab_order": tuple(BUFFER_NAMES[L.order[i]] for i in range(MT_NBUF)),
         "zero_all": (L.zero_all.offset, L.zero_all.length),
         "zero_prefill": (L.zero_prefill.offset, L.zero_prefill.length),
-        # Helper membership, from the core's own lists (ARENA.md §5, §7).
-        "groups": {
-            "zero_all": tuple(BUFFER_NAMES[mt_zero_all_ids[i]] for i in range(MT_N_ZERO_ALL)),
-            "prefill": tuple(BUFFER_NAMES[mt_prefill_ids[i]] for i in range(MT_N_PREFILL)),
-            "rows": tuple(BUFFER_NAMES[mt_rows_ids[i]] for i in range(MT_N_ROWS)),
-            "checksum": tuple(BUFFER_NAMES[mt_checksum_ids[i]] for i in range(MT_N_CHECKSUM)),
-        },
+        # Helper membership (ARENA.md §5, §7), from the buffer table.
+        "groups": {g: GROUPS[g] for g in ("zero_all", "prefill", "rows", "checksum")},
     }
+
+
+def buffer_table():
+    """The compiled C buffer table: ((name, flags), ...) in canonical order, for
+    the tests that check the generated Python and the stubs against it."""
+    return tuple((mt_buffer_names[i].decode(), mt_buffer_flags[i]) for i in range(MT_NBUF))
 
 
 def zero_rows_ranges(sizes, max_batch_tokens, tokens):
@@ -130,7 +140,7 @@ class MoeFp8Scratch:
 # would have set to None first (the RMM #931 pattern).
 @cython.no_gc_clear
 @cython.final
-cdef class BufferArena:
+cdef class BufferArena(_BufferAccessors):
     """The GPU buffers of one forward pass (ARENA.md), in one backend slab.
 
     Lifetime: the arena owns its slab until `release(gpu)`.  A live view (and
@@ -144,8 +154,6 @@ cdef class BufferArena:
     cdef object _config, _sizes, _decode_meta, _mbt
     cdef mt_layout _L
     cdef uintptr_t _base
-    cdef tuple _ptrs              # prebuilt ints: an accessor is one tuple load
-    cdef tuple _bytes
     cdef mt_cursor *_cursor       # row-wise carve cursor (ARENA.md §6)
     cdef mt_life *_life           # released flag, live views, operations in flight
     cdef dict _moe_cache
@@ -348,7 +356,7 @@ cdef class BufferArena:
         cdef void *host = NULL
         cdef uint64_t most = 0, n
         cdef uintptr_t s, base
-        cdef int i, b
+        cdef int b
         if not isinstance(tag, str):
             raise TypeError(f"tag must be a str, got {type(tag).__name__}")
         # Held across the loop, log calls included: a handler that releases
@@ -361,9 +369,8 @@ cdef class BufferArena:
                 self._gpu.sync(s)
             except Exception:
                 pass
-            for i in range(MT_N_CHECKSUM):
-                b = mt_checksum_ids[i]
-                if self._L.size[b] > most:
+            for b in range(MT_NBUF):
+                if mt_buffer_flags[b] & MT_IN_CHECKSUM and self._L.size[b] > most:
                     most = self._L.size[b]
             if most == 0:
                 return None
@@ -372,10 +379,9 @@ cdef class BufferArena:
                 _logger().warning("METRALE_BUF_CKSUM[%s] skipped: no %d-byte host buffer", tag, most)
                 return None
             log = _logger()
-            for i in range(MT_N_CHECKSUM):
-                b = mt_checksum_ids[i]
+            for b in range(MT_NBUF):     # canonical order is the order of §7
                 n = self._L.size[b]
-                if n == 0:
+                if not mt_buffer_flags[b] & MT_IN_CHECKSUM or n == 0:
                     continue
                 try:
                     self._gpu.d2h(host, base + self._L.offset[b], n, s)
@@ -423,9 +429,6 @@ cdef class BufferArena:
         return result
 
     # -- row-wise slab (ARENA.md §6) ---------------------------------------------------------
-    def ssm_rowwise_w_bf16_bytes(self):
-        return self._bytes[MT_SSM_ROWWISE_W_BF16]
-
     def take_ssm_rowwise_w_bf16(self, nbytes):
         """Carve the next `nbytes` of the row-wise slab (one atomic cursor step)."""
         cdef uint64_t base = 0, want, size
@@ -478,77 +481,6 @@ cdef class BufferArena:
     def __repr__(self):
         state = "released" if mt_life_released(self._life) else f"{self._L.slab_bytes} bytes at {self._base:#x}"
         return f"<BufferArena max_batch_tokens={self._mbt} {state}>"
-
-    # Pointer accessors: one tuple load of a prebuilt int each.
-    def hidden_states(self): return self._ptrs[0]
-    def residual(self): return self._ptrs[1]
-    def norm_output(self): return self._ptrs[2]
-    def qkv_output(self): return self._ptrs[3]
-    def attn_output(self): return self._ptrs[4]
-    def gate_logits(self): return self._ptrs[5]
-    def gate_logits_f32(self): return self._ptrs[6]
-    def moe_router_in_f32(self): return self._ptrs[7]
-    def moe_output(self): return self._ptrs[8]
-    def logits(self): return self._ptrs[9]
-    def ssm_qkvz(self): return self._ptrs[10]
-    def ssm_ba(self): return self._ptrs[11]
-    def ssm_deinterleaved(self): return self._ptrs[12]
-    def ssm_gates(self): return self._ptrs[13]
-    def ssm_conv_out_f32(self): return self._ptrs[14]
-    def scratch(self): return self._ptrs[15]
-    def expert_gate_out(self): return self._ptrs[16]
-    def expert_up_out(self): return self._ptrs[17]
-    def expert_down_out(self): return self._ptrs[18]
-    def splitk_workspace(self): return self._ptrs[19]
-    def o_latent(self): return self._ptrs[20]
-    def norm_unit_w(self): return self._ptrs[21]
-    def hc_streams(self): return self._ptrs[22]
-    def hc_post(self): return self._ptrs[23]
-    def hc_comb(self): return self._ptrs[24]
-    def hc_lowrank_scratch(self): return self._ptrs[25]
-    def qsa_select_scratch(self): return self._ptrs[26]
-    def ssd_scratch(self): return self._ptrs[27]
-    def gdn_fla_scratch(self): return self._ptrs[28]
-    def token_ids(self): return self._ptrs[29]
-    def ffn_act_q8(self): return self._ptrs[30]
-    def ffn_act_a(self): return self._ptrs[31]
-    def ffn_act_scale(self): return self._ptrs[32]
-    def ffn_act_scale_kmajor(self): return self._ptrs[33]
-    def ffn_gate_up_fused(self): return self._ptrs[34]
-    def fp8_act(self): return self._ptrs[35]
-    def fp8_act_scale(self): return self._ptrs[37]
-    def fp8_act_scale_kmajor(self): return self._ptrs[38]
-    def q2_dequant_scratch(self): return self._ptrs[39]
-    def lora_xa(self): return self._ptrs[40]
-    def lora_delta(self): return self._ptrs[41]
-    def lora_hact(self): return self._ptrs[42]
-    def lora_seq_slot(self): return self._ptrs[43]
-    def q2_act_q8(self): return self._ptrs[44]
-
-    # Byte accessors: the recorded sizes (unchanged by release).
-    def norm_output_bytes(self): return self._bytes[2]
-    def qkv_output_bytes(self): return self._bytes[3]
-    def attn_output_bytes(self): return self._bytes[4]
-    def gate_logits_bytes(self): return self._bytes[5]
-    def moe_output_bytes(self): return self._bytes[8]
-    def logits_bytes(self): return self._bytes[9]
-    def ssm_qkvz_bytes(self): return self._bytes[10]
-    def ssm_deinterleaved_bytes(self): return self._bytes[12]
-    def scratch_bytes(self): return self._bytes[15]
-    def expert_gate_out_bytes(self): return self._bytes[16]
-    def expert_down_out_bytes(self): return self._bytes[18]
-    def ffn_act_a_bytes(self): return self._bytes[31]
-    def ffn_act_scale_bytes(self): return self._bytes[32]
-    def ffn_act_scale_kmajor_bytes(self): return self._bytes[33]
-    def ffn_gate_up_fused_bytes(self): return self._bytes[34]
-    def fp8_act_bytes(self): return self._bytes[35]
-    def fp8_act_scale_bytes(self): return self._bytes[37]
-    def fp8_act_scale_kmajor_bytes(self): return self._bytes[38]
-    def q2_dequant_scratch_bytes(self): return self._bytes[39]
-    def lora_xa_bytes(self): return self._bytes[40]
-    def lora_delta_bytes(self): return self._bytes[41]
-    def lora_hact_bytes(self): return self._bytes[42]
-    def q2_act_q8_bytes(self): return self._bytes[44]
 
 
 # ---- DLPack / array-interface views ----------------------------------------------------

@@ -6,7 +6,7 @@ from libc.stdlib cimport free as c_free
 from libc.string cimport memcpy, memset as c_memset
 
 from metrale._common cimport as_stream, index_arg, u64_arg
-from metrale._core cimport MT_N_ZERO_ALL, mt_range
+from metrale._core cimport MT_ALIGN, MT_N_ZERO_ALL, mt_range
 
 from metrale.errors import MetraleError, OutOfMemoryError
 
@@ -140,7 +140,7 @@ cdef class HostBackend(Backend):
         if self._fault("alloc"):
             raise OutOfMemoryError(f"host allocation of {n} bytes refused (injected fault)")
         with nogil:
-            p = aligned_alloc(256, (n + 255) // 256 * 256 if n else 256)
+            p = aligned_alloc(MT_ALIGN, (n + MT_ALIGN - 1) // MT_ALIGN * MT_ALIGN if n else MT_ALIGN)
         if p == NULL:
             raise OutOfMemoryError(f"host allocation of {n} bytes refused")
         out[0] = <uintptr_t>p

@@ -2,6 +2,8 @@
 from libc.stdint cimport uint64_t
 
 cdef extern from "arena_core.h" nogil:
+    # The buffer table (buffers.h): group flags and counts.  The buffer ids
+    # MT_<ID> are declared by the generated _accessors.pxi (tools/gen_buffers.py).
     enum:
         MT_NBUF
         MT_ALIGN
@@ -9,28 +11,35 @@ cdef extern from "arena_core.h" nogil:
         MT_N_PREFILL
         MT_N_ROWS
         MT_N_CHECKSUM
-        MT_NORM_UNIT_W
-        MT_SSM_ROWWISE_W_BF16
-        MT_MOE_FP8_SCRATCH
+        MT_IN_ZERO_ALL
+        MT_IN_ROWS
+        MT_IN_PREFILL
+        MT_IN_CHECKSUM
+        MT_IN_TOTAL
+        MT_HAS_POINTER
+        MT_HAS_BYTES
+
+    enum:
+        MT_OK
+        MT_ERR_OVERFLOW
+        MT_ERR_LIMIT
+        MT_ERR_NOMEM
+
+    const char *const mt_buffer_names[]
+    const unsigned mt_buffer_flags[]
 
     ctypedef struct mt_range:
         uint64_t offset
         uint64_t length
 
     ctypedef struct mt_layout:
-        uint64_t size[46]
-        uint64_t offset[46]
+        uint64_t size[MT_NBUF]
+        uint64_t offset[MT_NBUF]
+        int order[MT_NBUF]
         uint64_t slab_bytes
         uint64_t max_batch_tokens
         mt_range zero_all
         mt_range zero_prefill
-
-    const char *const mt_buffer_names[]
-    const int mt_slab_order[]
-    const int mt_zero_all_ids[]
-    const int mt_prefill_ids[]
-    const int mt_rows_ids[]
-    const int mt_checksum_ids[]
 
     int mt_layout_plan(mt_layout *L, const uint64_t *sizes, uint64_t max_batch_tokens)
     int mt_zero_rows_ranges(const mt_layout *L, uint64_t tokens, mt_range *out)
@@ -41,7 +50,6 @@ cdef extern from "arena_core.h" nogil:
     mt_cursor *mt_cursor_new()
     void mt_cursor_free(mt_cursor *c)
     int mt_cursor_take(mt_cursor *c, uint64_t nbytes, uint64_t size, uint64_t *base)
-    uint64_t mt_cursor_load(const mt_cursor *c)
 
     enum:
         MT_LIFE_OK

@@ -12,7 +12,12 @@ from cpython.buffer cimport PyBuffer_FillInfo
 from cpython.ref cimport PyObject
 from libc.stdint cimport uint64_t, uintptr_t
 
-from metrale._core cimport *
+from metrale._core cimport (
+    MT_ERR_LIMIT, MT_ERR_NOMEM, mt_scratch, mt_scratch_active, mt_scratch_base, mt_scratch_carve,
+    mt_scratch_claim, mt_scratch_claim_id, mt_scratch_decref, mt_scratch_find,
+    mt_scratch_get_stats, mt_scratch_incref, mt_scratch_max_threads, mt_scratch_new,
+    mt_scratch_release, mt_scratch_reset, mt_scratch_reset_all, mt_scratch_set_user,
+    mt_scratch_size, mt_scratch_stats, mt_scratch_used, mt_scratch_user, mt_thread_id)
 from metrale._common cimport index_arg, u64_arg
 
 from metrale.errors import MetraleError, OutOfMemoryError
@@ -250,11 +255,11 @@ cdef class ScratchSpaceManager:
         cdef long slot = mt_scratch_claim(self.s)
         cdef ScratchSpace space
         cdef _Lease lease
-        if slot == -1:
+        if slot == MT_ERR_LIMIT:
             raise MetraleError(
                 f"scratch thread limit reached: max_threads={mt_scratch_max_threads(self.s)} "
                 "threads already hold scratch buffers")
-        if slot == -2:
+        if slot == MT_ERR_NOMEM:
             raise OutOfMemoryError(f"cannot allocate a {mt_scratch_size(self.s)}-byte scratch buffer")
         space = ScratchSpace.__new__(ScratchSpace, _TOKEN)
         mt_scratch_incref(self.s)

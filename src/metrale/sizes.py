@@ -5,6 +5,7 @@ Pure Python with exact integer arithmetic; no allocation, no GPU contact.
 
 import os
 
+from ._buffers import BUFFER_NAMES, GROUPS
 from ._common import check_index
 from .config import ModelConfig
 
@@ -28,22 +29,11 @@ _MAX_DECODE_SPLITS = 16
 _SPLITK_TARGET_WAVES = 2
 _U64_MAX = (1 << 64) - 1
 
-# Canonical order (ARENA.md §2.2); index i is buffer id i of the C core.
-BUFFER_NAMES = (
-    "hidden_states", "residual", "norm_output", "qkv_output", "attn_output",
-    "gate_logits", "gate_logits_f32", "moe_router_in_f32", "moe_output", "logits",
-    "ssm_qkvz", "ssm_ba", "ssm_deinterleaved", "ssm_gates", "ssm_conv_out_f32",
-    "scratch", "expert_gate_out", "expert_up_out", "expert_down_out",
-    "splitk_workspace", "o_latent", "norm_unit_w", "hc_streams", "hc_post",
-    "hc_comb", "hc_lowrank_scratch", "qsa_select_scratch", "ssd_scratch",
-    "gdn_fla_scratch", "token_ids", "ffn_act_q8", "ffn_act_a", "ffn_act_scale",
-    "ffn_act_scale_kmajor", "ffn_gate_up_fused", "fp8_act", "moe_fp8_scratch",
-    "fp8_act_scale", "fp8_act_scale_kmajor", "q2_dequant_scratch", "lora_xa",
-    "lora_delta", "lora_hact", "lora_seq_slot", "q2_act_q8", "ssm_rowwise_w_bf16",
-)
+# The buffer names in canonical order (ARENA.md §2.2), index i being buffer
+# id i of the C core, and which ones total_bytes() counts: from the buffer
+# table (src/buffers.h), through the module generated from it.
 _INDEX = {n: i for i, n in enumerate(BUFFER_NAMES)}
-# total_bytes() leaves these two out, for parity with the reference preflight (§8.1).
-_NOT_TOTALLED = (_INDEX["o_latent"], _INDEX["norm_unit_w"])
+_TOTALLED = tuple(_INDEX[n] for n in GROUPS["total"])
 
 
 def _cdiv(a, b):
@@ -304,9 +294,10 @@ class BufferSizes:
         return cls._make(values)
 
     def total_bytes(self):
-        """Sum of 44 sizes: all but o_latent and norm_unit_w (§8.1)."""
+        """Sum of the 44 sizes the reference preflight counts: all but o_latent
+        and norm_unit_w (§8.1)."""
         v = self._values
-        return sum(v) - v[_NOT_TOTALLED[0]] - v[_NOT_TOTALLED[1]]
+        return sum(v[i] for i in _TOTALLED)
 
     def as_dict(self):
         return dict(zip(BUFFER_NAMES, self._values))

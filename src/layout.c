@@ -1,0 +1,145 @@
+/* metrale C core: the buffer table's arrays, slab layout, zero ranges and the
+ * checksum lanes.  See arena_core.h for the contract of each function. */
+#include "arena_core.h"
+
+#include <math.h>
+#include <string.h>
+
+const char *const mt_buffer_names[MT_NBUF] = {
+#define MT_NAME_(id, name, flags) #name,
+    MT_BUFFER_TABLE(MT_NAME_)
+#undef MT_NAME_
+};
+
+const unsigned mt_buffer_flags[MT_NBUF] = {
+#define MT_FLAGS_(id, name, flags) (flags),
+    MT_BUFFER_TABLE(MT_FLAGS_)
+#undef MT_FLAGS_
+};
+
+/* ceil to a multiple of MT_ALIGN */
+static int align_up(uint64_t x, uint64_t *out)
+{
+    if (x > UINT64_MAX - (MT_ALIGN - 1)) return MT_ERR_OVERFLOW;
+    *out = (x + (MT_ALIGN - 1)) & ~(uint64_t)(MT_ALIGN - 1);
+    return MT_OK;
+}
+
+static mt_range group_range(const mt_layout *L, unsigned group)
+{
+    mt_range r = {0, 0};
+    uint64_t lo = UINT64_MAX, hi = 0;
+    for (int b = 0; b < MT_NBUF; b++) {
+        if (!(mt_buffer_flags[b] & group) || L->size[b] == 0) continue;
+        if (L->offset[b] < lo) lo = L->offset[b];
+        if (L->offset[b] + L->size[b] > hi) hi = L->offset[b] + L->size[b];
+    }
+    if (hi > 0) { r.offset = lo; r.length = hi - lo; }
+    return r;
+}
+
+/* The part of the slab a buffer goes to (see mt_layout). */
+static int slab_part(unsigned flags)
+{
+    if (flags & MT_IN_PREFILL) return 0;
+    if (flags & MT_IN_ROWS) return 1;
+    if (flags & MT_IN_ZERO_ALL) return 2;
+    return 3;
+}
+
+int mt_layout_plan(mt_layout *L, const uint64_t sizes[MT_NBUF], uint64_t max_batch_tokens)
+{
+    uint64_t cur = 0;
+    int k = 0;
+    memset(L, 0, sizeof(*L));
+    L->max_batch_tokens = max_batch_tokens;
+    for (int part = 0; part < 4; part++)
+        for (int b = 0; b < MT_NBUF; b++)
+            if (slab_part(mt_buffer_flags[b]) == part) L->order[k++] = b;
+    for (int i = 0; i < MT_NBUF; i++) {
+        int b = L->order[i];
+        uint64_t n = sizes[b];
+        L->size[b] = n;
+        if (n == 0) continue;   /* NULL, no range (ARENA.md §2.4) */
+        L->offset[b] = cur;
+        if (n > UINT64_MAX - cur || align_up(cur + n, &cur) != MT_OK) return MT_ERR_OVERFLOW;
+    }
+    L->slab_bytes = cur;
+    L->zero_all = group_range(L, MT_IN_ZERO_ALL);
+    L->zero_prefill = group_range(L, MT_IN_PREFILL);
+    return MT_OK;
+}
+
+static uint64_t ceil16(uint64_t x) { return (x + 15) / 16 * 16; }
+
+/* ARENA.md §5.2 length rule for one token-major buffer of n bytes. */
+static uint64_t rows_length(uint64_t n, uint64_t m, uint64_t tokens)
+{
+    uint64_t m16 = ceil16(m);
+    if (n % m == 0) return n / m * tokens;
+    if (n % m16 == 0) {
+        uint64_t t16 = ceil16(tokens);
+        return n / m16 * (t16 < m16 ? t16 : m16);
+    }
+    return n;
+}
+
+int mt_zero_rows_ranges(const mt_layout *L, uint64_t tokens, mt_range *out)
+{
+    uint64_t m = L->max_batch_tokens ? L->max_batch_tokens : 1;
+    int count = 0;
+    int prev_whole = 0;
+    if (tokens >= m) {
+        if (L->zero_all.length == 0) return 0;
+        out[0] = L->zero_all;
+        return 1;
+    }
+    /* Walk the Z buffers, the first MT_N_ZERO_ALL in slab order: merging is
+     * then a look at the previous range. */
+    for (int i = 0; i < MT_N_ZERO_ALL; i++) {
+        int b = L->order[i];
+        uint64_t n = L->size[b], len;
+        if (n == 0) continue;
+        len = (mt_buffer_flags[b] & MT_IN_ROWS) ? rows_length(n, m, tokens) : n;
+        if (len == 0) { prev_whole = 0; continue; }
+        /* Only a range that ends at its buffer's end may absorb the padding up
+         * to the next buffer; a trimmed range's tail belongs to its buffer. */
+        if (count > 0 && prev_whole) {
+            mt_range *p = &out[count - 1];
+            uint64_t end = p->offset + p->length, next;
+            if (align_up(end, &next) == MT_OK && next == L->offset[b]) {
+                p->length = L->offset[b] + len - p->offset;
+                prev_whole = (len == n);
+                continue;
+            }
+        }
+        out[count].offset = L->offset[b];
+        out[count].length = len;
+        count++;
+        prev_whole = (len == n);
+    }
+    return count;
+}
+
+void mt_checksum_f32(const void *data, size_t n, double out[3])
+{
+    const unsigned char *p = (const unsigned char *)data;
+    double sum = 0.0, ssq = 0.0, sabs = 0.0;
+    size_t lanes = n / 4;
+    for (size_t i = 0; i < lanes; i++) {
+        uint32_t bits = (uint32_t)p[4 * i] | ((uint32_t)p[4 * i + 1] << 8) |
+                        ((uint32_t)p[4 * i + 2] << 16) | ((uint32_t)p[4 * i + 3] << 24);
+        float f;
+        double x;
+        memcpy(&f, &bits, sizeof f);
+        if (!isfinite(f)) continue;
+        x = (double)f;
+        sum += x;
+        ssq += x * x;
+        sabs += fabs(x);
+    }
+    out[0] = sum;
+    out[1] = ssq;
+    out[2] = sabs;
+}
+

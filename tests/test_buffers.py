@@ -1,0 +1,58 @@
+"""The buffer table is written once (src/buffers.h): the compiled C table, the
+Python module generated from it, BufferSizes, the arena's accessors and the
+checked-in stubs must all agree with it."""
+
+import ast
+import pathlib
+
+import metrale
+from metrale import BufferArena, BufferSizes
+from metrale._arena import buffer_table
+from metrale._buffers import BUFFER_FLAGS, BUFFER_NAMES, FLAG_BITS, GROUPS
+
+from helpers import CHECKSUM, PREFILL, ROWS, ZERO_ALL
+
+STUBS = pathlib.Path(metrale.__file__).parent
+
+
+def _stub_class(module, name):
+    tree = ast.parse((STUBS / module).read_text())
+    return next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name)
+
+
+def test_compiled_table_is_the_generated_one():
+    assert buffer_table() == tuple(zip(BUFFER_NAMES, BUFFER_FLAGS))
+    assert len(BUFFER_NAMES) == 46
+
+
+def test_groups_are_the_spec_counts_and_members():
+    # ARENA.md §2.1: 18 Z, 15 W, 7 P, 16 C, 44 T; 44 pointer and 24 byte accessors (§8.5)
+    assert {g: len(m) for g, m in GROUPS.items()} == {
+        "zero_all": 18, "rows": 15, "prefill": 7, "checksum": 16, "total": 44,
+        "pointer": 44, "bytes": 24}
+    assert set(GROUPS["zero_all"]) == set(ZERO_ALL) and set(GROUPS["prefill"]) == set(PREFILL)
+    assert GROUPS["rows"] == ROWS and GROUPS["checksum"] == CHECKSUM
+    assert set(BUFFER_NAMES) - set(GROUPS["total"]) == {"o_latent", "norm_unit_w"}
+    assert set(BUFFER_NAMES) - set(GROUPS["pointer"]) == {"moe_fp8_scratch", "ssm_rowwise_w_bf16"}
+    for name, flags in zip(BUFFER_NAMES, BUFFER_FLAGS):
+        for group, bit in FLAG_BITS.items():
+            assert (name in GROUPS[group]) == bool(flags & bit)
+
+
+def test_buffer_sizes_and_accessors_follow_the_table():
+    zero = BufferSizes(**dict.fromkeys(BUFFER_NAMES, 0))
+    assert tuple(zero.as_dict()) == BUFFER_NAMES
+    for name in BUFFER_NAMES:
+        assert isinstance(getattr(BufferSizes, name), property)
+    expected = set(GROUPS["pointer"]) | {f"{n}_bytes" for n in GROUPS["bytes"]}
+    for method in expected:
+        assert callable(getattr(BufferArena, method)), method
+
+
+def test_stubs_follow_the_table():
+    acc = _stub_class("_arena.pyi", "_BufferAccessors")
+    stubbed = {f.name for f in acc.body if isinstance(f, ast.FunctionDef)}
+    assert stubbed == set(GROUPS["pointer"]) | {f"{n}_bytes" for n in GROUPS["bytes"]}
+    sizes = _stub_class("sizes.pyi", "BufferSizes")
+    fields = tuple(a.target.id for a in sizes.body if isinstance(a, ast.AnnAssign))
+    assert fields == BUFFER_NAMES
