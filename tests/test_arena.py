@@ -9,7 +9,7 @@ import pytest
 
 from metrale import (BufferArena, BufferSizes, HostBackend, MetraleError, ModelConfig,
                      OutOfMemoryError)
-from metrale._arena import plan_layout, zero_rows_ranges
+from metrale._layout import plan_layout, zero_rows_ranges
 from metrale.sizes import BUFFER_NAMES
 
 from helpers import (CHECKSUM, COMPACT, NOENV, POINTER_NAMES, PREFILL, PRESET, ROWS, ZERO_ALL,
@@ -50,9 +50,9 @@ def test_every_preset_one_slab(preset, m):
     check_placement(arena, gpu)
     # zero_all and zero_prefill_essentials are each one contiguous range.
     layout = plan_layout(arena.sizes(), m)
-    za_lo, za_len = layout["zero_all"]
-    zp_lo, zp_len = layout["zero_prefill"]
-    offs = layout["offsets"]
+    za_lo, za_len = layout.zero_all
+    zp_lo, zp_len = layout.zero_prefill
+    offs = layout.offsets
     z = [(offs[n], offs[n] + getattr(arena.sizes(), n)) for n in ZERO_ALL if offs[n] is not None]
     p = [(offs[n], offs[n] + getattr(arena.sizes(), n)) for n in PREFILL if offs[n] is not None]
     assert (za_lo, za_lo + za_len) == (min(a for a, _ in z), max(b for _, b in z))
@@ -555,7 +555,7 @@ def test_construction_fault_leaves_nothing(op):
     with pytest.raises(exc) as info:
         new(gpu, m=16)
     if op == "alloc":
-        slab = plan_layout(BufferSizes.from_config(PRESET, 16, 4096, 16, 32, env=NOENV), 16)["slab_bytes"]
+        slab = plan_layout(BufferSizes.from_config(PRESET, 16, 4096, 16, 32, env=NOENV), 16).slab_bytes
         assert "slab" in str(info.value) and str(slab) in str(info.value)
         assert isinstance(info.value, MemoryError)
     assert (gpu.live_alloc_count, gpu.live_bytes) == (0, 0)
@@ -646,7 +646,7 @@ def test_host_views_zero_copy():
 
 
 def test_core_helper_lists_match_the_spec():
-    g = plan_layout(BufferSizes.from_config(PRESET, 8, 4096, 16, 32, env=NOENV), 8)["groups"]
+    g = plan_layout(BufferSizes.from_config(PRESET, 8, 4096, 16, 32, env=NOENV), 8).groups
     # zero_all and zero_prefill_essentials are one merged operation each, so only
     # their membership is observable; the checksum's order is its log order.
     assert set(g["zero_all"]) == set(ZERO_ALL) and len(g["zero_all"]) == 18
@@ -686,7 +686,7 @@ def test_view_shapes_are_checked_when_made():
 
 
 def test_objects_are_made_only_by_their_factories():
-    from metrale._arena import ArenaView
+    from metrale._view import ArenaView
     from metrale._backend import Backend
     from metrale._scratch import ScratchSpace, _Lease, _Region
     for cls in (BufferArena, ArenaView, ScratchSpace, _Lease, _Region):

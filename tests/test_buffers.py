@@ -7,7 +7,7 @@ import pathlib
 
 import metrale
 from metrale import BufferArena, BufferSizes
-from metrale._arena import buffer_table
+from metrale._layout import buffer_table
 from metrale._buffers import BUFFER_FLAGS, BUFFER_NAMES, FLAG_BITS, GROUPS
 
 from helpers import CHECKSUM, PREFILL, ROWS, ZERO_ALL
@@ -54,5 +54,6 @@ def test_stubs_follow_the_table():
     stubbed = {f.name for f in acc.body if isinstance(f, ast.FunctionDef)}
     assert stubbed == set(GROUPS["pointer"]) | {f"{n}_bytes" for n in GROUPS["bytes"]}
     sizes = _stub_class("sizes.pyi", "BufferSizes")
-    fields = tuple(a.target.id for a in sizes.body if isinstance(a, ast.AnnAssign))
+    fields = tuple(f.name for f in sizes.body if isinstance(f, ast.FunctionDef)
+                   and any(getattr(d, "id", None) == "property" for d in f.decorator_list))
     assert fields == BUFFER_NAMES

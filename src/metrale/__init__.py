@@ -21,7 +21,7 @@ __all__ = [
 
 _LAZY = {
     "BufferArena": "metrale._arena",
-    "MoeFp8Scratch": "metrale._arena",
+    "MoeFp8Scratch": "metrale.moe",
     "HostBackend": "metrale._backend",
     "ScratchSpaceManager": "metrale._scratch",
     "ScratchSpace": "metrale._scratch",

@@ -1,4 +1,4 @@
-from metrale._arena import BufferArena as BufferArena, MoeFp8Scratch as MoeFp8Scratch
+from metrale._arena import BufferArena as BufferArena
 from metrale._backend import HostBackend as HostBackend
 from metrale._scratch import (ScratchSpace as ScratchSpace,
                               ScratchSpaceManager as ScratchSpaceManager,
@@ -6,8 +6,16 @@ from metrale._scratch import (ScratchSpace as ScratchSpace,
 from metrale.config import ModelConfig as ModelConfig
 from metrale.cuda import CudaBackend as CudaBackend
 from metrale.errors import MetraleError as MetraleError, OutOfMemoryError as OutOfMemoryError
+from metrale.moe import MoeFp8Scratch as MoeFp8Scratch
 from metrale.sizes import (BufferSizes as BufferSizes, DecodeMetaLayout as DecodeMetaLayout,
                            Target as Target)
+
+__all__ = [
+    'ModelConfig', 'BufferSizes', 'BufferArena', 'DecodeMetaLayout', 'MoeFp8Scratch', 'Target',
+    'HostBackend', 'CudaBackend', 'ScratchSpaceManager', 'ScratchSpace', 'ScratchStats',
+    'MetraleError', 'OutOfMemoryError', 'GATEUP_FUSED_MAX_M', 'DECODE_META_MIN_ROWS',
+    'DECODE_META_MAX_ROWS', 'Q12_SIZING_STREAMS', 'VERIFY_ROW_CAP',
+]
 
 GATEUP_FUSED_MAX_M: int
 DECODE_META_MIN_ROWS: int

@@ -1,37 +1,38 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, binding=False
 """BufferArena: the buffers of one forward pass, carved from one backend slab.
 
-The C core (arena_core.c) places the buffers and computes every zero range;
-this layer holds the pointers as prebuilt Python ints, so an accessor is one
-tuple load, and drives the backend through cdef calls.
+The C core places the buffers (_layout) and computes every zero range; this
+layer holds the pointers as prebuilt Python ints, so an accessor is one tuple
+load, drives the backend through cdef calls, and keeps the slab alive while
+an operation or a view (_view) uses it.
 """
 
 cimport cython
 from cpython.long cimport PyLong_FromSize_t
-from cpython.pycapsule cimport PyCapsule_New, PyCapsule_IsValid, PyCapsule_GetPointer
-from cpython.ref cimport Py_INCREF, Py_DECREF, PyObject
-from libc.stdint cimport uint8_t, uint16_t, int32_t, int64_t, uint64_t, uintptr_t
+from libc.stdint cimport uint64_t, uintptr_t
 from libc.stdlib cimport malloc, free
 
 # Buffer ids (MT_HIDDEN_STATES ...) come with the generated accessors below.
 from metrale._core cimport (
-    MT_IN_CHECKSUM, MT_LIFE_EXPORTED, MT_LIFE_IN_FLIGHT, MT_LIFE_OK,
-    MT_LIFE_RELEASED, MT_N_ZERO_ALL, MT_NBUF, MT_OK, mt_buffer_flags, mt_buffer_names, mt_checksum_f32, mt_cursor,
-    mt_cursor_free, mt_cursor_new, mt_cursor_take, mt_layout, mt_layout_plan, mt_life,
-    mt_life_close, mt_life_drain, mt_life_enter, mt_life_export, mt_life_exports,
-    mt_life_free, mt_life_in_flight, mt_life_leave, mt_life_new, mt_life_released,
-    mt_life_unexport, mt_range, mt_zero_rows_ranges)
+    MT_IN_CHECKSUM, MT_LIFE_EXPORTED, MT_LIFE_IN_FLIGHT, MT_LIFE_OK, MT_LIFE_RELEASED,
+    MT_N_ZERO_ALL, MT_NBUF, MT_OK, mt_buffer_flags, mt_checksum_f32, mt_cursor, mt_cursor_free,
+    mt_cursor_new, mt_cursor_take, mt_layout, mt_life, mt_life_close, mt_life_drain,
+    mt_life_enter, mt_life_exports, mt_life_free, mt_life_in_flight, mt_life_leave,
+    mt_life_new, mt_life_released, mt_range, mt_zero_rows_ranges)
 from metrale._backend cimport Backend
-from metrale._common cimport MT_MAX_NDIM, as_stream, index_arg, u64_arg, mt_py_finalizing
+from metrale._common cimport as_stream, index_arg, u64_arg, mt_py_finalizing
+from metrale._layout cimport plan_into
+from metrale._view cimport make_view
 
 cdef extern from "Python.h":
     # C-level warning: a finalizer must not import the warnings module.
     int PyErr_ResourceWarning(object source, Py_ssize_t stack_level, const char *fmt, ...) except -1
 
+from metrale._buffers import BUFFER_NAMES
 from metrale.config import ModelConfig
 from metrale.errors import MetraleError, OutOfMemoryError
-from metrale._buffers import BUFFER_NAMES, GROUPS
-from metrale.sizes import BufferSizes, DecodeMetaLayout, moe_fp8_layout
+from metrale.moe import MoeFp8Scratch, moe_fp8_layout
+from metrale.sizes import BufferSizes, DecodeMetaLayout
 
 include "_accessors.pxi"
 
@@ -48,92 +49,8 @@ cdef dict _INDEX = {n: i for i, n in enumerate(BUFFER_NAMES)}
 cdef tuple _ZEROS = (0,) * MT_NBUF
 
 
-cdef int _plan(mt_layout *L, tuple sizes, uint64_t max_batch_tokens) except -1:
-    cdef uint64_t raw[MT_NBUF]
-    cdef int i
-    for i in range(MT_NBUF):
-        raw[i] = sizes[i]
-    if mt_layout_plan(L, raw, max_batch_tokens) != MT_OK:
-        raise ValueError(f"the slab of these sizes exceeds 2^64 - 1 bytes "
-                         f"(max_batch_tokens={max_batch_tokens})")
-    return 0
-
-
-def plan_layout(sizes, max_batch_tokens):
-    """The slab placement of `sizes` without allocating: a dict with
-    `slab_bytes`, `offsets` (name -> offset or None), `slab_order`,
-    `zero_all` and `zero_prefill` (offset, length) ranges, and `groups`
-    (helper -> the buffer names it covers)."""
-    cdef mt_layout L
-    if not isinstance(sizes, BufferSizes):
-        raise TypeError(f"sizes must be a BufferSizes, got {type(sizes).__name__}")
-    _plan(&L, sizes.as_tuple(), u64_arg(max_batch_tokens, "max_batch_tokens", 1))
-    offsets = {}
-    for i in range(MT_NBUF):
-        offsets[BUFFER_NAMES[i]] = L.offset[i] if L.size[i] else None
-    return {
-        "slab_bytes": L.slab_bytes,
-        "offsets": offsets,
-        "slab_order": tuple(BUFFER_NAMES[L.order[i]] for i in range(MT_NBUF)),
-        "zero_all": (L.zero_all.offset, L.zero_all.length),
-        "zero_prefill": (L.zero_prefill.offset, L.zero_prefill.length),
-        # Helper membership (ARENA.md §5, §7), from the buffer table.
-        "groups": {g: GROUPS[g] for g in ("zero_all", "prefill", "rows", "checksum")},
-    }
-
-
-def buffer_table():
-    """The compiled C buffer table: ((name, flags), ...) in canonical order, for
-    the tests that check the generated Python and the stubs against it."""
-    return tuple((mt_buffer_names[i].decode(), mt_buffer_flags[i]) for i in range(MT_NBUF))
-
-
-def zero_rows_ranges(sizes, max_batch_tokens, tokens):
-    """The (offset, length) ranges, relative to the slab, that
-    zero_all_rows(tokens) clears for an arena of `sizes`."""
-    cdef mt_layout L
-    cdef mt_range r[MT_N_ZERO_ALL]
-    if not isinstance(sizes, BufferSizes):
-        raise TypeError(f"sizes must be a BufferSizes, got {type(sizes).__name__}")
-    _plan(&L, sizes.as_tuple(), u64_arg(max_batch_tokens, "max_batch_tokens", 1))
-    n = mt_zero_rows_ranges(&L, u64_arg(tokens, "tokens"), r)
-    return [(r[i].offset, r[i].length) for i in range(n)]
-
-
-# Private constructor key: BufferArena and ArenaView are made only by this module.
+# Private constructor key: arenas come from BufferArena.new / from_sizes.
 cdef object _TOKEN = object()
-
-
-class MoeFp8Scratch:
-    """Device addresses of the FP8 MoE regions for one (config, rows)."""
-    __slots__ = ("activation", "scales", "worklist", "total_tiles", "worklist_bytes",
-                 "small_worklist", "small_total_tiles", "small_worklist_bytes")
-
-    def __init__(self, activation, scales, worklist, total_tiles, worklist_bytes,
-                 small_worklist, small_total_tiles, small_worklist_bytes):
-        s = object.__setattr__
-        s(self, "activation", activation); s(self, "scales", scales)
-        s(self, "worklist", worklist); s(self, "total_tiles", total_tiles)
-        s(self, "worklist_bytes", worklist_bytes); s(self, "small_worklist", small_worklist)
-        s(self, "small_total_tiles", small_total_tiles)
-        s(self, "small_worklist_bytes", small_worklist_bytes)
-
-    def __setattr__(self, name, value):
-        raise AttributeError("MoeFp8Scratch is read-only")
-
-    def _key(self):
-        return tuple(getattr(self, n) for n in MoeFp8Scratch.__slots__)
-
-    def __eq__(self, other):
-        if type(other) is not MoeFp8Scratch:
-            return NotImplemented
-        return self._key() == other._key()
-
-    def __hash__(self):
-        return hash(self._key())
-
-    def __repr__(self):
-        return "MoeFp8Scratch(" + ", ".join(f"{n}={getattr(self, n):#x}" if n in ("activation", "scales", "worklist", "total_tiles", "small_worklist", "small_total_tiles") else f"{n}={getattr(self, n)}" for n in MoeFp8Scratch.__slots__) + ")"
 
 
 # no_gc_clear: the finalizer frees the slab through _gpu, which a gc clear
@@ -202,7 +119,7 @@ cdef class BufferArena(_BufferAccessors):
         self._decode_meta = decode_meta
         self._moe_cache = {}
         cdef tuple values = sizes.as_tuple()
-        _plan(&self._L, values, max_batch_tokens)
+        plan_into(&self._L, sizes, max_batch_tokens)
         self._bytes = values
         if self._L.slab_bytes:
             try:
@@ -459,7 +376,8 @@ cdef class BufferArena(_BufferAccessors):
         i = _INDEX.get(name)
         if i is None:
             raise ValueError(f"unknown buffer name {name!r}")
-        return ArenaView._make(self, i, dtype, shape)
+        return make_view(self, self._life, i, self._bytes[i], self._ptrs[i],
+                         self._gpu.device_type, self._gpu.device_id, dtype, shape)
 
     # -- plain accessors ---------------------------------------------------------------------
     def max_batch_tokens(self):
@@ -481,205 +399,3 @@ cdef class BufferArena(_BufferAccessors):
     def __repr__(self):
         state = "released" if mt_life_released(self._life) else f"{self._L.slab_bytes} bytes at {self._base:#x}"
         return f"<BufferArena max_batch_tokens={self._mbt} {state}>"
-
-
-# ---- DLPack / array-interface views ----------------------------------------------------
-
-cdef struct DLDevice:
-    int32_t device_type
-    int32_t device_id
-
-cdef struct DLDataType:
-    uint8_t code
-    uint8_t bits
-    uint16_t lanes
-
-cdef struct DLTensor:
-    void *data
-    DLDevice device
-    int32_t ndim
-    DLDataType dtype
-    int64_t *shape
-    int64_t *strides
-    uint64_t byte_offset
-
-cdef struct DLManagedTensor:
-    DLTensor dl_tensor
-    void *manager_ctx
-    void (*deleter)(DLManagedTensor *) noexcept nogil
-
-# name -> (array-interface typestr, DLPack code, bits)
-cdef dict _DTYPES = {
-    "int8": ("|i1", 0, 8), "int16": ("<i2", 0, 16), "int32": ("<i4", 0, 32), "int64": ("<i8", 0, 64),
-    "uint8": ("|u1", 1, 8), "uint16": ("<u2", 1, 16), "uint32": ("<u4", 1, 32), "uint64": ("<u8", 1, 64),
-    "float16": ("<f2", 2, 16), "float32": ("<f4", 2, 32), "float64": ("<f8", 2, 64),
-    "bfloat16": ("<V2", 4, 16),
-}
-_ALIASES = {"u8": "uint8", "i8": "int8", "f16": "float16", "half": "float16", "f32": "float32",
-            "float": "float32", "f64": "float64", "double": "float64", "bf16": "bfloat16",
-            "i32": "int32", "u32": "uint32", "i64": "int64", "u64": "uint64", "int": "int32"}
-
-
-cdef str _dtype_name(object dtype):
-    if isinstance(dtype, str):
-        name = dtype
-    else:
-        name = getattr(dtype, "name", None)
-        if not isinstance(name, str):
-            name = getattr(dtype, "__name__", None) or str(dtype)
-    name = name.replace("torch.", "")
-    name = _ALIASES.get(name, name)
-    if name not in _DTYPES:
-        raise ValueError(f"dtype {dtype!r} is not supported; use one of {', '.join(_DTYPES)}")
-    return name
-
-
-cdef void _dl_deleter(DLManagedTensor *t) noexcept nogil:
-    with gil:
-        Py_DECREF(<object>t.manager_ctx)
-    free(t)
-
-
-cdef void _dl_capsule_destructor(object capsule) noexcept:
-    cdef DLManagedTensor *t
-    if PyCapsule_IsValid(capsule, b"dltensor"):     # never consumed
-        t = <DLManagedTensor *>PyCapsule_GetPointer(capsule, b"dltensor")
-        t.deleter(t)
-
-
-cdef tuple _view_shape(object shape, uint64_t nbytes, int item, str name):
-    """(dims, element count) of `shape`, checked whole, as numpy and DLPack
-    will take it, against a buffer of `nbytes`."""
-    if shape is None:
-        return (nbytes // item,), nbytes // item
-    if isinstance(shape, (str, bytes)) or (not hasattr(shape, "__iter__") and not hasattr(type(shape), "__index__")):
-        raise TypeError(f"shape must be an int or a sequence of ints, got {type(shape).__name__}")
-    if hasattr(type(shape), "__index__"):
-        shape = (shape,)
-    dims = []
-    for d in shape:
-        if len(dims) == MT_MAX_NDIM:
-            raise ValueError(f"shape has more than {MT_MAX_NDIM} dimensions")
-        dims.append(index_arg(d, "shape", 0, 0x7FFFFFFFFFFFFFFF))
-    count = 1
-    nonzero = 1
-    for d in dims:
-        count *= d
-        if d:
-            nonzero *= d
-    if nonzero * item > 0x7FFFFFFFFFFFFFFF:     # numpy: "array is too big"
-        raise ValueError(f"shape {tuple(dims)} has more elements than an array can index")
-    if count * item > nbytes:
-        if nbytes == 0:
-            raise MetraleError(f"{name} is NULL in this arena: only an empty view can be made")
-        raise ValueError(f"shape {tuple(dims)} needs {count * item} bytes; {name} holds {nbytes}")
-    return tuple(dims), count
-
-
-# no_gc_clear: a view's arena must outlive it, or its dealloc would count an
-# export off freed bookkeeping and its arrays would read a freed slab.
-@cython.no_gc_clear
-@cython.final
-cdef class ArenaView:
-    """A typed window on one arena buffer; consumed through DLPack or the
-    (CUDA) array interface, never copied.  Alive, it keeps the arena's memory:
-    release() refuses while it (or an array made from it) exists."""
-    cdef readonly object arena
-    cdef readonly str name
-    cdef readonly str dtype
-    cdef readonly tuple shape
-    cdef readonly object ptr
-    cdef readonly object nbytes
-    cdef int _dev_type, _dev_id, _code, _bits, _buf
-    cdef mt_life *_life           # the arena's, once this view is counted in it
-
-    def __cinit__(self, token=None):
-        if token is not _TOKEN:
-            raise TypeError("use BufferArena.view(name, dtype, shape) to make a view")
-
-    @staticmethod
-    cdef ArenaView _make(BufferArena arena, int buf, dtype, shape):
-        cdef ArenaView v
-        cdef int rc
-        name = BUFFER_NAMES[buf]
-        nbytes = arena._bytes[buf]
-        dname = _dtype_name(dtype)
-        typestr, code, bits = _DTYPES[dname]
-        item = bits // 8
-        shape, count = _view_shape(shape, nbytes, item, name)
-        v = ArenaView.__new__(ArenaView, _TOKEN)
-        rc = mt_life_export(arena._life, buf)
-        if rc == MT_LIFE_RELEASED:
-            raise MetraleError("the buffer arena has been released")
-        if rc != MT_LIFE_OK:
-            raise MetraleError("too many live views of this arena")
-        # Counted from here: the pointer stays valid until this view is gone.
-        v._life = arena._life
-        v._buf = buf
-        v.arena, v.name, v.dtype, v.shape = arena, name, dname, shape
-        v.ptr, v.nbytes = arena._ptrs[buf], count * item
-        v._dev_type, v._dev_id = arena._gpu.device_type, arena._gpu.device_id
-        v._code, v._bits = code, bits
-        return v
-
-    def __dealloc__(self):
-        if self._life != NULL:        # set only once the export was counted
-            mt_life_unexport(self._life, self._buf)
-
-    def _interface(self):
-        return {"shape": self.shape, "typestr": _DTYPES[self.dtype][0],
-                "data": (self.ptr, False), "strides": None, "version": 3}
-
-    @property
-    def __array_interface__(self):
-        if self._dev_type != 1:
-            raise AttributeError("__array_interface__ is for host memory; this view is on a GPU")
-        return self._interface()
-
-    @property
-    def __cuda_array_interface__(self):
-        if self._dev_type != 2:
-            raise AttributeError("__cuda_array_interface__ is for GPU memory; this view is on the host")
-        d = self._interface()
-        d["stream"] = None     # the arena's work is ordered by the caller's streams
-        return d
-
-    def __dlpack_device__(self):
-        return (self._dev_type, self._dev_id)
-
-    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
-        cdef DLManagedTensor *t
-        cdef int64_t *shp
-        cdef int nd = len(self.shape), i
-        if copy:
-            raise BufferError("an arena view cannot be copied by the producer")
-        if dl_device is not None and tuple(dl_device) != (self._dev_type, self._dev_id):
-            raise BufferError(f"the view lives on device {(self._dev_type, self._dev_id)}")
-        t = <DLManagedTensor *>malloc(sizeof(DLManagedTensor) + sizeof(int64_t) * (nd if nd else 1))
-        if t == NULL:
-            raise MemoryError()
-        shp = <int64_t *>(<char *>t + sizeof(DLManagedTensor))
-        for i in range(nd):
-            shp[i] = self.shape[i]
-        t.dl_tensor.data = <void *><uintptr_t>self.ptr
-        t.dl_tensor.device.device_type = self._dev_type
-        t.dl_tensor.device.device_id = self._dev_id
-        t.dl_tensor.ndim = nd
-        t.dl_tensor.dtype.code = self._code
-        t.dl_tensor.dtype.bits = self._bits
-        t.dl_tensor.dtype.lanes = 1
-        t.dl_tensor.shape = shp
-        t.dl_tensor.strides = NULL       # compact row-major
-        t.dl_tensor.byte_offset = 0
-        t.manager_ctx = <void *>self
-        t.deleter = _dl_deleter
-        Py_INCREF(self)
-        try:
-            return PyCapsule_New(t, b"dltensor", _dl_capsule_destructor)
-        except BaseException:
-            Py_DECREF(self)
-            free(t)
-            raise
-
-    def __repr__(self):
-        return f"ArenaView({self.name}, {self.dtype}, shape={self.shape}, ptr={self.ptr:#x})"

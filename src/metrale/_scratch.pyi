@@ -1,6 +1,8 @@
-from typing import Any
+from typing import Any, SupportsIndex, final
 
-class ScratchStats:
+from metrale._record import Record
+
+class ScratchStats(Record):
     scratch_size: int
     active_threads: int
     max_threads: int
@@ -8,6 +10,7 @@ class ScratchStats:
     total_used: int
     max_thread_usage: int
 
+@final
 class ScratchSpace:
     def get(self, count: int, dtype: Any = ...) -> Any | None: ...
     def as_bytes(self) -> memoryview: ...
@@ -16,8 +19,9 @@ class ScratchSpace:
     def remaining(self) -> int: ...
     def capacity(self) -> int: ...
 
+@final
 class ScratchSpaceManager:
-    def __init__(self, scratch_size: int, max_threads: int) -> None: ...
+    def __new__(cls, scratch_size: SupportsIndex, max_threads: SupportsIndex) -> ScratchSpaceManager: ...
     @classmethod
     def new(cls, scratch_size: int, max_threads: int) -> ScratchSpaceManager: ...
     @classmethod

@@ -20,6 +20,7 @@ from metrale._core cimport (
     mt_scratch_size, mt_scratch_stats, mt_scratch_used, mt_scratch_user, mt_thread_id)
 from metrale._common cimport index_arg, u64_arg
 
+from metrale._record import Record
 from metrale.errors import MetraleError, OutOfMemoryError
 
 import threading
@@ -71,30 +72,10 @@ cdef tuple _dtype_of(object dtype):
     return hit
 
 
-class ScratchStats:
+class ScratchStats(Record):
     """Statistics about scratch usage (the reference's ScratchStats)."""
     __slots__ = ("scratch_size", "active_threads", "max_threads", "total_allocated",
                  "total_used", "max_thread_usage")
-
-    def __init__(self, scratch_size, active_threads, max_threads, total_allocated,
-                 total_used, max_thread_usage):
-        self.scratch_size = scratch_size
-        self.active_threads = active_threads
-        self.max_threads = max_threads
-        self.total_allocated = total_allocated
-        self.total_used = total_used
-        self.max_thread_usage = max_thread_usage
-
-    def _key(self):
-        return tuple(getattr(self, n) for n in ScratchStats.__slots__)
-
-    def __eq__(self, other):
-        if type(other) is not ScratchStats:
-            return NotImplemented
-        return self._key() == other._key()
-
-    def __repr__(self):
-        return "ScratchStats(" + ", ".join(f"{n}={getattr(self, n)}" for n in ScratchStats.__slots__) + ")"
 
 
 @cython.final

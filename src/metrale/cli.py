@@ -51,7 +51,7 @@ def _mib(n):
 
 
 def plan(args):
-    from metrale._arena import plan_layout
+    from metrale._layout import plan_layout
 
     config = (ModelConfig.preset(args.preset) if args.preset
               else ModelConfig.from_hf_config(args.config))
@@ -61,11 +61,12 @@ def plan(args):
     sizes = BufferSizes.from_config(config, args.max_batch_tokens, args.max_seq_len,
                                     args.kv_block_size, args.max_batch_size, target=target)
     layout = plan_layout(sizes, args.max_batch_tokens)
+    offsets = layout.offsets
     rows = []
-    for name in layout["slab_order"]:
+    for name in layout.slab_order:
         n = getattr(sizes, name)
-        groups = [g for g, members in layout["groups"].items() if name in members]
-        rows.append({"buffer": name, "bytes": n, "offset": layout["offsets"][name],
+        groups = [g for g, members in layout.groups.items() if name in members]
+        rows.append({"buffer": name, "bytes": n, "offset": offsets[name],
                      "groups": groups, "null": n == 0})
     result = {
         "model": args.preset or args.config,
@@ -75,9 +76,9 @@ def plan(args):
         "target": {"sm_count": target.sm_count, "splitk": target.splitk},
         "buffers": rows,
         "total_bytes": sizes.total_bytes(),
-        "slab_bytes": layout["slab_bytes"],
-        "zero_all": dict(zip(("offset", "length"), layout["zero_all"])),
-        "zero_prefill": dict(zip(("offset", "length"), layout["zero_prefill"])),
+        "slab_bytes": layout.slab_bytes,
+        "zero_all": dict(zip(("offset", "length"), layout.zero_all)),
+        "zero_prefill": dict(zip(("offset", "length"), layout.zero_prefill)),
         "null_buffers": [n for n in BUFFER_NAMES if getattr(sizes, n) == 0],
     }
     if args.allocate:

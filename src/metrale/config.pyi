@@ -1,6 +1,10 @@
 import os
 from typing import Any, Iterable
 
+__all__ = [
+    'ModelConfig',
+]
+
 class ModelConfig:
     hidden_size: int
     intermediate_size: int

@@ -7,12 +7,15 @@ import os
 
 from ._buffers import BUFFER_NAMES, GROUPS
 from ._common import check_index
+from ._math import U64_MAX, cdiv, ceil_to
+from ._record import Record
 from .config import ModelConfig
+from .moe import moe_fp8_layout
 
 __all__ = [
-    "BUFFER_NAMES", "BufferSizes", "DecodeMetaLayout", "MoeFp8Layout", "Target",
+    "BUFFER_NAMES", "BufferSizes", "DecodeMetaLayout", "Target",
     "GATEUP_FUSED_MAX_M", "DECODE_META_MIN_ROWS", "DECODE_META_MAX_ROWS",
-    "Q12_SIZING_STREAMS", "VERIFY_ROW_CAP", "moe_fp8_layout", "resolve_splitk",
+    "Q12_SIZING_STREAMS", "VERIFY_ROW_CAP", "resolve_splitk",
 ]
 
 GATEUP_FUSED_MAX_M = 16
@@ -27,7 +30,6 @@ _FLOOR = 256
 _Q8_SLACK = 1 << 20
 _MAX_DECODE_SPLITS = 16
 _SPLITK_TARGET_WAVES = 2
-_U64_MAX = (1 << 64) - 1
 
 # The buffer names in canonical order (ARENA.md §2.2), index i being buffer
 # id i of the C core, and which ones total_bytes() counts: from the buffer
@@ -36,23 +38,15 @@ _INDEX = {n: i for i, n in enumerate(BUFFER_NAMES)}
 _TOTALLED = tuple(_INDEX[n] for n in GROUPS["total"])
 
 
-def _cdiv(a, b):
-    return -(-a // b)
-
-
-def _ceil(x, n):
-    return _cdiv(x, n) * n
-
-
 # -- Target and split-K (§4.3) -------------------------------------------------
 
 _PINNED = tuple(str(n) for n in range(1, _MAX_DECODE_SPLITS + 1))
 
 
-class Target:
+class Target(Record):
     """The device an arena is sized for: SM count and split-K policy."""
 
-    __slots__ = ("_sm_count", "_splitk")
+    __slots__ = ("sm_count", "splitk")
 
     def __init__(self, sm_count, splitk):
         sm_count = check_index(sm_count, "sm_count")
@@ -60,27 +54,12 @@ class Target:
             raise TypeError(f"splitk must be a str, got {type(splitk).__name__}")
         if splitk not in ("legacy", "auto") and splitk not in _PINNED:
             raise ValueError(f"splitk must be 'legacy', 'auto' or '1' ... '16', got {splitk!r}")
-        self._sm_count = sm_count
-        self._splitk = splitk
-
-    sm_count = property(lambda self: self._sm_count)
-    splitk = property(lambda self: self._splitk)
+        super().__init__(sm_count, splitk)
 
     @classmethod
     def reference(cls):
         """The reference build target: 48 SMs, legacy split-K."""
         return cls(48, "legacy")
-
-    def __eq__(self, other):
-        if type(other) is not Target:
-            return NotImplemented
-        return (self._sm_count, self._splitk) == (other._sm_count, other._splitk)
-
-    def __hash__(self):
-        return hash((self._sm_count, self._splitk))
-
-    def __repr__(self):
-        return f"Target(sm_count={self._sm_count}, splitk={self._splitk!r})"
 
 
 def resolve_splitk(target, env):
@@ -110,7 +89,7 @@ def splitk_slots(target, env, num_heads, rows):
         return max(target.sm_count, 1)
     heads = max(num_heads, 1)
     if policy == "auto":
-        n = _cdiv(_SPLITK_TARGET_WAVES * target.sm_count, heads)
+        n = cdiv(_SPLITK_TARGET_WAVES * target.sm_count, heads)
     splits = min(max(n, 1), _MAX_DECODE_SPLITS)
     return max(rows, 1) * heads * splits
 
@@ -165,77 +144,26 @@ class DecodeMetaLayout:
         return f"DecodeMetaLayout(rows={self._rows})"
 
 
-# -- MoE FP8 scratch layout (§4.9) --------------------------------------------------
-
-class MoeFp8Layout:
-    """Offsets of the grouped FP8 MoE slab for one (config, rows)."""
-
-    __slots__ = ("scale", "worklist", "counter", "small_worklist", "small_bytes",
-                 "small_counter", "bytes")
-
-    def __init__(self, scale, worklist, counter, small_worklist, small_bytes,
-                 small_counter, nbytes):
-        self.scale, self.worklist, self.counter = scale, worklist, counter
-        self.small_worklist, self.small_bytes = small_worklist, small_bytes
-        self.small_counter, self.bytes = small_counter, nbytes
-
-    def __repr__(self):
-        return ("MoeFp8Layout(" + ", ".join(f"{k}={getattr(self, k)}" for k in self.__slots__) + ")")
-
-
-def moe_fp8_layout(config, rows):
-    if not isinstance(config, ModelConfig):
-        raise TypeError(f"config must be a ModelConfig, got {type(config).__name__}")
-    rows = check_index(rows, "rows")
-    c = config
-    E, H, Im = c.num_experts, c.hidden_size, c.moe_intermediate_size
-    if E == 0:
-        return MoeFp8Layout(0, 0, 0, 0, 0, 0, 0)
-    expanded = rows * c.num_experts_per_tok
-    shared_k = max(H, c.shared_expert_intermediate_size)
-    act = max(rows * shared_k, expanded * Im)
-    scl = 4 * max(rows * _cdiv(shared_k, 128), expanded * _cdiv(Im, 128))
-    width_tiles = _cdiv(max(H, Im), 64)
-    items = (_cdiv(expanded, 128) + E + 1) * width_tiles
-    scale = _ceil(act, 256)
-    worklist = scale + _ceil(scl, 256)
-    counter = worklist + _ceil(8 * items, 256)
-    # Only E = 256 is qualified for the adaptive small-worklist dispatch.
-    small_bytes = E * width_tiles * 8 if E == 256 else 0
-    if small_bytes > _U64_MAX:
-        raise ValueError("adaptive FP8 small worklist size overflow "
-                         f"(E={E}, max(hidden, moe_intermediate)={max(H, Im)})")
-    if small_bytes:
-        small_worklist = _ceil(counter + 4, 256)
-        small_counter = small_worklist + _ceil(small_bytes, 256)
-        nbytes = small_counter + 4
-    else:
-        small_worklist = small_counter = 0
-        nbytes = counter + 4
-    return MoeFp8Layout(scale, worklist, counter, small_worklist, small_bytes,
-                        small_counter, nbytes)
-
-
 # -- scratch (§4.1) -----------------------------------------------------------------
 
 def _q12(n, c, k, ps):
     t = n * c
-    return (_ceil(8 * t * k, 64) + n * max(16 * c + 64, 4096) + ps * _ceil(4 * t, 8)
-            + _ceil(8 * t, 8) + 2 * _ceil(8 * n, 8) + _ceil(4 * (n + 1), 8)
-            + _ceil(4 * n, 8) + 8 * n)
+    return (ceil_to(8 * t * k, 64) + n * max(16 * c + 64, 4096) + ps * ceil_to(4 * t, 8)
+            + ceil_to(8 * t, 8) + 2 * ceil_to(8 * n, 8) + ceil_to(4 * (n + 1), 8)
+            + ceil_to(4 * n, 8) + 8 * n)
 
 
 def scratch_terms(config, M, B, R):
     """(prefill_term, decode_term, q12_term) of §4.1."""
     k = config.num_experts_per_tok
     ps = 3 if config.mrope_interleaved else 1
-    o_s = _ceil(4 * ps * M, 8)
-    o_b = _ceil(o_s + 8 * M, 4)
-    o_l = _ceil(o_b + 4 * B, 4)
+    o_s = ceil_to(4 * ps * M, 8)
+    o_b = ceil_to(o_s + 8 * M, 4)
+    o_l = ceil_to(o_b + 4 * B, 4)
     prefill = 8 * M * k + o_l + 4
     decode = _DECODE_META_OFFSET + max(24 * VERIFY_ROW_CAP + VERIFY_ROW_CAP * B * 4,
                                        24 * R + R * B * 4)
-    q12 = _q12(Q12_SIZING_STREAMS, max(_cdiv(M, Q12_SIZING_STREAMS), 1), k, ps)
+    q12 = _q12(Q12_SIZING_STREAMS, max(cdiv(M, Q12_SIZING_STREAMS), 1), k, ps)
     return prefill, decode, q12
 
 
@@ -285,10 +213,10 @@ class BufferSizes:
         total = 0
         for name, v in zip(BUFFER_NAMES, values):
             total += v
-            if v > _U64_MAX:
+            if v > U64_MAX:
                 raise ValueError(f"size of {name} ({v} bytes) exceeds 2^64 - 1 "
                                  f"at max_batch_tokens={M}")
-        if total > _U64_MAX:
+        if total > U64_MAX:
             raise ValueError(f"the sum of all buffer sizes ({total} bytes) exceeds "
                              f"2^64 - 1 at max_batch_tokens={M}")
         return cls._make(values)
@@ -344,8 +272,8 @@ del _i, _name
 
 
 def _compute(c, M, max_seq_len, kv_block_size, max_batch_size, target, env):
-    Mp = _ceil(M, 16)
-    Kx = _ceil(max(M, 3), 16)
+    Mp = ceil_to(M, 16)
+    Kx = ceil_to(max(M, 3), 16)
     R = max(DECODE_META_MIN_ROWS, max_batch_size)
     B = 256 if kv_block_size == 0 else max_seq_len // kv_block_size + 1
     H, I, V = c.hidden_size, c.intermediate_size, c.vocab_size
@@ -402,35 +330,35 @@ def _compute(c, M, max_seq_len, kv_block_size, max_batch_size, target, env):
         s["hc_lowrank_scratch"] = _FLOOR
     if topk > 0 and icr > 0:
         s["qsa_select_scratch"] = 2048 * (2 * (nh + 1) * hdi + 4 * nh * hdi
-                                          + 4 * _cdiv(max_seq_len, icr) + 4 * (topk // icr))
+                                          + 4 * cdiv(max_seq_len, icr) + 4 * (topk // icr))
     else:
         s["qsa_select_scratch"] = _FLOOR
     if Hm > 0 and c.ssm_state_size > 0:
-        nc = _cdiv(M, 64) + 1
+        nc = cdiv(M, 64) + 1
         G = max(c.n_groups, 1)
         s["ssd_scratch"] = 2 * (Hm * nc * 64 * 4) + nc * G * 64 * 64 * 4
     else:
         s["ssd_scratch"] = 0
     if nv > 0 and dk == 128 and dv == 128:
-        X = (_cdiv(M, 64) + 16) * nv
+        X = (cdiv(M, 64) + 16) * nv
         s["gdn_fla_scratch"] = (2 * X * 64 * dk + 2 * X * 64 * dv + 2 * X * dk * dv
                                 + 2 * X * 64 * dv + 4 * X * 64)
     else:
         s["gdn_fla_scratch"] = 0
     s["token_ids"] = max(4 * M, _FLOOR)
     if dense:
-        s["ffn_act_q8"] = 4 * M * _ceil(Kf, 256) + _Q8_SLACK
+        s["ffn_act_q8"] = 4 * M * ceil_to(Kf, 256) + _Q8_SLACK
         s["ffn_act_a"] = Mp * Kf
         s["ffn_act_scale"] = 4 * Mp * (Kf // 32)          # floor, as the reference
         s["ffn_act_scale_kmajor"] = 4 * Mp * (Kf // 128)
-        s["ffn_gate_up_fused"] = 2 * _ceil(GATEUP_FUSED_MAX_M, 16) * 2 * I
+        s["ffn_gate_up_fused"] = 2 * ceil_to(GATEUP_FUSED_MAX_M, 16) * 2 * I
     else:
         for n in ("ffn_act_q8", "ffn_act_a", "ffn_act_scale", "ffn_act_scale_kmajor",
                   "ffn_gate_up_fused"):
             s[n] = 0
     s["fp8_act"] = Mp * Kp
     s["moe_fp8_scratch"] = moe_fp8_layout(c, M).bytes
-    s["fp8_act_scale"] = s["fp8_act_scale_kmajor"] = 4 * Mp * _cdiv(Kp, 128)   # ceiling
+    s["fp8_act_scale"] = s["fp8_act_scale_kmajor"] = 4 * Mp * cdiv(Kp, 128)   # ceiling
     s["q2_dequant_scratch"] = (2 * H * max(I, QKVZ, Dip, g * Hq * D, 2 * Hkv * D)
                                if _lever(env, "METRALE_GGUF_NATIVE_Q2") else 0)
     if rank > 0:
@@ -440,7 +368,7 @@ def _compute(c, M, max_seq_len, kv_block_size, max_batch_size, target, env):
         s["lora_seq_slot"] = 4 * M
     else:
         s["lora_xa"] = s["lora_delta"] = s["lora_hact"] = s["lora_seq_slot"] = 0
-    s["q2_act_q8"] = (4 * M * _ceil(max(H, I, Hq * D), 256) + _Q8_SLACK
+    s["q2_act_q8"] = (4 * M * ceil_to(max(H, I, Hq * D), 256) + _Q8_SLACK
                       if _lever(env, "METRALE_GGUF_NATIVE_Q2_MMQ") else 0)
     s["ssm_rowwise_w_bf16"] = (c.num_ssm_layers() * (2 * QKVZ * H + 2 * H * Vd)
                                if _lever(env, "METRALE_FP8_ROWWISE") else 0)

@@ -1,6 +1,13 @@
-from typing import Mapping
+from typing import Mapping, SupportsIndex
 
+from metrale._record import Record
 from metrale.config import ModelConfig
+
+__all__ = [
+    'BUFFER_NAMES', 'BufferSizes', 'DecodeMetaLayout', 'Target', 'GATEUP_FUSED_MAX_M',
+    'DECODE_META_MIN_ROWS', 'DECODE_META_MAX_ROWS', 'Q12_SIZING_STREAMS', 'VERIFY_ROW_CAP',
+    'resolve_splitk',
+]
 
 GATEUP_FUSED_MAX_M: int
 DECODE_META_MIN_ROWS: int
@@ -9,12 +16,10 @@ Q12_SIZING_STREAMS: int
 VERIFY_ROW_CAP: int
 BUFFER_NAMES: tuple[str, ...]
 
-class Target:
-    def __init__(self, sm_count: int, splitk: str) -> None: ...
-    @property
-    def sm_count(self) -> int: ...
-    @property
-    def splitk(self) -> str: ...
+class Target(Record):
+    sm_count: int
+    splitk: str
+    def __init__(self, sm_count: SupportsIndex, splitk: str) -> None: ...
     @classmethod
     def reference(cls) -> Target: ...
 
@@ -23,6 +28,7 @@ def splitk_slots(target: Target, env: Mapping[str, str], num_heads: int, rows: i
 def scratch_terms(config: ModelConfig, M: int, B: int, R: int) -> tuple[int, int, int]: ...
 
 class DecodeMetaLayout:
+    def __init__(self, rows: SupportsIndex) -> None: ...
     @classmethod
     def for_max_batch_size(cls, n: int) -> DecodeMetaLayout: ...
     def rows(self) -> int: ...
@@ -33,64 +39,99 @@ class DecodeMetaLayout:
     def block_table_offset(self) -> int: ...
     def meta_bytes(self, max_blocks: int) -> int: ...
 
-class MoeFp8Layout:
-    scale: int
-    worklist: int
-    counter: int
-    small_worklist: int
-    small_bytes: int
-    small_counter: int
-    bytes: int
-
-def moe_fp8_layout(config: ModelConfig, rows: int) -> MoeFp8Layout: ...
-
 class BufferSizes:
-    hidden_states: int
-    residual: int
-    norm_output: int
-    qkv_output: int
-    attn_output: int
-    gate_logits: int
-    gate_logits_f32: int
-    moe_router_in_f32: int
-    moe_output: int
-    logits: int
-    ssm_qkvz: int
-    ssm_ba: int
-    ssm_deinterleaved: int
-    ssm_gates: int
-    ssm_conv_out_f32: int
-    scratch: int
-    expert_gate_out: int
-    expert_up_out: int
-    expert_down_out: int
-    splitk_workspace: int
-    o_latent: int
-    norm_unit_w: int
-    hc_streams: int
-    hc_post: int
-    hc_comb: int
-    hc_lowrank_scratch: int
-    qsa_select_scratch: int
-    ssd_scratch: int
-    gdn_fla_scratch: int
-    token_ids: int
-    ffn_act_q8: int
-    ffn_act_a: int
-    ffn_act_scale: int
-    ffn_act_scale_kmajor: int
-    ffn_gate_up_fused: int
-    fp8_act: int
-    moe_fp8_scratch: int
-    fp8_act_scale: int
-    fp8_act_scale_kmajor: int
-    q2_dequant_scratch: int
-    lora_xa: int
-    lora_delta: int
-    lora_hact: int
-    lora_seq_slot: int
-    q2_act_q8: int
-    ssm_rowwise_w_bf16: int
+    @property
+    def hidden_states(self) -> int: ...
+    @property
+    def residual(self) -> int: ...
+    @property
+    def norm_output(self) -> int: ...
+    @property
+    def qkv_output(self) -> int: ...
+    @property
+    def attn_output(self) -> int: ...
+    @property
+    def gate_logits(self) -> int: ...
+    @property
+    def gate_logits_f32(self) -> int: ...
+    @property
+    def moe_router_in_f32(self) -> int: ...
+    @property
+    def moe_output(self) -> int: ...
+    @property
+    def logits(self) -> int: ...
+    @property
+    def ssm_qkvz(self) -> int: ...
+    @property
+    def ssm_ba(self) -> int: ...
+    @property
+    def ssm_deinterleaved(self) -> int: ...
+    @property
+    def ssm_gates(self) -> int: ...
+    @property
+    def ssm_conv_out_f32(self) -> int: ...
+    @property
+    def scratch(self) -> int: ...
+    @property
+    def expert_gate_out(self) -> int: ...
+    @property
+    def expert_up_out(self) -> int: ...
+    @property
+    def expert_down_out(self) -> int: ...
+    @property
+    def splitk_workspace(self) -> int: ...
+    @property
+    def o_latent(self) -> int: ...
+    @property
+    def norm_unit_w(self) -> int: ...
+    @property
+    def hc_streams(self) -> int: ...
+    @property
+    def hc_post(self) -> int: ...
+    @property
+    def hc_comb(self) -> int: ...
+    @property
+    def hc_lowrank_scratch(self) -> int: ...
+    @property
+    def qsa_select_scratch(self) -> int: ...
+    @property
+    def ssd_scratch(self) -> int: ...
+    @property
+    def gdn_fla_scratch(self) -> int: ...
+    @property
+    def token_ids(self) -> int: ...
+    @property
+    def ffn_act_q8(self) -> int: ...
+    @property
+    def ffn_act_a(self) -> int: ...
+    @property
+    def ffn_act_scale(self) -> int: ...
+    @property
+    def ffn_act_scale_kmajor(self) -> int: ...
+    @property
+    def ffn_gate_up_fused(self) -> int: ...
+    @property
+    def fp8_act(self) -> int: ...
+    @property
+    def moe_fp8_scratch(self) -> int: ...
+    @property
+    def fp8_act_scale(self) -> int: ...
+    @property
+    def fp8_act_scale_kmajor(self) -> int: ...
+    @property
+    def q2_dequant_scratch(self) -> int: ...
+    @property
+    def lora_xa(self) -> int: ...
+    @property
+    def lora_delta(self) -> int: ...
+    @property
+    def lora_hact(self) -> int: ...
+    @property
+    def lora_seq_slot(self) -> int: ...
+    @property
+    def q2_act_q8(self) -> int: ...
+    @property
+    def ssm_rowwise_w_bf16(self) -> int: ...
     def __init__(self, **sizes: int) -> None: ...
     @classmethod
     def from_config(cls, config: ModelConfig, max_batch_tokens: int, max_seq_len: int,

@@ -1,0 +1,18 @@
+# ArenaView (see _view.pyx): made by the arena, counted in its lifetime word.
+from libc.stdint cimport uint64_t
+
+from metrale._core cimport mt_life
+
+cdef class ArenaView:
+    cdef readonly object arena
+    cdef readonly str name
+    cdef readonly str dtype
+    cdef readonly tuple shape
+    cdef readonly object ptr
+    cdef readonly object nbytes
+    cdef int _dev_type, _dev_id, _code, _bits, _buf
+    cdef mt_life *_life           # the arena's, once this view is counted in it
+
+# A view of buffer `buf` (`nbytes` long at `ptr`) of `arena`, counted in `life`.
+cdef ArenaView make_view(object arena, mt_life *life, int buf, uint64_t nbytes, object ptr,
+                         int dev_type, int dev_id, object dtype, object shape)
