@@ -22,11 +22,13 @@ import tempfile
 from cuda.bindings import driver as cu
 
 from metrale import BufferSizes, ModelConfig
+from metrale._buffers import GROUPS
 from metrale._layout import plan_layout, zero_rows_ranges
 from metrale.sizes import Target
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-MAXR = 18
+SRC = os.path.join(HERE, "..", "src")
+MAXR = len(GROUPS["zero_all"])      # MT_MAX_RANGES of kernels/zero_ranges.h
 
 
 class Args(ctypes.Structure):
@@ -41,6 +43,7 @@ class Args2(ctypes.Structure):
 
 
 class Args3(ctypes.Structure):
+    # ctypes' view of mt_zero_args (src/metrale/kernels/zero_ranges.h)
     _fields_ = [("base", ctypes.c_ulonglong), ("offset", ctypes.c_ulonglong * MAXR),
                 ("length", ctypes.c_ulonglong * MAXR), ("first", ctypes.c_uint * (MAXR + 1)),
                 ("per", ctypes.c_uint), ("count", ctypes.c_int)]
@@ -75,7 +78,7 @@ def main():
     else:
         with tempfile.TemporaryDirectory() as d:
             out = os.path.join(d, "v.ptx")
-            subprocess.run(["nvcc", "-ptx", "-arch=compute_90",
+            subprocess.run(["nvcc", "-ptx", "-arch=compute_90", "-I", SRC,
                             os.path.join(HERE, "zero_ranges_variants.cu"), "-o", out], check=True)
             ptx = open(out, "rb").read()
 

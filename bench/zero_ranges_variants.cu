@@ -1,8 +1,10 @@
 // Candidate kernels for zero_all_rows, timed by bench/tune_zero_ranges.py.
-// Same parameter block as src/metrale/kernels/zero_ranges.cu (ranges by value).
-#define MT_MAX_RANGES 18
+// Ranges by value, as src/metrale/kernels/zero_ranges.cu; the host-laid
+// variants (hb_*) take its parameter block, mt_zero_args, from its header.
+#include "metrale/kernels/zero_ranges.h"
 
-struct mt_zero_args {
+// The first kernels' parameter block: no per-block layout.
+struct mt_zero_args0 {
     unsigned long long base;
     unsigned long long offset[MT_MAX_RANGES];
     unsigned long long length[MT_MAX_RANGES];
@@ -10,7 +12,7 @@ struct mt_zero_args {
 };
 
 // v0: the first shipped kernel: every range strided over the whole grid.
-extern "C" __global__ void v0_stride(const mt_zero_args a)
+extern "C" __global__ void v0_stride(const mt_zero_args0 a)
 {
     const unsigned long long tid = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
     const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
@@ -41,7 +43,7 @@ __device__ __forceinline__ void put0(uint4 *q)
 // striding by blockDim.x, U stores in flight per thread.  Block 0 also clears
 // the sub-16-byte tails.
 template <int U, int CS>
-__device__ __forceinline__ void block_body(const mt_zero_args &a)
+__device__ __forceinline__ void block_body(const mt_zero_args0 &a)
 {
     unsigned long long total = 0;
     for (int r = 0; r < a.count; r++)
@@ -78,17 +80,17 @@ __device__ __forceinline__ void block_body(const mt_zero_args &a)
     }
 }
 
-extern "C" __global__ void blk_u1(const mt_zero_args a) { block_body<1, 0>(a); }
-extern "C" __global__ void blk_u2(const mt_zero_args a) { block_body<2, 0>(a); }
-extern "C" __global__ void blk_u4(const mt_zero_args a) { block_body<4, 0>(a); }
-extern "C" __global__ void blk_u8(const mt_zero_args a) { block_body<8, 0>(a); }
-extern "C" __global__ void blk_u4_cs(const mt_zero_args a) { block_body<4, 1>(a); }
+extern "C" __global__ void blk_u1(const mt_zero_args0 a) { block_body<1, 0>(a); }
+extern "C" __global__ void blk_u2(const mt_zero_args0 a) { block_body<2, 0>(a); }
+extern "C" __global__ void blk_u4(const mt_zero_args0 a) { block_body<4, 0>(a); }
+extern "C" __global__ void blk_u8(const mt_zero_args0 a) { block_body<8, 0>(a); }
+extern "C" __global__ void blk_u4_cs(const mt_zero_args0 a) { block_body<4, 1>(a); }
 
 // Flat grid-stride: thread t clears chunks t, t + stride, ... of the joint
 // index space, so a range's first chunk goes to the thread after the previous
 // range's last (balanced however the bytes split across ranges).
 template <int U>
-__device__ __forceinline__ void flat_body(const mt_zero_args &a)
+__device__ __forceinline__ void flat_body(const mt_zero_args0 &a)
 {
     const unsigned long long tid = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
     const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
@@ -113,11 +115,11 @@ __device__ __forceinline__ void flat_body(const mt_zero_args &a)
     }
 }
 
-extern "C" __global__ void flat_u1(const mt_zero_args a) { flat_body<1>(a); }
-extern "C" __global__ void flat_u4(const mt_zero_args a) { flat_body<4>(a); }
+extern "C" __global__ void flat_u1(const mt_zero_args0 a) { flat_body<1>(a); }
+extern "C" __global__ void flat_u4(const mt_zero_args0 a) { flat_body<4>(a); }
 
 // 32 bytes per thread per step: two adjacent 16-byte stores (a whole sector).
-__device__ __forceinline__ void blk32_body(const mt_zero_args &a)
+__device__ __forceinline__ void blk32_body(const mt_zero_args0 &a)
 {
     unsigned long long total = 0;
     for (int r = 0; r < a.count; r++)
@@ -149,12 +151,12 @@ __device__ __forceinline__ void blk32_body(const mt_zero_args &a)
     }
 }
 
-extern "C" __global__ void blk32(const mt_zero_args a) { blk32_body(a); }
+extern "C" __global__ void blk32(const mt_zero_args0 a) { blk32_body(a); }
 
 // Hopper bulk stores: each block zeroes S bytes of shared memory once and
 // the tensor-memory-access unit copies them out in pieces of up to S bytes.
 template <int S>
-__device__ __forceinline__ void tma_body(const mt_zero_args &a)
+__device__ __forceinline__ void tma_body(const mt_zero_args0 &a)
 {
 #if __CUDA_ARCH__ >= 900
     __shared__ __align__(128) uint4 zs[S / 16];
@@ -200,9 +202,9 @@ __device__ __forceinline__ void tma_body(const mt_zero_args &a)
 #endif
 }
 
-extern "C" __global__ void tma_8k(const mt_zero_args a) { tma_body<8192>(a); }
-extern "C" __global__ void tma_16k(const mt_zero_args a) { tma_body<16384>(a); }
-extern "C" __global__ void tma_32k(const mt_zero_args a) { tma_body<32768>(a); }
+extern "C" __global__ void tma_8k(const mt_zero_args0 a) { tma_body<8192>(a); }
+extern "C" __global__ void tma_16k(const mt_zero_args0 a) { tma_body<16384>(a); }
+extern "C" __global__ void tma_32k(const mt_zero_args0 a) { tma_body<32768>(a); }
 
 // Range-blocks: no block spans two ranges.  Range r gets ceil(chunks_r / per)
 // blocks of its own (the host passes `per` and launches the sum), so a block
@@ -257,18 +259,11 @@ extern "C" __global__ void rb_u4(const mt_zero_args2 a) { rb_body<4>(a); }
 
 // Host-blocks: the host lays the blocks out (range r owns blocks
 // [first[r], first[r+1]) and each block `per` 16-byte chunks of it), so the
-// kernel's prologue is a scan of compares, no 64-bit division.
-struct mt_zero_args3 {
-    unsigned long long base;
-    unsigned long long offset[MT_MAX_RANGES];
-    unsigned long long length[MT_MAX_RANGES];
-    unsigned int first[MT_MAX_RANGES + 1];
-    unsigned int per;
-    int count;
-};
+// kernel's prologue is a scan of compares, no 64-bit division.  The shipped
+// kernel's parameter block (zero_ranges.h).
 
 template <int U>
-__device__ __forceinline__ void hb_body(const mt_zero_args3 &a)
+__device__ __forceinline__ void hb_body(const mt_zero_args &a)
 {
     int r = 0;
     while (r + 1 < a.count && blockIdx.x >= a.first[r + 1])
@@ -292,9 +287,9 @@ __device__ __forceinline__ void hb_body(const mt_zero_args3 &a)
         ((unsigned char *)q)[(n16 << 4) + threadIdx.x] = 0;
 }
 
-extern "C" __global__ void hb_u1(const mt_zero_args3 a) { hb_body<1>(a); }
-extern "C" __global__ void hb_u2(const mt_zero_args3 a) { hb_body<2>(a); }
-extern "C" __global__ void hb_u4(const mt_zero_args3 a) { hb_body<4>(a); }
+extern "C" __global__ void hb_u1(const mt_zero_args a) { hb_body<1>(a); }
+extern "C" __global__ void hb_u2(const mt_zero_args a) { hb_body<2>(a); }
+extern "C" __global__ void hb_u4(const mt_zero_args a) { hb_body<4>(a); }
 
 // Keeps the stream busy while the host issues the timed work, so the events
 // around it measure GPU time only, not the host's issue latency.

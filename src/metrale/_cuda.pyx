@@ -11,22 +11,24 @@ from libc.stdint cimport uintptr_t
 from libc.string cimport memset as c_memset
 
 from cuda.bindings cimport cydriver
-from metrale._core cimport MT_N_ZERO_ALL, mt_range
+from metrale._core cimport mt_range
 from metrale._backend cimport Backend
 from metrale._common cimport as_stream, index_arg, u64_arg, mt_py_finalizing
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 
 from metrale.errors import MetraleError, OutOfMemoryError
 
-# Kernel parameters of kernels/zero_ranges.cu, passed by value (its
-# MT_MAX_RANGES is the core's MT_N_ZERO_ALL, 18).
-cdef struct mt_zero_args:
-    unsigned long long base
-    unsigned long long offset[18]
-    unsigned long long length[18]
-    unsigned int first[19]
-    unsigned int per
-    int count
+# The kernel's parameter block, declared once in kernels/zero_ranges.h.
+cdef extern from "metrale/kernels/zero_ranges.h":
+    enum:
+        MT_MAX_RANGES
+    ctypedef struct mt_zero_args:
+        unsigned long long base
+        unsigned long long offset[MT_MAX_RANGES]
+        unsigned long long length[MT_MAX_RANGES]
+        unsigned int first[MT_MAX_RANGES + 1]
+        unsigned int per
+        int count
 
 # 16-byte chunks per block of the zeroing kernel: 8 KiB, two stores per thread
 # of a 256-thread block.  Measured on the H200 against 256..8192 (RESULTS.md).
@@ -196,14 +198,14 @@ cdef class CudaBackend(Backend):
         cdef mt_zero_args args
         cdef void *params[1]
         cdef unsigned long long blocks = 0, chunks = 0, per = ZERO_PER, nb
-        cdef int order[MT_N_ZERO_ALL]
+        cdef int order[MT_MAX_RANGES]
         cdef int i, j, k
         cdef cydriver.CUresult err
         cdef cydriver.CUstream s = <cydriver.CUstream>stream
         if n == 1:
             return self.memset(base + r[0].offset, r[0].length, stream)
-        if n > MT_N_ZERO_ALL:
-            raise MetraleError(f"zero_ranges: {n} ranges, at most {MT_N_ZERO_ALL}")
+        if n > MT_MAX_RANGES:
+            raise MetraleError(f"zero_ranges: {n} ranges, at most {MT_MAX_RANGES}")
         # Largest range first (stable): its blocks are dispatched first and the
         # small ranges, latency-bound, fill the tail.  Measured best overall.
         for i in range(n):

@@ -1,4 +1,4 @@
-// One launch that zeroes up to 18 byte ranges of the arena slab (zero_all_rows).
+// One launch that zeroes up to MT_MAX_RANGES byte ranges of the arena slab (zero_all_rows).
 //
 // The host lays the grid out: range r owns blocks [first[r], first[r + 1]) and
 // each of its blocks clears `per` 16-byte chunks of it (the last one the rest,
@@ -11,17 +11,9 @@
 //
 // The parameters travel by value, so a captured CUDA graph replays exactly the
 // ranges of the call that was captured.
-// Build the shipped PTX with:  nvcc -ptx -arch=compute_75 zero_ranges.cu -o zero_ranges.ptx
-#define MT_MAX_RANGES 18
-
-struct mt_zero_args {
-    unsigned long long base;
-    unsigned long long offset[MT_MAX_RANGES];
-    unsigned long long length[MT_MAX_RANGES];
-    unsigned int first[MT_MAX_RANGES + 1];
-    unsigned int per;
-    int count;
-};
+// Build the shipped PTX with (from the repository root):
+//   nvcc -ptx -arch=compute_75 -I src src/metrale/kernels/zero_ranges.cu -o src/metrale/kernels/zero_ranges.ptx
+#include "zero_ranges.h"
 
 extern "C" __global__ void metrale_zero_ranges(const mt_zero_args a)
 {
