@@ -1,4 +1,5 @@
-"""BufferArena on every backend: placement, zeroing, checksum, carve, release."""
+"""BufferArena on every backend: construction, zeroing sentinels, checksum, the
+FP8 MoE scratch, the row-wise carve, release and construction failures."""
 
 import gc
 import logging
@@ -7,16 +8,16 @@ import warnings
 
 import pytest
 
-from metrale import (BufferArena, BufferSizes, HostBackend, MetraleError, ModelConfig,
-                     OutOfMemoryError)
-from metrale._layout import plan_layout, zero_rows_ranges
+from metrale import BufferArena, BufferSizes, HostBackend, MetraleError, OutOfMemoryError
+from metrale._layout import plan_layout
 from metrale.sizes import BUFFER_NAMES
+from metrale.testing import FaultyBackend
 
-from helpers import (CHECKSUM, COMPACT, NOENV, POINTER_NAMES, PREFILL, PRESET, ROWS, ZERO_ALL,
-                     AttrStream, Mem, ProtoStream, check_placement, check_zeroed, expected_rows_length, fill_all,
+from helpers import (CHECKSUM, COMPACT, NOENV, POINTER_NAMES, PREFILL, PRESET, ZERO_ALL,
+                     AttrStream, Mem, ProtoStream, check_placement, check_zeroed, fill_all,
                      live_counts, new, ptr_of, rows_expectation)
 
-# -- placement -------------------------------------------------------------------------
+# -- construction ----------------------------------------------------------------------
 
 def test_arena_sanity_golden(backend):
     gpu = backend
@@ -38,32 +39,6 @@ def test_arena_sanity_golden(backend):
     finally:
         arena.release(gpu)
     assert live_counts(gpu) == before
-
-
-@pytest.mark.parametrize("preset", ModelConfig.presets())
-@pytest.mark.parametrize("m", [1, 100, 128, 8192])
-def test_every_preset_one_slab(preset, m):
-    gpu = HostBackend()
-    arena = new(gpu, ModelConfig.preset(preset), m=m)
-    assert gpu.alloc_count == 1 and gpu.live_alloc_count == 1
-    assert gpu.live_bytes == arena.slab_bytes()
-    check_placement(arena, gpu)
-    # zero_all and zero_prefill_essentials are each one contiguous range.
-    layout = plan_layout(arena.sizes(), m)
-    za_lo, za_len = layout.zero_all
-    zp_lo, zp_len = layout.zero_prefill
-    offs = layout.offsets
-    z = [(offs[n], offs[n] + getattr(arena.sizes(), n)) for n in ZERO_ALL if offs[n] is not None]
-    p = [(offs[n], offs[n] + getattr(arena.sizes(), n)) for n in PREFILL if offs[n] is not None]
-    assert (za_lo, za_lo + za_len) == (min(a for a, _ in z), max(b for _, b in z))
-    assert (zp_lo, zp_lo + zp_len) == (min(a for a, _ in p), max(b for _, b in p))
-    assert zp_lo == za_lo
-    others = [(offs[n], offs[n] + getattr(arena.sizes(), n)) for n in BUFFER_NAMES
-              if n not in ZERO_ALL and offs[n] is not None]
-    for a, b in others:
-        assert b <= za_lo or a >= za_lo + za_len
-    arena.release(gpu)
-    assert live_counts(gpu) == (0, 0)
 
 
 def test_zero_size_entries_are_null(backend):
@@ -119,49 +94,8 @@ def test_zero_all_rows_ops_count():
         assert 1 <= gpu.memset_count - before <= 18
 
 
-def test_zero_all_rows_worked_m128():
-    s = BufferSizes.from_config(PRESET, 128, 4096, 16, 32, env=NOENV)
-    full = sum(getattr(s, n) for n in ROWS)
-    trimmed = sum(expected_rows_length(getattr(s, n), 128, 1) for n in ROWS)
-    assert (full, trimmed) == (26_132_480, 204_160)
-    assert expected_rows_length(s.hidden_states, 128, 1) == 4096 and s.hidden_states == 524_288
-    assert expected_rows_length(s.ssm_ba, 128, 1) == 128 and s.ssm_ba == 16_384
-    # the C core clears the same number of bytes (the whole ones merge into one range)
-    got = sum(length for _, length in zero_rows_ranges(s, 128, 1))
-    assert got >= trimmed + s.splitk_workspace + s.logits + s.scratch
-    assert got - (trimmed + s.splitk_workspace + s.logits + s.scratch) < 3 * 256
-
-
-def test_zero_all_rows_worked_m1000():
-    s = BufferSizes.from_config(PRESET, 1000, 4096, 16, 32, env=NOENV)
-    L = {n: expected_rows_length(getattr(s, n), 1000, 1) for n in ROWS}
-    assert sum(getattr(s, n) for n in ROWS) == 205_224_960
-    assert sum(L.values()) == 2_200_960
-    assert (s.hidden_states, L["hidden_states"]) == (4_096_000, 4_096)
-    assert (s.qkv_output, L["qkv_output"]) == (18_579_456, 294_912)
-    assert (s.moe_output, L["moe_output"]) == (4_128_768, 65_536)
-    assert (s.ssm_qkvz, L["ssm_qkvz"]) == (24_772_608, 393_216)
-    assert (s.ssm_deinterleaved, L["ssm_deinterleaved"]) == (24_772_608, 393_216)
-    assert (s.expert_gate_out, L["expert_gate_out"]) == (10_321_920, 163_840)
-    assert (s.expert_down_out, L["expert_down_out"]) == (41_287_680, 655_360)
-
-
-@pytest.mark.parametrize("n, m, tokens, length", [
-    (8193 * 32768, 8193, 1, 32768),
-    (8208 * 32768, 8193, 1, 16 * 32768),
-    (8208 * 32768, 8193, 17, 32 * 32768),
-    (8208 * 32768, 8193, 8193, 8208 * 32768),
-    (1_000_003, 8193, 1, 1_000_003),
-    (4096 * 32768, 4096, 1, 32768),
-])
-def test_zero_rows_length_rule_in_core(n, m, tokens, length):
-    zero = BufferSizes(**dict.fromkeys(BUFFER_NAMES, 0))
-    s = zero.replace(hidden_states=n)
-    assert zero_rows_ranges(s, m, tokens) == [(0, length)]
-
-
 def test_zero_all_rows_skips_empty_ranges():
-    gpu = HostBackend()
+    gpu = FaultyBackend()
     zero = BufferSizes(**dict.fromkeys(BUFFER_NAMES, 0))
     with BufferArena.from_sizes(PRESET, zero.replace(hidden_states=4096, o_latent=256), 16, 0, gpu) as a:
         before = gpu.memset_count
@@ -188,68 +122,6 @@ def test_zeroing_argument_errors(backend):
             arena.zero_all(gpu, "s")
         with pytest.raises(MetraleError, match="not the arena's own"):
             arena.zero_all(HostBackend(), 0)
-
-
-def _random_ranges(rnd, n):
-    """2..18 disjoint ranges inside [0, n): 16-byte aligned starts, lengths that
-    include 1..15, odd and multi-block sizes."""
-    k = rnd.randint(2, 18)
-    starts = sorted(rnd.sample(range(0, n // 16), k))
-    out = []
-    for i, a in enumerate(starts):
-        gap = (starts[i + 1] if i + 1 < k else n // 16) * 16 - a * 16
-        length = min(gap, rnd.choice([1, 7, 15, 16, 17, 4095, 8192, 8193, rnd.randint(1, 300_000)]))
-        out.append((a * 16, length))
-    rnd.shuffle(out)          # the call takes them in any order
-    return out
-
-
-@pytest.mark.parametrize("seed", range(6))
-def test_clear_ranges_random(backend, seed):
-    """Backend.clear_ranges, the operation behind zero_all_rows, against a numpy
-    model: exactly the listed bytes become zero, in one launch on CUDA."""
-    import random
-
-    import numpy as np
-    gpu = backend
-    rnd = random.Random(seed)
-    with new(gpu, m=128) as arena:
-        mem = Mem(arena, gpu)
-        mem.fill("logits", 0xA5)
-        n = arena.sizes().logits
-        base = ptr_of(arena, "logits")
-        ranges = _random_ranges(rnd, n)
-        expect = np.full(n, 0xA5, dtype=np.uint8)
-        for off, length in ranges:
-            expect[off:off + length] = 0
-        launches = getattr(gpu, "launch_count", None)
-        gpu.clear_ranges([(base + off, length) for off, length in ranges], 0)
-        got = mem.read("logits")
-        bad = np.flatnonzero(got != expect)
-        assert bad.size == 0, f"{bad.size} bytes differ, first at {bad[:5]}"
-        if launches is not None:
-            assert gpu.launch_count - launches == 1
-
-
-def test_clear_ranges_errors():
-    gpu = HostBackend()
-    with new(gpu, m=16) as arena:
-        p = arena.hidden_states()
-        with pytest.raises(TypeError, match="ranges"):
-            gpu.clear_ranges(p)
-        with pytest.raises(TypeError, match="address"):
-            gpu.clear_ranges([(float(p), 16)])
-        with pytest.raises(TypeError, match="tuple"):
-            gpu.clear_ranges([[p, 16]])
-        with pytest.raises(ValueError, match="aligned"):
-            gpu.clear_ranges([(p + 8, 16)])
-        with pytest.raises(ValueError, match="nbytes"):
-            gpu.clear_ranges([(p, -1)])
-        with pytest.raises(ValueError, match="at most 18"):
-            gpu.clear_ranges([(p + 16 * i, 16) for i in range(19)])
-        before = gpu.memset_count
-        gpu.clear_ranges([(p, 0), (0, 0)])        # empty ranges: nothing to do
-        assert gpu.memset_count == before
 
 
 @pytest.mark.parametrize("stream", [0, ProtoStream(), AttrStream(cuda_stream=0), AttrStream(ptr=0)])
@@ -293,7 +165,7 @@ def test_checksum_records(backend, caplog):
 
 
 def test_checksum_partial_lane_and_failed_copy(caplog):
-    gpu = HostBackend()
+    gpu = FaultyBackend()
     zero = BufferSizes(**dict.fromkeys(BUFFER_NAMES, 0))
     s = zero.replace(hidden_states=6, residual=8, norm_output=8, logits=4)
     import numpy as np
@@ -311,59 +183,6 @@ def test_checksum_partial_lane_and_failed_copy(caplog):
                         "METRALE_BUF_CKSUM[t] norm_output bytes=8 sum=0.000000 ssq=0.000000 sabs=0.000000"]
         with pytest.raises(TypeError, match="tag"):
             a.debug_buffer_checksum(gpu, 0, 3)
-
-
-# -- FP8 MoE scratch -----------------------------------------------------------------------
-
-MOE_FP8 = PRESET.replace(num_experts=256, num_experts_per_tok=8)
-
-
-def test_moe_fp8_scratch_arena(backend):
-    gpu = backend
-    before = live_counts(gpu)
-    arena = BufferArena.new(MOE_FP8, 8, 128, 16, 8, gpu)
-    base = arena.view("moe_fp8_scratch", "uint8").ptr
-    counts = (gpu.alloc_count, gpu.sync_count)
-    x = arena.moe_fp8_scratch(MOE_FP8, 8)
-    assert x.small_worklist_bytes == 65_536
-    assert x.activation == base and x.scales == base + 32_768 and x.worklist == base + 33_792
-    assert x.total_tiles == base + 99_840 and x.worklist_bytes == 99_840 - 33_792
-    assert x.small_worklist and x.small_total_tiles
-    assert x.total_tiles + 4 <= x.small_worklist
-    assert x.small_worklist + 65_536 <= x.small_total_tiles
-    assert x.small_total_tiles + 4 <= base + arena.sizes().moe_fp8_scratch
-    assert arena.moe_fp8_scratch(MOE_FP8, 8) == x and arena.moe_fp8_scratch(MOE_FP8, 1) != x
-    assert (gpu.alloc_count, gpu.sync_count) == counts
-    with pytest.raises(AttributeError):
-        x.activation = 0
-    with pytest.raises(MetraleError, match=r"FP8 MoE scratch.*rows=9.*capacity 165636 bytes"):
-        arena.moe_fp8_scratch(MOE_FP8, 9)
-    big = MOE_FP8.replace(moe_intermediate_size=51_200)
-    with pytest.raises(MetraleError, match=r"FP8 MoE scratch.*6669060 bytes.*capacity 165636"):
-        arena.moe_fp8_scratch(big, 8)
-    with pytest.raises(TypeError, match="config"):
-        arena.moe_fp8_scratch("x", 8)
-    with pytest.raises(ValueError, match="rows"):
-        arena.moe_fp8_scratch(MOE_FP8, -1)
-    arena.moe_fp8_scratch(MOE_FP8, 1)            # cached; True == 1 must not hit it
-    with pytest.raises(TypeError, match="rows"):
-        arena.moe_fp8_scratch(MOE_FP8, True)
-    arena.release(gpu)
-    assert live_counts(gpu) == before
-    with pytest.raises(MetraleError, match="FP8 MoE scratch.*released"):
-        arena.moe_fp8_scratch(MOE_FP8, 8)
-
-
-def test_moe_fp8_scratch_dense(backend):
-    gpu = backend
-    before = live_counts(gpu)
-    dense = ModelConfig.preset("gemma-4-dense")
-    arena = BufferArena.new(dense, 64, 128, 16, 8, gpu)
-    assert arena.sizes().moe_fp8_scratch == 0
-    with pytest.raises(MetraleError, match="FP8 MoE scratch"):
-        arena.moe_fp8_scratch(dense, 8)
-    arena.release(gpu)
-    assert live_counts(gpu) == before
 
 
 # -- row-wise slab --------------------------------------------------------------------------
@@ -518,7 +337,7 @@ def test_release_behaviour(backend):
 
 
 def test_release_failing_free():
-    gpu = HostBackend()
+    gpu = FaultyBackend()
     arena = new(gpu, m=16)
     gpu.inject_fault("free")
     with pytest.raises(MetraleError, match="HOST_INJECTED_FAULT"):
@@ -537,7 +356,7 @@ def test_context_manager_and_label():
 
 
 def test_finalizer_frees_and_warns():
-    gpu = HostBackend()
+    gpu = FaultyBackend()
     arena = new(gpu, m=4)
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
@@ -549,7 +368,7 @@ def test_finalizer_frees_and_warns():
 
 @pytest.mark.parametrize("op", ["alloc", "memset", "sync"])
 def test_construction_fault_leaves_nothing(op):
-    gpu = HostBackend()
+    gpu = FaultyBackend()
     gpu.inject_fault(op)
     exc = OutOfMemoryError if op == "alloc" else MetraleError
     with pytest.raises(exc) as info:
@@ -562,7 +381,7 @@ def test_construction_fault_leaves_nothing(op):
 
 
 def test_construction_fault_and_failing_cleanup_free(caplog):
-    gpu = HostBackend()
+    gpu = FaultyBackend()
     gpu.inject_fault("memset")
     gpu.inject_fault("free")
     with caplog.at_level(logging.WARNING, logger="metrale"):
@@ -621,97 +440,4 @@ def test_info_log(caplog):
 
 # -- views ----------------------------------------------------------------------------------
 
-def test_host_views_zero_copy():
-    import numpy as np
-    gpu = HostBackend()
-    with new(gpu, m=16) as arena:
-        v = arena.view("hidden_states", "float32", (16, 1024))
-        a = np.asarray(v)
-        b = np.from_dlpack(arena.view("hidden_states", np.float32))
-        assert a.ctypes.data == arena.hidden_states() == b.ctypes.data
-        assert a.shape == (16, 1024) and b.shape == (arena.sizes().hidden_states // 4,)
-        a[0, 0] = 3.5
-        assert b[0] == 3.5
-        bf = arena.view("hidden_states", "bfloat16")
-        assert bf.__dlpack_device__() == (1, 0) and bf.shape == (16 * 2048,)
-        with pytest.raises(ValueError, match="needs"):
-            arena.view("hidden_states", "float32", (17, 1024))
-        with pytest.raises(ValueError, match="dtype"):
-            arena.view("hidden_states", "complex64")
-        with pytest.raises(ValueError, match="unknown buffer"):
-            arena.view("nope", "uint8")
-        with pytest.raises(AttributeError):
-            v.__cuda_array_interface__
-        del a, b, v, bf          # views alive at release would make it refuse
 
-
-def test_core_helper_lists_match_the_spec():
-    g = plan_layout(BufferSizes.from_config(PRESET, 8, 4096, 16, 32, env=NOENV), 8).groups
-    # zero_all and zero_prefill_essentials are one merged operation each, so only
-    # their membership is observable; the checksum's order is its log order.
-    assert set(g["zero_all"]) == set(ZERO_ALL) and len(g["zero_all"]) == 18
-    assert set(g["prefill"]) == set(PREFILL) and len(g["prefill"]) == 7
-    assert g["rows"] == ROWS and g["checksum"] == CHECKSUM
-
-
-def test_view_shapes_are_checked_when_made():
-    import itertools
-
-    import numpy as np
-    gpu = HostBackend()
-    with new(gpu, m=16) as arena:
-        n = arena.sizes().hidden_states
-        for shape, exc, word in [
-            ((0, 2**63), ValueError, "shape"),                       # past numpy's int64 dims
-            ((2**62, 0, 3), ValueError, "more elements than an array can index"),
-            ((1,) * 33, ValueError, "more than 32 dimensions"),
-            (itertools.repeat(1), ValueError, "more than 32 dimensions"),
-            ((2, -1), ValueError, "shape must be >= 0"),
-            ((2, True), TypeError, "shape"),
-            ((2.0,), TypeError, "shape"),
-            ("12", TypeError, "shape"),
-            (1.5, TypeError, "shape"),
-            ((n + 1,), ValueError, "needs"),
-        ]:
-            with pytest.raises(exc, match=word):
-                arena.view("hidden_states", "uint8", shape)
-        assert arena.view("hidden_states", "uint8", (0, 2**63 - 1)).shape == (0, 2**63 - 1)
-        assert np.asarray(arena.view("hidden_states", "uint8", (0, 2**63 - 1))).shape == (0, 2**63 - 1)
-        assert arena.view("hidden_states", "uint8", (1,) * 32).shape == (1,) * 32
-        assert np.asarray(arena.view("hidden_states", "float32", ())).shape == ()
-        assert arena.view("hidden_states", "uint8", np.int64(8)).shape == (8,)
-        assert arena.view("hidden_states", "uint8", (x for x in (2, 4))).shape == (2, 4)
-        with pytest.raises(TypeError, match="name"):
-            arena.view(b"hidden_states", "uint8")
-
-
-def test_objects_are_made_only_by_their_factories():
-    from metrale._view import ArenaView
-    from metrale._backend import Backend
-    from metrale._scratch import ScratchSpace, _Lease, _Region
-    for cls in (BufferArena, ArenaView, ScratchSpace, _Lease, _Region):
-        with pytest.raises(TypeError):
-            cls()
-        with pytest.raises(TypeError):
-            cls.__new__(cls)
-    sizes = BufferSizes(**dict.fromkeys(BUFFER_NAMES, 0)).replace(logits=256)
-    with pytest.raises(TypeError, match="gpu: Backend does not implement"):
-        BufferArena.from_sizes(PRESET, sizes, 1, 0, Backend())
-    with pytest.raises(TypeError, match="gpu"):
-        BufferArena.new(PRESET, 1, 16, 16, 1, Backend())
-
-
-def test_clear_ranges_only_in_backend_memory():
-    import numpy as np
-    gpu = HostBackend()
-    other = np.zeros(4096, dtype=np.uint8)
-    with new(gpu, m=16) as arena:
-        slab_end = arena.hidden_states() + arena.slab_bytes()
-        for bad in [(other.ctypes.data // 16 * 16 + 16, 16), (16, 16), (2**64 - 16, 16),
-                    (slab_end - 16, 32), (arena.hidden_states(), arena.slab_bytes() + 16)]:
-            with pytest.raises(ValueError, match="not inside memory this HostBackend allocated"):
-                gpu.clear_ranges([bad])
-        gpu.clear_ranges([(slab_end - 16, 16)])
-        p = arena.hidden_states()
-    with pytest.raises(ValueError, match="not inside"):
-        gpu.clear_ranges([(p, 16)])                      # released: no longer the backend's

@@ -7,7 +7,9 @@ import metrale
 from metrale import (BufferArena, BufferSizes, DecodeMetaLayout, HostBackend, ModelConfig,
                      ScratchSpaceManager, Target)
 from metrale._common import check_index
-from metrale.sizes import BUFFER_NAMES, moe_fp8_layout
+from metrale.moe import moe_fp8_layout
+from metrale.sizes import BUFFER_NAMES
+from metrale.testing import FaultyBackend
 
 from helpers import COMPACT, NOENV, PRESET, AttrStream, ProtoStream, new
 
@@ -65,7 +67,7 @@ INT_ARGS = [
     (lambda v: ScratchSpaceManager(v, 1), "scratch_size"),
     (lambda v: ScratchSpaceManager(8, v), "max_threads"),
     (lambda v: ScratchSpaceManager.for_model(v, 1), "hidden_dim"),
-    (lambda v: HostBackend().inject_fault("alloc", v), "nth"),
+    (lambda v: FaultyBackend().inject_fault("alloc", v), "nth"),
 ]
 
 

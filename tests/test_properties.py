@@ -27,6 +27,7 @@ from metrale import (BufferArena, BufferSizes, HostBackend, MetraleError, ModelC
 from metrale.cli import main  # noqa: E402
 from metrale.config import FIELDS  # noqa: E402
 from metrale.sizes import BUFFER_NAMES  # noqa: E402
+from metrale.testing import FaultyBackend  # noqa: E402
 
 from helpers import (COMPACT, PRESET, ROWS, ZERO_ALL, AttrStream, Mem, ProtoStream,  # noqa: E402
                      check_placement, expected_rows_length, live_counts, ptr_of)
@@ -173,7 +174,7 @@ def small_sizes(max_bytes=20_000):
 @given(small_sizes(), st.integers(1, 64), st.sampled_from([None, "alloc", "memset", "sync"]),
        st.integers(1, 3))
 def test_arena_construction_with_faults(sizes, m, fault, nth):
-    gpu = HostBackend()
+    gpu = FaultyBackend()
     base = live_counts(gpu)
     if fault:
         gpu.inject_fault(fault, nth)

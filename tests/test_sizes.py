@@ -4,7 +4,7 @@ import pytest
 
 from metrale import (BufferSizes, DecodeMetaLayout, ModelConfig, Target, DECODE_META_MAX_ROWS,
                      DECODE_META_MIN_ROWS, GATEUP_FUSED_MAX_M, Q12_SIZING_STREAMS, VERIFY_ROW_CAP)
-from metrale.sizes import BUFFER_NAMES, moe_fp8_layout, scratch_terms
+from metrale.sizes import BUFFER_NAMES, scratch_terms
 
 PRESET = ModelConfig.preset("qwen3-next-80b")
 NOENV = {}
@@ -115,64 +115,6 @@ def test_decode_meta_value_semantics():
     assert "64" in repr(DecodeMetaLayout.for_max_batch_size(64))
     with pytest.raises(ValueError, match="max_batch_size"):
         DecodeMetaLayout.for_max_batch_size(-1)
-
-
-MOE_FP8 = PRESET.replace(num_experts=256, num_experts_per_tok=8)
-
-
-@pytest.mark.parametrize("rows, scale, worklist, counter, small_wl, small_bytes, small_counter, nbytes", [
-    (8, 32_768, 33_792, 99_840, 100_096, 65_536, 165_632, 165_636),
-    (2176, 8_912_896, 9_191_424, 9_292_032, 9_292_288, 65_536, 9_357_824, 9_357_828),
-])
-def test_moe_fp8_worked(rows, scale, worklist, counter, small_wl, small_bytes, small_counter, nbytes):
-    L = moe_fp8_layout(MOE_FP8, rows)
-    assert (L.scale, L.worklist, L.counter, L.small_worklist, L.small_bytes,
-            L.small_counter, L.bytes) == (scale, worklist, counter, small_wl, small_bytes,
-                                          small_counter, nbytes)
-
-
-def test_moe_fp8_e128_no_small():
-    L = moe_fp8_layout(MOE_FP8.replace(num_experts=128), 8)
-    assert L.small_bytes == 0 and L.small_worklist == 0 and L.bytes == L.counter + 4 == 67_076
-
-
-@pytest.mark.parametrize("Is", [0, 512, 4096])
-@pytest.mark.parametrize("rows", [1, 32, 64, 65, 128, 2176])
-def test_golden_G_invariants(Is, rows):
-    cfg = MOE_FP8.replace(shared_expert_intermediate_size=Is)
-    L = moe_fp8_layout(cfg, rows)
-    shared_k = max(2048, Is)
-    assert L.bytes <= moe_fp8_layout(cfg, 2176).bytes
-    assert L.scale >= max(rows * 2048, rows * shared_k, rows * 8 * 512)
-    assert L.worklist - L.scale >= max(4 * rows * -(-shared_k // 128), 4 * rows * 8 * 4)
-    for width in (512, 2048):
-        assert L.counter - L.worklist >= (-(-rows * 8 // 128) + 256 + 1) * -(-width // 64) * 8
-    assert L.bytes - L.small_counter == 4
-    assert L.counter + 4 <= L.small_worklist
-    assert L.small_worklist + L.small_bytes <= L.small_counter
-    for off in (L.scale, L.worklist, L.counter, L.small_worklist, L.small_counter):
-        assert off % 256 == 0
-
-
-@pytest.mark.parametrize("width, small", [(2048, 65_536), (4096, 131_072), (4097, 133_120)])
-def test_golden_G_small_capacity(width, small):
-    cfg = MOE_FP8.replace(hidden_size=width)
-    assert moe_fp8_layout(cfg, 8).small_bytes == small
-
-
-def test_golden_G_small_overflow():
-    cfg = MOE_FP8.replace(hidden_size=2 ** 62)
-    with pytest.raises(ValueError, match="adaptive FP8 small worklist size overflow"):
-        moe_fp8_layout(cfg, 1)
-
-
-def test_golden_G_budget():
-    s = BufferSizes.from_config(MOE_FP8, 2176, 2048, 16, 128, env=NOENV)
-    assert s.moe_fp8_scratch == 9_357_828
-    assert s.total_bytes() - s.replace(moe_fp8_scratch=0).total_bytes() == 9_357_828
-    dense = ModelConfig.preset("gemma-4-dense")
-    assert moe_fp8_layout(dense, 2176).bytes == 0
-    assert sizes(dense, m=2176).moe_fp8_scratch == 0
 
 
 def test_golden_I_q2():

@@ -30,3 +30,7 @@ cdef class Backend:
     cdef int d2h(self, void *dst, uintptr_t src, size_t n, uintptr_t stream) except -1
     cdef int h2d(self, uintptr_t dst, const void *src, size_t n, uintptr_t stream) except -1
     cdef int sync(self, uintptr_t stream) except -1
+
+
+cdef class HostBackend(Backend):
+    cdef dict _live        # base -> bytes of every allocation it holds (for check_range)

@@ -5,7 +5,7 @@ from libc.stdint cimport uint64_t, uintptr_t
 from libc.stdlib cimport free as c_free
 from libc.string cimport memcpy, memset as c_memset
 
-from metrale._common cimport as_stream, index_arg, u64_arg
+from metrale._common cimport as_stream, u64_arg
 from metrale._core cimport MT_ALIGN, MT_N_ZERO_ALL, mt_range
 
 from metrale.errors import MetraleError, OutOfMemoryError
@@ -84,50 +84,21 @@ cdef class Backend:
             self.zero_ranges(0, r, n, s)
 
 
-_OPS = ("alloc", "free", "memset", "d2h", "h2d", "sync")
-
-
 cdef class HostBackend(Backend):
     """Host memory, synchronous: everything the arena does, with no GPU.
 
-    Counters (read-only) let tests see what an operation cost, and
-    `inject_fault(op, nth)` makes the nth next `op` fail.
+    Counters (read-only) let tests see what an operation cost;
+    metrale.testing.FaultyBackend is one that fails on demand.
     """
-    cdef dict _faults
-    cdef dict _live        # base -> bytes of every allocation it holds
 
     def __cinit__(self):
         self.device_type = 1
         self.device_id = 0
-        self._faults = {}
         self._live = {}
 
     def target(self):
         from metrale.sizes import Target
         return Target.reference()
-
-    def inject_fault(self, op, nth=1):
-        """Make the nth next `op` ("alloc", "free", "memset", "d2h", "h2d", "sync") fail."""
-        if not isinstance(op, str):
-            raise TypeError(f"op must be a str, got {type(op).__name__}")
-        if op not in _OPS:
-            raise ValueError(f"op must be one of {', '.join(_OPS)}, got {op!r}")
-        self._faults[op] = index_arg(nth, "nth", 1)
-
-    def clear_faults(self):
-        self._faults.clear()
-
-    cdef bint _fault(self, str op) except -1:
-        if not self._faults:
-            return False
-        left = self._faults.get(op)
-        if left is None:
-            return False
-        if left > 1:
-            self._faults[op] = left - 1
-            return False
-        del self._faults[op]
-        return True
 
     cdef int check_range(self, uintptr_t p, size_t n) except -1:
         for base, size in self._live.items():
@@ -137,8 +108,6 @@ cdef class HostBackend(Backend):
 
     cdef int alloc(self, size_t n, uintptr_t *out) except -1:
         cdef void *p
-        if self._fault("alloc"):
-            raise OutOfMemoryError(f"host allocation of {n} bytes refused (injected fault)")
         with nogil:
             p = aligned_alloc(MT_ALIGN, (n + MT_ALIGN - 1) // MT_ALIGN * MT_ALIGN if n else MT_ALIGN)
         if p == NULL:
@@ -149,8 +118,6 @@ cdef class HostBackend(Backend):
         return 0
 
     cdef int free(self, uintptr_t p, size_t n) except -1:
-        if self._fault("free"):
-            raise MetraleError(f"HOST_INJECTED_FAULT: free of {n} bytes at {p:#x} failed")
         self._live.pop(p, None)
         with nogil:
             c_free(<void *>p)
@@ -164,32 +131,24 @@ cdef class HostBackend(Backend):
         self._note_free(n)
 
     cdef int memset(self, uintptr_t p, size_t n, uintptr_t stream) except -1:
-        if self._fault("memset"):
-            raise MetraleError("HOST_INJECTED_FAULT: memset failed")
         with nogil:
             c_memset(<void *>p, 0, n)
         self.memset_count += 1
         return 0
 
     cdef int d2h(self, void *dst, uintptr_t src, size_t n, uintptr_t stream) except -1:
-        if self._fault("d2h"):
-            raise MetraleError("HOST_INJECTED_FAULT: copy failed")
         with nogil:
             memcpy(dst, <void *>src, n)
         self.d2h_count += 1
         return 0
 
     cdef int h2d(self, uintptr_t dst, const void *src, size_t n, uintptr_t stream) except -1:
-        if self._fault("h2d"):
-            raise MetraleError("HOST_INJECTED_FAULT: copy failed")
         with nogil:
             memcpy(<void *>dst, src, n)
         self.h2d_count += 1
         return 0
 
     cdef int sync(self, uintptr_t stream) except -1:
-        if self._fault("sync"):
-            raise MetraleError("HOST_INJECTED_FAULT: synchronize failed")
         self.sync_count += 1
         return 0
 

@@ -1,0 +1,11 @@
+from typing import SupportsIndex
+
+from metrale._backend import HostBackend
+
+__all__ = ["FaultyBackend"]
+
+OPERATIONS: tuple[str, ...]
+
+class FaultyBackend(HostBackend):
+    def inject_fault(self, op: str, nth: SupportsIndex = ...) -> None: ...
+    def clear_faults(self) -> None: ...

@@ -1,0 +1,88 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, binding=False
+"""Backends for testing failure paths.
+
+``FaultyBackend`` is a ``HostBackend`` whose operations fail on demand: the
+shipped backends never ask "should I fail?", the failure behaviour lives in
+this adaptor only (the way RMM keeps it in resource adaptors).
+"""
+
+from libc.stdint cimport uintptr_t
+
+from metrale._backend cimport HostBackend
+from metrale._common cimport index_arg
+
+from metrale.errors import MetraleError, OutOfMemoryError
+
+__all__ = ["FaultyBackend"]
+
+OPERATIONS = ("alloc", "free", "memset", "d2h", "h2d", "sync")
+
+
+cdef class FaultyBackend(HostBackend):
+    """A HostBackend whose nth next operation of a kind fails.
+
+    ``inject_fault(op, nth)`` arms one failure: the nth next ``op`` ("alloc",
+    "free", "memset", "d2h", "h2d", "sync") raises as the real backends do
+    (``OutOfMemoryError`` for an allocation, ``MetraleError`` naming
+    HOST_INJECTED_FAULT for the others) and does nothing else.
+    """
+    cdef dict _faults
+
+    def __cinit__(self):
+        self._faults = {}
+
+    def inject_fault(self, op, nth=1):
+        """Make the nth next `op` fail (one armed failure per kind of operation)."""
+        if not isinstance(op, str):
+            raise TypeError(f"op must be a str, got {type(op).__name__}")
+        if op not in OPERATIONS:
+            raise ValueError(f"op must be one of {', '.join(OPERATIONS)}, got {op!r}")
+        self._faults[op] = index_arg(nth, "nth", 1)
+
+    def clear_faults(self):
+        """Disarm every injected failure."""
+        self._faults.clear()
+
+    cdef bint _fails(self, str op) except -1:
+        left = self._faults.get(op)
+        if left is None:
+            return False
+        if left > 1:
+            self._faults[op] = left - 1
+            return False
+        del self._faults[op]
+        return True
+
+    cdef int alloc(self, size_t n, uintptr_t *out) except -1:
+        if self._fails("alloc"):
+            raise OutOfMemoryError(f"host allocation of {n} bytes refused (injected fault)")
+        return HostBackend.alloc(self, n, out)
+
+    cdef int free(self, uintptr_t p, size_t n) except -1:
+        if self._fails("free"):
+            raise MetraleError(f"HOST_INJECTED_FAULT: free of {n} bytes at {p:#x} failed")
+        return HostBackend.free(self, p, n)
+
+    cdef int memset(self, uintptr_t p, size_t n, uintptr_t stream) except -1:
+        if self._fails("memset"):
+            raise MetraleError("HOST_INJECTED_FAULT: memset failed")
+        return HostBackend.memset(self, p, n, stream)
+
+    cdef int d2h(self, void *dst, uintptr_t src, size_t n, uintptr_t stream) except -1:
+        if self._fails("d2h"):
+            raise MetraleError("HOST_INJECTED_FAULT: copy failed")
+        return HostBackend.d2h(self, dst, src, n, stream)
+
+    cdef int h2d(self, uintptr_t dst, const void *src, size_t n, uintptr_t stream) except -1:
+        if self._fails("h2d"):
+            raise MetraleError("HOST_INJECTED_FAULT: copy failed")
+        return HostBackend.h2d(self, dst, src, n, stream)
+
+    cdef int sync(self, uintptr_t stream) except -1:
+        if self._fails("sync"):
+            raise MetraleError("HOST_INJECTED_FAULT: synchronize failed")
+        return HostBackend.sync(self, stream)
+
+    def __repr__(self):
+        return (f"FaultyBackend(live_alloc_count={self.live_alloc_count}, "
+                f"live_bytes={self.live_bytes}, armed={dict(self._faults)})")

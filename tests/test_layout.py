@@ -1,0 +1,110 @@
+"""The slab plan (metrale._layout): placement of every preset, the row rule of
+zero_all_rows in the C core against its worked examples, helper membership,
+and the SlabPlan object."""
+
+import pytest
+
+from metrale import BufferSizes, HostBackend, ModelConfig
+from metrale._layout import SlabPlan, plan_layout, zero_rows_ranges
+from metrale.sizes import BUFFER_NAMES
+
+from helpers import (CHECKSUM, NOENV, PREFILL, PRESET, ROWS, ZERO_ALL, check_placement,
+                     expected_rows_length, live_counts, new)
+
+
+@pytest.mark.parametrize("preset", ModelConfig.presets())
+@pytest.mark.parametrize("m", [1, 100, 128, 8192])
+def test_every_preset_one_slab(preset, m):
+    gpu = HostBackend()
+    arena = new(gpu, ModelConfig.preset(preset), m=m)
+    assert gpu.alloc_count == 1 and gpu.live_alloc_count == 1
+    assert gpu.live_bytes == arena.slab_bytes()
+    check_placement(arena, gpu)
+    # zero_all and zero_prefill_essentials are each one contiguous range.
+    layout = plan_layout(arena.sizes(), m)
+    za_lo, za_len = layout.zero_all
+    zp_lo, zp_len = layout.zero_prefill
+    offs = layout.offsets
+    z = [(offs[n], offs[n] + getattr(arena.sizes(), n)) for n in ZERO_ALL if offs[n] is not None]
+    p = [(offs[n], offs[n] + getattr(arena.sizes(), n)) for n in PREFILL if offs[n] is not None]
+    assert (za_lo, za_lo + za_len) == (min(a for a, _ in z), max(b for _, b in z))
+    assert (zp_lo, zp_lo + zp_len) == (min(a for a, _ in p), max(b for _, b in p))
+    assert zp_lo == za_lo
+    others = [(offs[n], offs[n] + getattr(arena.sizes(), n)) for n in BUFFER_NAMES
+              if n not in ZERO_ALL and offs[n] is not None]
+    for a, b in others:
+        assert b <= za_lo or a >= za_lo + za_len
+    arena.release(gpu)
+    assert live_counts(gpu) == (0, 0)
+
+
+def test_zero_all_rows_worked_m128():
+    s = BufferSizes.from_config(PRESET, 128, 4096, 16, 32, env=NOENV)
+    full = sum(getattr(s, n) for n in ROWS)
+    trimmed = sum(expected_rows_length(getattr(s, n), 128, 1) for n in ROWS)
+    assert (full, trimmed) == (26_132_480, 204_160)
+    assert expected_rows_length(s.hidden_states, 128, 1) == 4096 and s.hidden_states == 524_288
+    assert expected_rows_length(s.ssm_ba, 128, 1) == 128 and s.ssm_ba == 16_384
+    # the C core clears the same number of bytes (the whole ones merge into one range)
+    got = sum(length for _, length in zero_rows_ranges(s, 128, 1))
+    assert got >= trimmed + s.splitk_workspace + s.logits + s.scratch
+    assert got - (trimmed + s.splitk_workspace + s.logits + s.scratch) < 3 * 256
+
+
+def test_zero_all_rows_worked_m1000():
+    s = BufferSizes.from_config(PRESET, 1000, 4096, 16, 32, env=NOENV)
+    L = {n: expected_rows_length(getattr(s, n), 1000, 1) for n in ROWS}
+    assert sum(getattr(s, n) for n in ROWS) == 205_224_960
+    assert sum(L.values()) == 2_200_960
+    assert (s.hidden_states, L["hidden_states"]) == (4_096_000, 4_096)
+    assert (s.qkv_output, L["qkv_output"]) == (18_579_456, 294_912)
+    assert (s.moe_output, L["moe_output"]) == (4_128_768, 65_536)
+    assert (s.ssm_qkvz, L["ssm_qkvz"]) == (24_772_608, 393_216)
+    assert (s.ssm_deinterleaved, L["ssm_deinterleaved"]) == (24_772_608, 393_216)
+    assert (s.expert_gate_out, L["expert_gate_out"]) == (10_321_920, 163_840)
+    assert (s.expert_down_out, L["expert_down_out"]) == (41_287_680, 655_360)
+
+
+@pytest.mark.parametrize("n, m, tokens, length", [
+    (8193 * 32768, 8193, 1, 32768),
+    (8208 * 32768, 8193, 1, 16 * 32768),
+    (8208 * 32768, 8193, 17, 32 * 32768),
+    (8208 * 32768, 8193, 8193, 8208 * 32768),
+    (1_000_003, 8193, 1, 1_000_003),
+    (4096 * 32768, 4096, 1, 32768),
+])
+def test_zero_rows_length_rule_in_core(n, m, tokens, length):
+    zero = BufferSizes(**dict.fromkeys(BUFFER_NAMES, 0))
+    s = zero.replace(hidden_states=n)
+    assert zero_rows_ranges(s, m, tokens) == [(0, length)]
+
+
+def test_core_helper_lists_match_the_spec():
+    g = plan_layout(BufferSizes.from_config(PRESET, 8, 4096, 16, 32, env=NOENV), 8).groups
+    # zero_all and zero_prefill_essentials are one merged operation each, so only
+    # their membership is observable; the checksum's order is its log order.
+    assert set(g["zero_all"]) == set(ZERO_ALL) and len(g["zero_all"]) == 18
+    assert set(g["prefill"]) == set(PREFILL) and len(g["prefill"]) == 7
+    assert g["rows"] == ROWS and g["checksum"] == CHECKSUM
+
+
+def test_slab_plan_object():
+    sizes = BufferSizes.from_config(PRESET, 128, 4096, 16, 32, env=NOENV)
+    plan = plan_layout(sizes, 128)
+    offsets = plan.offsets
+    assert set(offsets) == set(BUFFER_NAMES) and plan.max_batch_tokens == 128
+    assert sorted(plan.slab_order) == sorted(BUFFER_NAMES)
+    placed = [(offsets[n], n) for n in plan.slab_order if offsets[n] is not None]
+    assert placed == sorted(placed)                           # slab order is address order
+    assert all(o % 256 == 0 for o, _ in placed)
+    last = placed[-1][1]
+    assert plan.slab_bytes == -(-(offsets[last] + getattr(sizes, last)) // 256) * 256
+    za, zp = plan.zero_all, plan.zero_prefill
+    assert za[0] == 0 and zp[0] == 0 and zp[1] <= za[1]       # prefill first, inside zero_all
+    assert plan.rows_ranges(128) == [za] and plan.rows_ranges(1) == zero_rows_ranges(sizes, 128, 1)
+    with pytest.raises(TypeError, match="sizes"):
+        plan_layout({}, 128)
+    with pytest.raises(ValueError, match="max_batch_tokens"):
+        plan_layout(sizes, 0)
+    with pytest.raises(TypeError):
+        SlabPlan()

@@ -1,0 +1,46 @@
+"""The package as a user meets it: a light import, the public names, objects
+made only by their factories."""
+
+import subprocess
+import sys
+
+import pytest
+
+import metrale
+from metrale import BufferArena, BufferSizes
+from metrale.sizes import BUFFER_NAMES
+
+from helpers import PRESET
+
+
+def test_objects_are_made_only_by_their_factories():
+    from metrale._view import ArenaView
+    from metrale._backend import Backend
+    from metrale._scratch import ScratchSpace, _Lease, _Region
+    for cls in (BufferArena, ArenaView, ScratchSpace, _Lease, _Region):
+        with pytest.raises(TypeError):
+            cls()
+        with pytest.raises(TypeError):
+            cls.__new__(cls)
+    sizes = BufferSizes(**dict.fromkeys(BUFFER_NAMES, 0)).replace(logits=256)
+    with pytest.raises(TypeError, match="gpu: Backend does not implement"):
+        BufferArena.from_sizes(PRESET, sizes, 1, 0, Backend())
+    with pytest.raises(TypeError, match="gpu"):
+        BufferArena.new(PRESET, 1, 16, 16, 1, Backend())
+
+
+def test_import_is_light():
+    code = ("import sys, metrale; "
+            "bad = [m for m in sys.modules if m == 'numpy' or m.startswith(('numpy.', 'cuda'))]; "
+            "print(bad)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert r.stdout.strip() == "[]"
+
+
+def test_public_names():
+    for name in ("ModelConfig", "BufferSizes", "BufferArena", "DecodeMetaLayout", "MoeFp8Scratch",
+                 "Target", "HostBackend", "CudaBackend", "ScratchSpaceManager", "ScratchSpace",
+                 "ScratchStats", "MetraleError", "OutOfMemoryError"):
+        assert hasattr(metrale, name), name
+    assert issubclass(metrale.OutOfMemoryError, metrale.MetraleError)
+    assert issubclass(metrale.OutOfMemoryError, MemoryError)
