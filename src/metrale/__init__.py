@@ -1,41 +1,42 @@
 """metrale: the GPU memory of one LLM forward pass, with nothing on the hot path.
 
-`import metrale` loads neither numpy nor cuda.bindings and touches no GPU: the
-extension modules (arena, backends, scratch) load on first use of their names.
+`import metrale` loads nothing but this file: no numpy, no cuda.bindings, no
+GPU contact.  Each public name loads its module on first use (PEP 562), and is
+then an ordinary module attribute.
 """
-
-from metrale.errors import MetraleError, OutOfMemoryError
-from metrale.config import ModelConfig
-from metrale.sizes import (BufferSizes, DecodeMetaLayout, Target, GATEUP_FUSED_MAX_M,
-                           DECODE_META_MIN_ROWS, DECODE_META_MAX_ROWS, Q12_SIZING_STREAMS,
-                           VERIFY_ROW_CAP)
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "ModelConfig", "BufferSizes", "BufferArena", "DecodeMetaLayout", "MoeFp8Scratch",
-    "Target", "HostBackend", "CudaBackend", "ScratchSpaceManager", "ScratchSpace",
-    "ScratchStats", "MetraleError", "OutOfMemoryError", "GATEUP_FUSED_MAX_M",
-    "DECODE_META_MIN_ROWS", "DECODE_META_MAX_ROWS", "Q12_SIZING_STREAMS", "VERIFY_ROW_CAP",
-]
-
+# Public name -> the module that defines it: the one list of the package's API.
 _LAZY = {
+    "ModelConfig": "metrale.config",
+    "BufferSizes": "metrale.sizes",
     "BufferArena": "metrale._arena",
+    "DecodeMetaLayout": "metrale.sizes",
     "MoeFp8Scratch": "metrale.moe",
+    "Target": "metrale.sizes",
     "HostBackend": "metrale._backend",
+    "CudaBackend": "metrale.cuda",
     "ScratchSpaceManager": "metrale._scratch",
     "ScratchSpace": "metrale._scratch",
     "ScratchStats": "metrale._scratch",
-    "CudaBackend": "metrale.cuda",
+    "MetraleError": "metrale.errors",
+    "OutOfMemoryError": "metrale.errors",
+    "GATEUP_FUSED_MAX_M": "metrale.sizes",
+    "DECODE_META_MIN_ROWS": "metrale.sizes",
+    "DECODE_META_MAX_ROWS": "metrale.sizes",
+    "Q12_SIZING_STREAMS": "metrale.sizes",
+    "VERIFY_ROW_CAP": "metrale.sizes",
 }
+
+__all__ = list(_LAZY)
 
 
 def __getattr__(name):
     mod = _LAZY.get(name)
     if mod is None:
         raise AttributeError(f"module 'metrale' has no attribute {name!r}")
-    import importlib
-    value = getattr(importlib.import_module(mod), name)
+    value = getattr(__import__(mod, fromlist=[name]), name)
     globals()[name] = value
     return value
 
