@@ -4,8 +4,8 @@
 
 OUT_PY (installed as metrale/_buffers.py): the buffer names in canonical order,
 their flags, and the helper groups, for the pure-Python modules.  OUT_PXI
-(included by _arena.pyx): the class that gives the arena one pointer and one
-byte accessor per buffer, as the table's flags say.  The meson build runs this;
+(included at the end of _arena.pyx): the final BufferArena class, with one
+pointer and one byte accessor per buffer as the table's flags say.  The meson build runs this;
 the tests check both against the compiled C table.
 """
 
@@ -71,12 +71,18 @@ def accessors_pxi(rows, groups):
     out += [
         "",
         "",
-        "cdef class _BufferAccessors:",
-        '    """One method per buffer returning its device pointer (0 when the buffer',
-        "    is empty or the arena released) and, for the buffers callers bound their",
-        '    GEMMs with, one returning its recorded size: each is one tuple load."""',
-        "    cdef tuple _ptrs       # prebuilt ints, by buffer id",
-        "    cdef tuple _bytes      # recorded sizes, by buffer id",
+        "# The accessors sit on the final class itself, not on a base: CPython's",
+        "# specialized call of a method descriptor needs the exact type.",
+        "@cython.final",
+        "@cython.no_gc_clear       # as _Arena: its finalizer frees through _gpu",
+        "cdef class BufferArena(_Arena):",
+        '    """The GPU buffers of one forward pass, in one backend slab.',
+        "",
+        "    Built by BufferArena.new / from_sizes; zeroing, views, carving and",
+        "    release are the methods of _Arena.  Below, generated from the buffer",
+        "    table: one method per buffer returning its device pointer (0 when the",
+        "    buffer is empty or the arena released) and, for the buffers GEMMs bound",
+        '    their rows with, one returning its recorded size; each is one tuple load."""',
     ]
     for cid, name, flags in rows:
         if flags & groups["pointer"]:

@@ -34,8 +34,6 @@ from metrale.errors import MetraleError, OutOfMemoryError
 from metrale.moe import MoeFp8Scratch, moe_fp8_layout
 from metrale.sizes import BufferSizes, DecodeMetaLayout
 
-include "_accessors.pxi"
-
 cdef object _log = None
 
 cdef object _logger():
@@ -56,9 +54,10 @@ cdef object _TOKEN = object()
 # no_gc_clear: the finalizer frees the slab through _gpu, which a gc clear
 # would have set to None first (the RMM #931 pattern).
 @cython.no_gc_clear
-@cython.final
-cdef class BufferArena(_BufferAccessors):
-    """The GPU buffers of one forward pass (ARENA.md), in one backend slab.
+cdef class _Arena:
+    """The GPU buffers of one forward pass, in one backend slab: everything of
+    BufferArena but its per-buffer accessors (generated onto the final class,
+    at the end of this module, from src/buffers.h).
 
     Lifetime: the arena owns its slab until `release(gpu)`.  A live view (and
     every array made from one) keeps the slab: `release` then raises
@@ -71,6 +70,8 @@ cdef class BufferArena(_BufferAccessors):
     cdef object _config, _sizes, _decode_meta, _mbt
     cdef mt_layout _L
     cdef uintptr_t _base
+    cdef tuple _ptrs              # prebuilt pointer ints, by buffer id: an accessor is one tuple load
+    cdef tuple _bytes             # recorded sizes, by buffer id
     cdef mt_cursor *_cursor       # row-wise carve cursor (ARENA.md §6)
     cdef mt_life *_life           # released flag, live views, operations in flight
     cdef dict _moe_cache
@@ -99,7 +100,7 @@ cdef class BufferArena(_BufferAccessors):
     @staticmethod
     def from_sizes(config, sizes, max_batch_tokens, max_batch_size, gpu):
         """BufferArena.new with the sizes passed in (trusted as given)."""
-        cdef BufferArena self
+        cdef _Arena self
         cdef Backend be
         cdef uintptr_t base = 0
         if not isinstance(config, ModelConfig):
@@ -399,3 +400,6 @@ cdef class BufferArena(_BufferAccessors):
     def __repr__(self):
         state = "released" if mt_life_released(self._life) else f"{self._L.slab_bytes} bytes at {self._base:#x}"
         return f"<BufferArena max_batch_tokens={self._mbt} {state}>"
+
+
+include "_accessors.pxi"
