@@ -15,7 +15,7 @@ from libc.stdlib cimport malloc, free
 # Buffer ids (MT_HIDDEN_STATES ...) come with the generated accessors below.
 from metrale._core cimport (
     MT_IN_CHECKSUM, MT_LIFE_EXPORTED, MT_LIFE_IN_FLIGHT, MT_LIFE_OK, MT_LIFE_RELEASED,
-    MT_N_ZERO_ALL, MT_NBUF, MT_OK, mt_buffer_flags, mt_checksum_f32, mt_cursor, mt_cursor_free,
+    MT_N_ZERO_ALL, MT_NBUF, mt_buffer_flags, mt_checksum_f32, mt_cursor, mt_cursor_free,
     mt_cursor_new, mt_cursor_take, mt_layout, mt_life, mt_life_close, mt_life_drain,
     mt_life_enter, mt_life_exports, mt_life_free, mt_life_in_flight, mt_life_leave,
     mt_life_new, mt_life_released, mt_range, mt_zero_rows_ranges)

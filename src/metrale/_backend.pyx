@@ -8,7 +8,7 @@ from libc.string cimport memcpy, memset as c_memset
 from metrale._common cimport as_stream, u64_arg
 from metrale._core cimport MT_ALIGN, MT_N_ZERO_ALL, mt_range
 
-from metrale.errors import MetraleError, OutOfMemoryError
+from metrale.errors import OutOfMemoryError
 
 cdef extern from "<stdlib.h>" nogil:
     void *aligned_alloc(size_t alignment, size_t size)

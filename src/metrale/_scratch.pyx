@@ -10,7 +10,7 @@ CPython clears the thread state, before join() returns).
 cimport cython
 from cpython.buffer cimport PyBuffer_FillInfo
 from cpython.ref cimport PyObject
-from libc.stdint cimport uint64_t, uintptr_t
+from libc.stdint cimport uint64_t
 
 from metrale._core cimport (
     MT_ERR_LIMIT, MT_ERR_NOMEM, mt_scratch, mt_scratch_active, mt_scratch_base, mt_scratch_carve,
@@ -78,20 +78,30 @@ class ScratchStats(Record):
                  "total_used", "max_thread_usage")
 
 
-@cython.final
-cdef class _Region:
-    """Exports [ptr, ptr + n) as a writable buffer and keeps the table alive."""
+cdef class _TableRef:
+    """Holds one reference to a C slot table (taken by _hold), so the table
+    outlives the manager while anything made from it lives.  Made only by
+    this module."""
     cdef mt_scratch *s
-    cdef unsigned char *ptr
-    cdef Py_ssize_t n
 
     def __cinit__(self, token=None):
         if token is not _TOKEN:
-            raise TypeError("_Region is internal to metrale")
+            raise TypeError(f"{type(self).__name__} objects come from ScratchSpaceManager.get_scratch()")
+
+    cdef inline void _hold(self, mt_scratch *s) noexcept:
+        mt_scratch_incref(s)
+        self.s = s
 
     def __dealloc__(self):
         if self.s != NULL:
             mt_scratch_decref(self.s)
+
+
+@cython.final
+cdef class _Region(_TableRef):
+    """Exports [ptr, ptr + n) as a writable buffer and keeps the table alive."""
+    cdef unsigned char *ptr
+    cdef Py_ssize_t n
 
     def __getbuffer__(self, Py_buffer *buf, int flags):
         PyBuffer_FillInfo(buf, self, self.ptr, self.n, 0, flags)
@@ -102,32 +112,22 @@ cdef class _Region:
 
 cdef _Region _region(mt_scratch *s, unsigned char *ptr, Py_ssize_t n):
     cdef _Region r = _Region.__new__(_Region, _TOKEN)
-    mt_scratch_incref(s)
-    r.s = s
+    r._hold(s)
     r.ptr = ptr
     r.n = n
     return r
 
 
 @cython.final
-cdef class ScratchSpace:
+cdef class ScratchSpace(_TableRef):
     """The calling thread's scratch buffer: a 64-byte aligned bump allocator.
 
     Only the thread that owns it may use it; after that thread ends, its methods
     raise MetraleError.
     """
-    cdef mt_scratch *s
     cdef long slot
     cdef uint64_t claim
     cdef uint64_t tid
-
-    def __cinit__(self, token=None):
-        if token is not _TOKEN:
-            raise TypeError("use ScratchSpaceManager.get_scratch() to get a ScratchSpace")
-
-    def __dealloc__(self):
-        if self.s != NULL:
-            mt_scratch_decref(self.s)
 
     cdef inline int _own(self) except -1:
         if mt_scratch_claim_id(self.s, self.slot) != self.claim or mt_thread_id() != self.tid:
@@ -180,21 +180,16 @@ cdef class ScratchSpace:
 
 
 @cython.final
-cdef class _Lease:
+cdef class _Lease(_TableRef):
     """Held in a threading.local: gives the slot back when the thread ends."""
-    cdef mt_scratch *s
     cdef long slot
     cdef uint64_t claim
     cdef object space
 
-    def __cinit__(self, token=None):
-        if token is not _TOKEN:
-            raise TypeError("_Lease is internal to metrale")
-
     def __dealloc__(self):
+        # before _TableRef's, which drops the table reference
         if self.s != NULL:
             mt_scratch_release(self.s, self.slot, self.claim)
-            mt_scratch_decref(self.s)
 
 
 @cython.final
@@ -243,14 +238,12 @@ cdef class ScratchSpaceManager:
         if slot == MT_ERR_NOMEM:
             raise OutOfMemoryError(f"cannot allocate a {mt_scratch_size(self.s)}-byte scratch buffer")
         space = ScratchSpace.__new__(ScratchSpace, _TOKEN)
-        mt_scratch_incref(self.s)
-        space.s = self.s
+        space._hold(self.s)
         space.slot = slot
         space.claim = mt_scratch_claim_id(self.s, slot)
         space.tid = mt_thread_id()
         lease = _Lease.__new__(_Lease, _TOKEN)
-        mt_scratch_incref(self.s)
-        lease.s = self.s
+        lease._hold(self.s)
         lease.slot = slot
         lease.claim = space.claim
         lease.space = space

@@ -28,7 +28,7 @@ cdef ArenaView make_view(object arena, mt_life *life, int buf, uint64_t nbytes, 
     cdef int rc
     name = BUFFER_NAMES[buf]
     dname = _dtype_name(dtype)
-    typestr, code, bits = _DTYPES[dname]
+    code, bits = _DTYPES[dname][1:]
     item = bits // 8
     shape, count = _view_shape(shape, nbytes, item, name)
     v = ArenaView.__new__(ArenaView, _TOKEN)
