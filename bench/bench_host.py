@@ -3,7 +3,8 @@ path and import cost, each beside its anchors in the same invocation.
 
 pyperf runs every benchmark in fresh worker processes, calibrates the loop
 count and warns when the figures are unstable; the table at the end gives the
-mean of each (pyperf's figure) and its ratio to the anchor of its group.
+median of each and its ratio to the anchor of its group (these machines are
+noisy: medians and ratios are the figures to quote).
 Run:  python bench/bench_host.py [-o results.json] [--fast | --rigorous]
 (any pyperf option; `python -m pyperf system tune` first on a machine you own).
 """
@@ -114,14 +115,14 @@ def main():
     if runner.args.worker:     # a worker process: the parent prints the table
         return
     anchors = {}
-    print(f"\n{'benchmark':<46} {'mean ns':>10} {'x anchor':>9}")
+    print(f"\n{'benchmark':<46} {'median ns':>10} {'x anchor':>9}")
     for group, label, _ in ROWS:
-        mean = results[label].mean() * 1e9
-        anchors.setdefault(group, mean)
-        print(f"{label:<46} {mean:>10.1f} {mean / anchors[group]:>9.2f}")
-    delta = (imp.mean() - pass_.mean()) * 1e3
+        med = results[label].median() * 1e9
+        anchors.setdefault(group, med)
+        print(f"{label:<46} {med:>10.1f} {med / anchors[group]:>9.2f}")
+    delta = (imp.median() - pass_.median()) * 1e3
     print(f"\nimport metrale, whole process over a bare interpreter: {delta:.2f} ms "
-          f"({imp.mean() * 1e3:.2f} vs {pass_.mean() * 1e3:.2f} ms; goal <= 1 ms)")
+          f"(medians {imp.median() * 1e3:.2f} vs {pass_.median() * 1e3:.2f} ms; goal <= 1 ms)")
 
 
 if __name__ == "__main__":
