@@ -1,12 +1,13 @@
 """Generate the Python and Cython views of the buffer table (src/buffers.h).
 
-    python tools/gen_buffers.py src/buffers.h OUT_PY OUT_PXI
+    python tools/gen_buffers.py src/buffers.h src/metrale/_arena.pyx.in OUT_PY OUT_PYX
 
 OUT_PY (installed as metrale/_buffers.py): the buffer names in canonical order,
-their flags, and the helper groups, for the pure-Python modules.  OUT_PXI
-(included at the end of _arena.pyx): the final BufferArena class, with one
-pointer and one byte accessor per buffer as the table's flags say.  The meson build runs this;
-the tests check both against the compiled C table.
+their flags and the helper groups, for the pure-Python modules.  OUT_PYX: the
+arena module, the template _arena.pyx.in with the buffer ids and, in the
+BufferArena class, one pointer and one byte accessor per buffer as the table's
+flags say.  The meson build runs this; the tests check both against the
+compiled C table.
 """
 
 import re
@@ -60,50 +61,60 @@ def python_module(rows, groups):
     return "\n".join(lines)
 
 
-def accessors_pxi(rows, groups):
-    out = [
-        "# Generated from src/buffers.h by tools/gen_buffers.py: edit buffers.h, not this file.",
-        "",
-        'cdef extern from "arena_core.h":',
-        "    enum:",
-    ]
-    out += [f"        MT_{cid}" for cid, _, _ in rows]
-    out += [
-        "",
-        "",
-        "# The accessors sit on the final class itself, not on a base: CPython's",
-        "# specialized call of a method descriptor needs the exact type.",
-        "@cython.final",
-        "@cython.no_gc_clear       # as _Arena: its finalizer frees through _gpu",
-        "cdef class BufferArena(_Arena):",
-        '    """The GPU buffers of one forward pass, in one backend slab.',
-        "",
-        "    Built by BufferArena.new / from_sizes; zeroing, views, carving and",
-        "    release are the methods of _Arena.  Below, generated from the buffer",
-        "    table: one method per buffer returning its device pointer (0 when the",
-        "    buffer is empty or the arena released) and, for the buffers GEMMs bound",
-        '    their rows with, one returning its recorded size; each is one tuple load."""',
-    ]
+def buffer_ids(rows):
+    """The cdef extern declaration of the C buffer ids."""
+    out = ['cdef extern from "arena_core.h":', "    enum:"]
+    return "\n".join(out + [f"        MT_{cid}" for cid, _, _ in rows]) + "\n"
+
+
+def accessors(rows, groups):
+    """The accessor methods, indented for a class body."""
+    out = []
     for cid, name, flags in rows:
         if flags & groups["pointer"]:
-            out += ["", f"    def {name}(self):",
-                    f'        """Device pointer of {name}."""',
-                    f"        return self._ptrs[MT_{cid}]"]
+            out += [f"    def {name}(self):",
+                    f'        """Device pointer of {name} (0 when it is empty or the arena released)."""',
+                    f"        return self._ptrs[MT_{cid}]", ""]
         if flags & groups["bytes"]:
-            out += ["", f"    def {name}_bytes(self):",
+            out += [f"    def {name}_bytes(self):",
                     f'        """Recorded size of {name} in bytes (unchanged by release)."""',
-                    f"        return self._bytes[MT_{cid}]"]
-    return "\n".join(out) + "\n"
+                    f"        return self._bytes[MT_{cid}]", ""]
+    return "\n".join(out)
+
+
+def fill_template(template, rows, groups):
+    """The template with its two @GENERATED lines (and their comment lines)
+    followed by the generated code."""
+    parts = {"buffer ids": buffer_ids(rows), "accessors": accessors(rows, groups)}
+    out, done = [], set()
+    lines = template.split("\n")
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        out.append(line)
+        key = next((k for k in parts if line.strip().startswith(f"# @GENERATED {k}")), None)
+        if key:
+            while i + 1 < len(lines) and lines[i + 1].strip().startswith("#"):
+                i += 1
+                out.append(lines[i])
+            out.append(parts[key])
+            done.add(key)
+        i += 1
+    if done != set(parts):
+        raise SystemExit(f"gen_buffers: template lacks @GENERATED {sorted(set(parts) - done)}")
+    return "\n".join(out)
 
 
 def main(argv):
-    src, out_py, out_pxi = argv[1:4]
+    src, template, out_py, out_pyx = argv[1:5]
     with open(src, encoding="utf-8") as f:
         rows, groups = parse(f.read())
+    with open(template, encoding="utf-8") as f:
+        arena = fill_template(f.read(), rows, groups)
     with open(out_py, "w", encoding="utf-8") as f:
         f.write(python_module(rows, groups))
-    with open(out_pxi, "w", encoding="utf-8") as f:
-        f.write(accessors_pxi(rows, groups))
+    with open(out_pyx, "w", encoding="utf-8") as f:
+        f.write(arena)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ from metrale.sizes import BufferSizes, DecodeMetaLayout
 
 _Stream = Any
 
-class _Arena:
+@final
+class BufferArena:
     @staticmethod
     def new(config: ModelConfig, max_batch_tokens: int, max_seq_len: int, kv_block_size: int, max_batch_size: int, gpu: Backend) -> BufferArena: ...
     @staticmethod
@@ -29,11 +30,8 @@ class _Arena:
     def sizes(self) -> BufferSizes: ...
     def slab_bytes(self) -> int: ...
     def is_released(self) -> bool: ...
-
-@final
-class BufferArena(_Arena):
-    # One per buffer of src/buffers.h with a pointer / byte accessor
-    # (tests/test_buffers.py checks this list against the table).
+    # One accessor per buffer of src/buffers.h with a pointer / byte accessor
+    # (tests/test_buffers.py checks these against the table).
     def hidden_states(self) -> int: ...
     def residual(self) -> int: ...
     def norm_output(self) -> int: ...
