@@ -51,6 +51,7 @@ def python_module(rows, groups):
         '"""',
         "",
         f"BUFFER_NAMES = {tuple(names)!r}",
+        "BUFFER_INDEX = {n: i for i, n in enumerate(BUFFER_NAMES)}   # name -> C buffer id",
         f"BUFFER_FLAGS = {tuple(r[2] for r in rows)!r}",
         f"FLAG_BITS = {groups!r}",
         "# group -> the buffers in it, in canonical order",

@@ -7,12 +7,11 @@ import sys
 
 from metrale.config import ModelConfig
 from metrale.errors import MetraleError
-from metrale.sizes import BUFFER_NAMES, BufferSizes, Target
+from metrale.sizes import BUFFER_NAMES, SPLITK_POLICIES, BufferSizes, Target
 
 # Exit statuses: 2 for what the user typed (flags, values, the config file),
 # 1 for what failed while running (an allocation refused, a driver error).
 USAGE, RUNTIME = 2, 1
-_SPLITK = ("legacy", "auto") + tuple(str(n) for n in range(1, 17))
 
 
 class _UsageError(Exception):
@@ -38,7 +37,7 @@ def _parser():
     plan.add_argument("--max-batch-size", type=int, default=32)
     plan.add_argument("--sm-count", type=int, default=None,
                       help="size for a device with this many SMs (default: the reference target)")
-    plan.add_argument("--splitk", default=None, choices=_SPLITK, metavar="{legacy,auto,1..16}",
+    plan.add_argument("--splitk", default=None, choices=SPLITK_POLICIES, metavar="{legacy,auto,1..16}",
                       help="split-K policy")
     plan.add_argument("--allocate", action="store_true",
                       help="also build the arena on the host backend and zero it")

@@ -5,7 +5,7 @@ Pure Python with exact integer arithmetic; no allocation, no GPU contact.
 
 import os
 
-from ._buffers import BUFFER_NAMES, GROUPS
+from ._buffers import BUFFER_INDEX, BUFFER_NAMES, GROUPS
 from ._common import check_index
 from ._math import U64_MAX, cdiv, ceil_to
 from ._record import Record
@@ -15,7 +15,7 @@ from .moe import moe_fp8_layout
 __all__ = [
     "BUFFER_NAMES", "BufferSizes", "DecodeMetaLayout", "Target",
     "GATEUP_FUSED_MAX_M", "DECODE_META_MIN_ROWS", "DECODE_META_MAX_ROWS",
-    "Q12_SIZING_STREAMS", "VERIFY_ROW_CAP", "resolve_splitk",
+    "Q12_SIZING_STREAMS", "VERIFY_ROW_CAP", "SPLITK_POLICIES", "resolve_splitk",
 ]
 
 GATEUP_FUSED_MAX_M = 16
@@ -34,13 +34,14 @@ _SPLITK_TARGET_WAVES = 2
 # The buffer names in canonical order (ARENA.md §2.2), index i being buffer
 # id i of the C core, and which ones total_bytes() counts: from the buffer
 # table (src/buffers.h), through the module generated from it.
-_INDEX = {n: i for i, n in enumerate(BUFFER_NAMES)}
-_TOTALLED = tuple(_INDEX[n] for n in GROUPS["total"])
+_TOTALLED = tuple(BUFFER_INDEX[n] for n in GROUPS["total"])
 
 
 # -- Target and split-K (§4.3) -------------------------------------------------
 
 _PINNED = tuple(str(n) for n in range(1, _MAX_DECODE_SPLITS + 1))
+# Every value Target.splitk takes: the two policies, then the pinned counts.
+SPLITK_POLICIES = ("legacy", "auto") + _PINNED
 
 
 class Target(Record):
@@ -52,7 +53,7 @@ class Target(Record):
         sm_count = check_index(sm_count, "sm_count")
         if not isinstance(splitk, str):
             raise TypeError(f"splitk must be a str, got {type(splitk).__name__}")
-        if splitk not in ("legacy", "auto") and splitk not in _PINNED:
+        if splitk not in SPLITK_POLICIES:
             raise ValueError(f"splitk must be 'legacy', 'auto' or '1' ... '16', got {splitk!r}")
         super().__init__(sm_count, splitk)
 
@@ -237,7 +238,7 @@ class BufferSizes:
     def replace(self, **changes):
         values = list(self._values)
         for name, v in changes.items():
-            i = _INDEX.get(name)
+            i = BUFFER_INDEX.get(name)
             if i is None:
                 raise TypeError(f"BufferSizes has no entry {name!r}")
             values[i] = v

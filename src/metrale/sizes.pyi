@@ -6,7 +6,7 @@ from metrale.config import ModelConfig
 __all__ = [
     'BUFFER_NAMES', 'BufferSizes', 'DecodeMetaLayout', 'Target', 'GATEUP_FUSED_MAX_M',
     'DECODE_META_MIN_ROWS', 'DECODE_META_MAX_ROWS', 'Q12_SIZING_STREAMS', 'VERIFY_ROW_CAP',
-    'resolve_splitk',
+    'SPLITK_POLICIES', 'resolve_splitk',
 ]
 
 GATEUP_FUSED_MAX_M: int
@@ -15,6 +15,7 @@ DECODE_META_MAX_ROWS: int
 Q12_SIZING_STREAMS: int
 VERIFY_ROW_CAP: int
 BUFFER_NAMES: tuple[str, ...]
+SPLITK_POLICIES: tuple[str, ...]
 
 class Target(Record):
     sm_count: int
