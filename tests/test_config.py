@@ -11,13 +11,13 @@ DATA = pathlib.Path(__file__).parent / "data" / "hf"
 def test_defaults_and_field_count():
     c = ModelConfig()
     d = c.as_dict()
-    assert len(d) == 38
+    assert len(d) == 39
     assert c.num_experts_per_tok == 1
     assert c.attn_gated is False and c.mrope_interleaved is False
-    assert c.model_type == "" and c.layer_types == ()
+    assert c.model_type == "" and c.layer_types == () and c.quantization == ""
     assert all(v == 0 for k, v in d.items()
                if k not in ("num_experts_per_tok", "attn_gated", "mrope_interleaved",
-                            "model_type", "layer_types"))
+                            "model_type", "layer_types", "quantization"))
 
 
 def test_frozen_hashable_equal():

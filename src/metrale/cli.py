@@ -39,6 +39,8 @@ def _parser():
                       help="size for a device with this many SMs (default: the reference target)")
     plan.add_argument("--splitk", default=None, choices=SPLITK_POLICIES, metavar="{legacy,auto,1..16}",
                       help="split-K policy")
+    plan.add_argument("--tokens", type=int, default=1, metavar="T",
+                      help="live tokens for the zero_all_rows(T) ranges reported (default: %(default)s)")
     plan.add_argument("--allocate", action="store_true",
                       help="also build the arena on the host backend and zero it")
     plan.add_argument("--json", action="store_true", help="machine-readable output")
@@ -78,6 +80,9 @@ def plan(args):
         "slab_bytes": layout.slab_bytes,
         "zero_all": dict(zip(("offset", "length"), layout.zero_all)),
         "zero_prefill": dict(zip(("offset", "length"), layout.zero_prefill)),
+        "zero_all_rows": {"tokens": args.tokens,
+                          "ranges": [{"offset": o, "length": n}
+                                     for o, n in layout.rows_ranges(args.tokens)]},
         "null_buffers": [n for n in BUFFER_NAMES if getattr(sizes, n) == 0],
     }
     if args.allocate:

@@ -21,11 +21,11 @@ _INT_FIELDS = (
 )
 _BOOL_FIELDS = ("attn_gated", "mrope_interleaved")
 FIELDS = _INT_FIELDS[:7] + ("attn_gated",) + _INT_FIELDS[7:8] + ("layer_types",) + \
-    _INT_FIELDS[8:] + ("mrope_interleaved", "model_type")
+    _INT_FIELDS[8:] + ("mrope_interleaved", "model_type", "quantization")
 
 _DEFAULTS = dict.fromkeys(_INT_FIELDS, 0)
 _DEFAULTS.update(num_experts_per_tok=1, attn_gated=False, mrope_interleaved=False,
-                 model_type="", layer_types=())
+                 model_type="", layer_types=(), quantization="")
 
 
 class ModelConfig:
@@ -44,8 +44,10 @@ class ModelConfig:
         for name in _BOOL_FIELDS:
             if not isinstance(values[name], bool):
                 raise TypeError(f"ModelConfig field {name!r} must be a bool, got {type(values[name]).__name__}")
-        if not isinstance(values["model_type"], str):
-            raise TypeError("ModelConfig field 'model_type' must be a str")
+        for name in ("model_type", "quantization"):
+            if not isinstance(values[name], str):
+                raise TypeError(f"ModelConfig field {name!r} must be a str, "
+                                f"got {type(values[name]).__name__}")
         lt = values["layer_types"]
         if isinstance(lt, (str, bytes)):
             raise TypeError("ModelConfig field 'layer_types' must be an iterable of str, not a single string")
@@ -227,7 +229,7 @@ def _map_hf(data, where):
     mt = data.get("model_type")
     out["model_type"] = mt if isinstance(mt, str) else ""
     for name in FIELDS:
-        if name in ("model_type", "layer_types"):
+        if name in ("model_type", "layer_types", "quantization"):
             continue
         for key in _HF_ALIASES.get(name, (name,)):
             found, v = lookup(key)
@@ -265,11 +267,36 @@ def _map_hf(data, where):
             except KeyError as e:
                 raise ValueError(f"{where}: hybrid_override_pattern has an unknown layer code "
                                  f"{e.args[0]!r}") from None
+    found, qc = lookup("quantization_config")
+    if found:
+        out["quantization"] = _quantization(qc, where)
     heads = out["num_attention_heads"]
     out.setdefault("num_key_value_heads", heads)
     out.setdefault("head_dim", out["hidden_size"] // heads if heads else 0)
     out.setdefault("attn_gated", out["model_type"] == "qwen3_next")
     return out
+
+
+def _quantization(qc, where):
+    """ModelConfig.quantization from a config's quantization_config: the
+    quant_method, or 'fp8-rowwise' for FP8 weights with one scale per output
+    row (the checkpoints METRALE_FP8_ROWWISE serves)."""
+    if not isinstance(qc, dict):
+        raise TypeError(f"{where}: config key 'quantization_config' must be a JSON object")
+    method = qc.get("quant_method")
+    if not isinstance(method, str) or not method:
+        raise ValueError(f"{where}: quantization_config has no 'quant_method' string")
+    if method == "fbgemm_fp8":
+        return "fp8-rowwise"
+    if method == "compressed-tensors":
+        groups = qc.get("config_groups")
+        weights = [g.get("weights") for g in groups.values() if isinstance(g, dict)] \
+            if isinstance(groups, dict) else []
+        if weights and all(isinstance(w, dict) and w.get("type") == "float"
+                           and w.get("num_bits") == 8 and w.get("strategy") == "channel"
+                           for w in weights):
+            return "fp8-rowwise"
+    return method
 
 
 _NEMOTRON_PATTERN = "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME"

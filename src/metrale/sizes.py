@@ -10,6 +10,7 @@ from ._common import check_index
 from ._math import U64_MAX, cdiv, ceil_to
 from ._record import Record
 from .config import ModelConfig
+from .levers import lever_on
 from .moe import moe_fp8_layout
 
 __all__ = [
@@ -169,10 +170,6 @@ def scratch_terms(config, M, B, R):
 
 
 # -- BufferSizes (§8.1) ---------------------------------------------------------------
-
-def _lever(env, name):
-    return env.get(name) == "1"
-
 
 class BufferSizes:
     """The byte size of each of the 46 buffers (one int attribute per buffer)."""
@@ -361,7 +358,7 @@ def _compute(c, M, max_seq_len, kv_block_size, max_batch_size, target, env):
     s["moe_fp8_scratch"] = moe_fp8_layout(c, M).bytes
     s["fp8_act_scale"] = s["fp8_act_scale_kmajor"] = 4 * Mp * cdiv(Kp, 128)   # ceiling
     s["q2_dequant_scratch"] = (2 * H * max(I, QKVZ, Dip, g * Hq * D, 2 * Hkv * D)
-                               if _lever(env, "METRALE_GGUF_NATIVE_Q2") else 0)
+                               if lever_on("METRALE_GGUF_NATIVE_Q2", env, c) else 0)
     if rank > 0:
         s["lora_xa"] = 2 * M * rank
         s["lora_delta"] = 2 * M * max(H, I, g * Hq * D)
@@ -370,7 +367,7 @@ def _compute(c, M, max_seq_len, kv_block_size, max_batch_size, target, env):
     else:
         s["lora_xa"] = s["lora_delta"] = s["lora_hact"] = s["lora_seq_slot"] = 0
     s["q2_act_q8"] = (4 * M * ceil_to(max(H, I, Hq * D), 256) + _Q8_SLACK
-                      if _lever(env, "METRALE_GGUF_NATIVE_Q2_MMQ") else 0)
+                      if lever_on("METRALE_GGUF_NATIVE_Q2_MMQ", env, c) else 0)
     s["ssm_rowwise_w_bf16"] = (c.num_ssm_layers() * (2 * QKVZ * H + 2 * H * Vd)
-                               if _lever(env, "METRALE_FP8_ROWWISE") else 0)
+                               if lever_on("METRALE_FP8_ROWWISE", env, c) else 0)
     return tuple(s[n] for n in BUFFER_NAMES)
