@@ -145,6 +145,10 @@ typedef struct mt_scratch_stats {
     uint64_t total_allocated;
     uint64_t total_used;
     uint64_t max_thread_usage;
+    /* High-water marks since creation or mt_scratch_reset_peaks, kept after
+     * threads exit: bytes carved at once across threads, and by one thread. */
+    uint64_t peak_total_used;
+    uint64_t peak_thread_usage;
 } mt_scratch_stats;
 
 mt_scratch *mt_scratch_new(size_t scratch_size, size_t max_threads);
@@ -173,6 +177,8 @@ void mt_scratch_reset(mt_scratch *s, long slot);
 void mt_scratch_reset_all(mt_scratch *s);
 uint64_t mt_scratch_active(const mt_scratch *s);
 void mt_scratch_get_stats(const mt_scratch *s, mt_scratch_stats *out);
+/* Restart the high-water marks from the current usage. */
+void mt_scratch_reset_peaks(mt_scratch *s);
 /* Thread-local cache slot owner id of the calling thread (never reused). */
 uint64_t mt_thread_id(void);
 

@@ -24,6 +24,12 @@ struct mt_scratch {
     _Atomic uint64_t reset_gen;
     _Atomic uint64_t active;
     _Atomic uint64_t allocated;
+    /* Bytes carved across all slots, and the high-water marks statistics
+     * keep after threads exit (a thread's bytes count until it applies a
+     * reset_all, on its next access). */
+    _Atomic uint64_t total;
+    _Atomic uint64_t peak_total;
+    _Atomic uint64_t peak_thread;
     mt_slot slots[];
 };
 
@@ -129,7 +135,7 @@ void mt_scratch_release(mt_scratch *s, long slot, uint64_t claim)
     mt_slot *sl = &s->slots[slot];
     if (atomic_load(&sl->claim) != claim || atomic_load(&sl->owner) == 0) return;
     sl->user = NULL;
-    atomic_store_explicit(&sl->used, 0, memory_order_relaxed);
+    atomic_fetch_sub(&s->total, atomic_exchange(&sl->used, 0));
     atomic_fetch_sub(&s->active, 1);
     /* Release: the next claimant sees the buffer pointer this owner left. */
     atomic_store_explicit(&sl->owner, 0, memory_order_release);
@@ -149,7 +155,8 @@ static mt_slot *owned(mt_scratch *s, long slot)
     mt_slot *sl = &s->slots[slot];
     uint64_t g = atomic_load_explicit(&s->reset_gen, memory_order_acquire);
     if (atomic_load_explicit(&sl->seen_gen, memory_order_relaxed) != g) {
-        atomic_store_explicit(&sl->used, 0, memory_order_relaxed);
+        atomic_fetch_sub_explicit(&s->total, atomic_exchange_explicit(&sl->used, 0, memory_order_relaxed),
+                                  memory_order_relaxed);
         atomic_store_explicit(&sl->seen_gen, g, memory_order_relaxed);
     }
     return sl;
@@ -162,20 +169,36 @@ uint64_t mt_scratch_used(mt_scratch *s, long slot)
     return atomic_load_explicit(&owned(s, slot)->used, memory_order_relaxed);
 }
 
+/* *peak = max(*peak, v) */
+static void raise_to(_Atomic uint64_t *peak, uint64_t v)
+{
+    uint64_t cur = atomic_load_explicit(peak, memory_order_relaxed);
+    while (v > cur &&
+           !atomic_compare_exchange_weak_explicit(peak, &cur, v, memory_order_relaxed,
+                                                  memory_order_relaxed))
+        ;
+}
+
 unsigned char *mt_scratch_carve(mt_scratch *s, long slot, uint64_t n)
 {
     mt_slot *sl = owned(s, slot);
     uint64_t used = atomic_load_explicit(&sl->used, memory_order_relaxed);
     uint64_t off = (used + 63) / 64 * 64;
+    uint64_t total;
     if (off > s->size || n > s->size - off) return NULL;
     atomic_store_explicit(&sl->used, off + n, memory_order_relaxed);
+    total = atomic_fetch_add_explicit(&s->total, off + n - used, memory_order_relaxed) + (off + n - used);
+    raise_to(&s->peak_total, total);
+    raise_to(&s->peak_thread, off + n);
     if (n) memset(sl->buf + off, 0, n);
     return sl->buf + off;
 }
 
 void mt_scratch_reset(mt_scratch *s, long slot)
 {
-    atomic_store_explicit(&owned(s, slot)->used, 0, memory_order_relaxed);
+    atomic_fetch_sub_explicit(&s->total,
+                              atomic_exchange_explicit(&owned(s, slot)->used, 0, memory_order_relaxed),
+                              memory_order_relaxed);
 }
 
 void mt_scratch_reset_all(mt_scratch *s)
@@ -195,6 +218,8 @@ void mt_scratch_get_stats(const mt_scratch *s, mt_scratch_stats *out)
     memset(out, 0, sizeof *out);
     out->active_threads = atomic_load(&m->active);
     out->total_allocated = atomic_load(&m->allocated);
+    out->peak_total_used = atomic_load(&m->peak_total);
+    out->peak_thread_usage = atomic_load(&m->peak_thread);
     for (size_t i = 0; i < m->max_threads; i++) {
         mt_slot *sl = &m->slots[i];
         uint64_t u;
@@ -204,4 +229,12 @@ void mt_scratch_get_stats(const mt_scratch *s, mt_scratch_stats *out)
         out->total_used += u;
         if (u > out->max_thread_usage) out->max_thread_usage = u;
     }
+}
+
+void mt_scratch_reset_peaks(mt_scratch *s)
+{
+    mt_scratch_stats now;
+    mt_scratch_get_stats(s, &now);
+    atomic_store(&s->peak_total, now.total_used);
+    atomic_store(&s->peak_thread, now.max_thread_usage);
 }

@@ -99,12 +99,11 @@ def test_numpy_integers_size_the_same():
 
 # -- streams ------------------------------------------------------------------------------
 
-GOOD_STREAMS = [0, 7, 2**64 - 1, np.uint64(5), ProtoStream((0, 3)), ProtoStream((0, np.int64(3))),
+GOOD_STREAMS = [None, 0, 7, 2**64 - 1, np.uint64(5), ProtoStream((0, 3)), ProtoStream((0, np.int64(3))),
                 AttrStream(cuda_stream=9), AttrStream(ptr=11)]
 BAD_STREAMS = [
     (-5, ValueError, "stream must be >= 0"),
     (2**64, ValueError, "stream must fit in 64 bits"),
-    (None, TypeError, "stream"),
     (True, TypeError, "stream"),
     (1.0, TypeError, "stream"),
     ("0", TypeError, "stream"),

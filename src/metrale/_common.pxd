@@ -8,6 +8,8 @@ cdef enum:
 cdef object index_arg(object value, str name, uint64_t minimum=*, uint64_t maximum=*)
 cdef uint64_t u64_arg(object value, str name, uint64_t minimum=*, uint64_t maximum=*) except? 0
 cdef uintptr_t as_stream(object stream) except? 0
+# (name, array-interface typestr, DLPack type code, bits) of a dtype argument.
+cdef tuple dtype_info(object dtype)
 
 cdef extern from *:
     """

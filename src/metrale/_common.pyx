@@ -5,14 +5,15 @@ One rule for integer arguments, in the spirit of numpy.random's
 `check_constraint`: any object with `__index__` (numpy integers included) but
 not `bool`, within [minimum, maximum], where maximum defaults to 2**64 - 1.
 Wrong types raise TypeError, values out of range ValueError, each naming the
-argument.  One rule for streams: an int handle or an object of the CUDA
-stream protocol.
+argument.  One rule for streams: an int handle, an object of the CUDA
+stream protocol, or None for the legacy default stream.  One rule for element
+types: the names and spellings numpy gives them (`dtype_info`).
 """
 
 from cpython.number cimport PyNumber_Index
 from libc.stdint cimport uint64_t, uintptr_t
 
-__all__ = ["check_index", "U64_MAX"]
+__all__ = ["check_index", "resolve_dtype", "DTYPE_NAMES", "U64_MAX"]
 
 U64_MAX = 0xFFFFFFFFFFFFFFFF
 
@@ -86,12 +87,15 @@ cdef uintptr_t _handle(object value, str what) except? 0:
 
 
 cdef uintptr_t as_stream(object stream) except? 0:
-    """A stream handle from an int (0 = the legacy default stream), an object
-    of the CUDA stream protocol (`__cuda_stream__()` returning (0, handle)),
-    or an object with an int `cuda_stream` (torch) or `ptr` (CuPy)."""
+    """A stream handle from an int (0 = the legacy default stream), None (the
+    same: the default stream, as RMM and cuda.core read it), an object of the
+    CUDA stream protocol (`__cuda_stream__()` returning (0, handle)), or an
+    object with an int `cuda_stream` (torch) or `ptr` (CuPy)."""
     if type(stream) is int:
         return u64_arg(stream, "stream")
-    if stream is None or isinstance(stream, bool):
+    if stream is None:
+        return 0
+    if isinstance(stream, bool):
         raise TypeError(f"stream must be an int handle or a stream object, got {type(stream).__name__}")
     proto = getattr(stream, "__cuda_stream__", None)
     if proto is not None:
@@ -116,3 +120,134 @@ cdef uintptr_t as_stream(object stream) except? 0:
         return u64_arg(stream, "stream")
     raise TypeError("stream must be an int handle or an object with __cuda_stream__, "
                     f"cuda_stream or ptr, got {type(stream).__name__}")
+
+
+# -- element types ---------------------------------------------------------------
+# canonical name -> (array-interface typestr, DLPack type code, bits).  The
+# names are numpy's, and ml_dtypes' / torch's for the types numpy lacks; the
+# array interface has no code for those, so it sees raw bytes of their width.
+cdef dict _DTYPES = {
+    "bool": ("|b1", 6, 8),
+    "int8": ("|i1", 0, 8), "int16": ("<i2", 0, 16), "int32": ("<i4", 0, 32),
+    "int64": ("<i8", 0, 64),
+    "uint8": ("|u1", 1, 8), "uint16": ("<u2", 1, 16), "uint32": ("<u4", 1, 32),
+    "uint64": ("<u8", 1, 64),
+    "float16": ("<f2", 2, 16), "float32": ("<f4", 2, 32), "float64": ("<f8", 2, 64),
+    "complex64": ("<c8", 5, 64), "complex128": ("<c16", 5, 128),
+    "bfloat16": ("<V2", 4, 16),
+    "float8_e4m3fn": ("|V1", 10, 8), "float8_e5m2": ("|V1", 12, 8),
+}
+
+DTYPE_NAMES = tuple(_DTYPES)
+
+
+cdef dict _spellings():
+    """Every string numpy reads as one of _DTYPES (little-endian machine):
+    names, typestrings with or without a byte-order mark, one-letter codes,
+    and the C / Python type names, which mean what they mean to numpy
+    ('float' is float64, 'int' int64, 'i8' int64)."""
+    cdef dict out = {}
+    for name, (typestr, code, bits) in _DTYPES.items():
+        out[name] = name
+        if typestr[1] != "V":
+            out[typestr] = name
+            out[typestr[1:]] = name
+            out["=" + typestr[1:]] = name
+            if typestr[0] == "|":
+                out["<" + typestr[1:]] = name
+    for names, name in (
+            ("? bool_", "bool"), ("b byte", "int8"), ("B ubyte", "uint8"),
+            ("h short", "int16"), ("H ushort", "uint16"), ("i intc", "int32"),
+            ("I uintc", "uint32"), ("l q int long longlong intp", "int64"),
+            ("L Q uint ulong ulonglong uintp", "uint64"), ("e half", "float16"),
+            ("f single", "float32"), ("d double float", "float64"),
+            ("F csingle", "complex64"), ("D cdouble complex", "complex128")):
+        for alias in names.split():
+            out[alias] = name
+    return out
+
+
+cdef dict _SPELLINGS = _spellings()
+cdef dict _PYTYPES = {bool: "bool", int: "int64", float: "float64", complex: "complex128"}
+cdef dict _SEEN = {}           # dtype argument -> canonical name, bounded
+
+
+cdef str _unsupported(object dtype):
+    raise ValueError(f"dtype {dtype!r} is not supported; use a numpy dtype, a typestring "
+                     f"('<f4', 'f4'), or one of {', '.join(_DTYPES)}")
+
+
+cdef str _resolve(object dtype):
+    if isinstance(dtype, str):
+        name = _SPELLINGS.get(dtype)
+        if name is None:
+            _unsupported(dtype)
+        return name
+    if isinstance(dtype, type):
+        # Python scalar types as numpy reads them; numpy / ml_dtypes scalar
+        # types by their name (np.float32, ml_dtypes.bfloat16).
+        name = _PYTYPES.get(dtype)
+        if name is None:
+            name = getattr(dtype, "__name__", None)
+            name = _SPELLINGS.get(name) if isinstance(name, str) else None
+        if name is None:
+            _unsupported(dtype)
+        return name
+    text = str(dtype)
+    if text.startswith("torch."):            # torch.float32, torch.float8_e4m3fn
+        name = _SPELLINGS.get(text[6:])
+        if name is None or text[6:] != name:
+            _unsupported(dtype)
+        return name
+    name = getattr(dtype, "name", None)        # a numpy (or CuPy) dtype object
+    if not isinstance(name, str):
+        raise TypeError(f"dtype must be a str, a numpy dtype or a scalar type, "
+                        f"got {type(dtype).__name__}")
+    if getattr(dtype, "byteorder", "=") == ">" or name not in _DTYPES:
+        _unsupported(dtype)
+    return name
+
+
+cdef tuple dtype_info(object dtype):
+    """(canonical name, array-interface typestr, DLPack code, bits) of a dtype
+    argument; TypeError / ValueError naming `dtype` otherwise."""
+    name = None
+    try:
+        name = _SEEN.get(dtype)
+    except TypeError:          # unhashable: resolved below, not remembered
+        pass
+    if name is None:
+        name = _resolve(dtype)
+        try:
+            if len(_SEEN) < 256:
+                _SEEN[dtype] = name
+        except TypeError:
+            pass
+    return (name,) + _DTYPES[name]
+
+
+def resolve_dtype(dtype):
+    """The canonical name of an element type argument.
+
+    Parameters
+    ----------
+    dtype : str, numpy.dtype, type or torch.dtype
+        A numpy dtype or scalar type, a numpy spelling (``'float32'``,
+        ``'<f4'``, ``'f4'``, ``'f'``), a Python scalar type (``float`` is
+        float64 and ``int`` int64, as numpy reads them), a torch dtype, or
+        one of ``'bfloat16'``, ``'float8_e4m3fn'``, ``'float8_e5m2'``.
+
+    Returns
+    -------
+    str
+        One of `DTYPE_NAMES`.
+
+    Raises
+    ------
+    TypeError
+        `dtype` is not a type description at all.
+    ValueError
+        `dtype` names a type metrale does not hand out (big-endian, structured,
+        object, strings).
+    """
+    return dtype_info(dtype)[0]

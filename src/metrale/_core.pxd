@@ -78,6 +78,8 @@ cdef extern from "arena_core.h" nogil:
         uint64_t total_allocated
         uint64_t total_used
         uint64_t max_thread_usage
+        uint64_t peak_total_used
+        uint64_t peak_thread_usage
     mt_scratch *mt_scratch_new(size_t scratch_size, size_t max_threads)
     void mt_scratch_incref(mt_scratch *s)
     void mt_scratch_decref(mt_scratch *s)
@@ -96,4 +98,5 @@ cdef extern from "arena_core.h" nogil:
     void mt_scratch_reset_all(mt_scratch *s)
     uint64_t mt_scratch_active(const mt_scratch *s)
     void mt_scratch_get_stats(const mt_scratch *s, mt_scratch_stats *out)
+    void mt_scratch_reset_peaks(mt_scratch *s)
     uint64_t mt_thread_id()

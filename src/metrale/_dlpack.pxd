@@ -1,6 +1,7 @@
-# The DLPack structs (dlpack.h, v0.8 "unversioned" ABI): declared once, for the
-# modules that export memory through __dlpack__.
-from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint64_t
+# The DLPack structs (dlpack.h): the unversioned ABI of v0.8 and the versioned
+# one of v1.x, declared once, for the modules that export memory through
+# __dlpack__.
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 
 cdef struct DLDevice:
     int32_t device_type
@@ -24,3 +25,16 @@ cdef struct DLManagedTensor:
     DLTensor dl_tensor
     void *manager_ctx
     void (*deleter)(DLManagedTensor *) noexcept nogil
+
+cdef struct DLPackVersion:
+    uint32_t major
+    uint32_t minor
+
+# v1.x: the capsule is named "dltensor_versioned"; flags bit 0 = read-only,
+# bit 1 = a copy made by the producer.
+cdef struct DLManagedTensorVersioned:
+    DLPackVersion version
+    void *manager_ctx
+    void (*deleter)(DLManagedTensorVersioned *) noexcept nogil
+    uint64_t flags
+    DLTensor dl_tensor

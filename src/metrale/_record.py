@@ -2,7 +2,8 @@
 
 A subclass lists its fields in ``__slots__``; instances are built from
 positional or keyword values, compared, hashed and shown by value, and
-refuse assignment.  ``_hex`` names the fields shown in hexadecimal (device
+refuse assignment.  ``_defaults`` gives values for trailing fields that may
+be left out (fields added after the first release).  ``_hex`` names the fields shown in hexadecimal (device
 addresses).  Plain Python, no imports: the records sit on import paths.
 """
 
@@ -12,6 +13,7 @@ __all__ = ["Record"]
 class Record:
     __slots__ = ()
     _hex = ()
+    _defaults = {}
 
     def __init__(self, *args, **kwargs):
         names = self.__slots__
@@ -22,6 +24,10 @@ class Record:
             if name not in names or name in values:
                 raise TypeError(f"{type(self).__name__}() got an unexpected or repeated field {name!r}")
             values[name] = value
+        if len(values) != len(names):
+            for name in names:
+                if name not in values and name in self._defaults:
+                    values[name] = self._defaults[name]
         if len(values) != len(names):
             missing = [n for n in names if n not in values]
             raise TypeError(f"{type(self).__name__}() missing fields: {', '.join(missing)}")

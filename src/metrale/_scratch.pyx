@@ -16,9 +16,9 @@ from metrale._core cimport (
     MT_ERR_LIMIT, MT_ERR_NOMEM, mt_scratch, mt_scratch_active, mt_scratch_base, mt_scratch_carve,
     mt_scratch_claim, mt_scratch_claim_id, mt_scratch_decref, mt_scratch_find,
     mt_scratch_get_stats, mt_scratch_incref, mt_scratch_max_threads, mt_scratch_new,
-    mt_scratch_release, mt_scratch_reset, mt_scratch_reset_all, mt_scratch_set_user,
+    mt_scratch_release, mt_scratch_reset, mt_scratch_reset_all, mt_scratch_reset_peaks, mt_scratch_set_user,
     mt_scratch_size, mt_scratch_stats, mt_scratch_used, mt_scratch_user, mt_thread_id)
-from metrale._common cimport index_arg, u64_arg
+from metrale._common cimport dtype_info, index_arg, u64_arg
 
 from metrale._record import Record
 from metrale.errors import MetraleError, OutOfMemoryError
@@ -45,8 +45,10 @@ cdef size_t _check_size(str name, object v) except? 0:
 
 
 cdef tuple _dtype_of(object dtype):
-    """(numpy dtype, itemsize) of a `get` dtype argument, refusing what numpy
-    cannot place in raw memory (object fields, no fixed size)."""
+    """(numpy dtype, itemsize) of a `get` dtype argument.  The element types
+    of ArenaView are read by the same rule (dtype_info), with the same
+    meaning; any other numpy dtype object is accepted too, unless numpy cannot
+    place it in raw memory (Python object fields, no fixed size)."""
     hit = None
     try:
         hit = _DTYPES.get(dtype)
@@ -56,9 +58,14 @@ cdef tuple _dtype_of(object dtype):
         return hit
     np = _numpy()
     try:
-        dt = np.dtype(dtype)
-    except Exception as e:
-        raise TypeError(f"dtype {dtype!r} is not a numpy dtype ({e})") from None
+        dt = np.dtype(dtype_info(dtype)[1])
+    except (TypeError, ValueError):
+        if isinstance(dtype, str):
+            raise
+        try:
+            dt = np.dtype(dtype)
+        except Exception as e:
+            raise TypeError(f"dtype {dtype!r} is not a numpy dtype ({e})") from None
     if dt.hasobject:
         raise ValueError(f"dtype {dt} holds Python objects; scratch holds raw bytes only")
     if dt.itemsize == 0:
@@ -73,9 +80,32 @@ cdef tuple _dtype_of(object dtype):
 
 
 class ScratchStats(Record):
-    """Statistics about scratch usage (the reference's ScratchStats)."""
+    """Scratch usage of a `ScratchSpaceManager` (`ScratchSpaceManager.stats`).
+
+    Attributes
+    ----------
+    scratch_size : int
+        Bytes of each thread's buffer.
+    active_threads : int
+        Threads holding a buffer now.
+    max_threads : int
+        The most threads that may hold one at once.
+    total_allocated : int
+        Bytes of every buffer allocated (kept for reuse after a thread ends).
+    total_used : int
+        Bytes carved now, across the active threads.
+    max_thread_usage : int
+        Bytes carved now by the busiest active thread.
+    peak_total_used : int
+        The most bytes carved at once across threads since the manager was
+        made (or `ScratchSpaceManager.reset_peak_stats`); kept after threads
+        exit.
+    peak_thread_usage : int
+        The most bytes one thread had carved at once, over the same period.
+    """
     __slots__ = ("scratch_size", "active_threads", "max_threads", "total_allocated",
-                 "total_used", "max_thread_usage")
+                 "total_used", "max_thread_usage", "peak_total_used", "peak_thread_usage")
+    _defaults = {"peak_total_used": 0, "peak_thread_usage": 0}
 
 
 cdef class _TableRef:
@@ -270,7 +300,13 @@ cdef class ScratchSpaceManager:
         mt_scratch_get_stats(self.s, &st)
         return ScratchStats(mt_scratch_size(self.s), st.active_threads,
                             mt_scratch_max_threads(self.s), st.total_allocated,
-                            st.total_used, st.max_thread_usage)
+                            st.total_used, st.max_thread_usage, st.peak_total_used,
+                            st.peak_thread_usage)
+
+    def reset_peak_stats(self):
+        """Restart `ScratchStats.peak_total_used` and `peak_thread_usage` from
+        the current usage (as torch.cuda.reset_peak_memory_stats does)."""
+        mt_scratch_reset_peaks(self.s)
 
     def __repr__(self):
         return (f"ScratchSpaceManager(scratch_size={mt_scratch_size(self.s)}, "

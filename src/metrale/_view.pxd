@@ -10,6 +10,7 @@ cdef class ArenaView:
     cdef readonly tuple shape
     cdef readonly object ptr
     cdef readonly object nbytes
+    cdef str _typestr
     cdef int _dev_type, _dev_id, _code, _bits, _buf
     cdef mt_life *_life           # the arena's, once this view is counted in it
 

@@ -10,10 +10,10 @@ from cpython.ref cimport Py_INCREF, Py_DECREF
 from libc.stdint cimport int64_t, uint64_t, uintptr_t
 from libc.stdlib cimport malloc, free
 
-from metrale._common cimport MT_MAX_NDIM, index_arg
+from metrale._common cimport MT_MAX_NDIM, dtype_info, index_arg
 from metrale._core cimport (MT_LIFE_OK, MT_LIFE_RELEASED, mt_life, mt_life_export,
                             mt_life_unexport)
-from metrale._dlpack cimport DLManagedTensor
+from metrale._dlpack cimport DLManagedTensor, DLManagedTensorVersioned, DLTensor
 
 from metrale._buffers import BUFFER_NAMES
 from metrale.errors import MetraleError
@@ -27,8 +27,7 @@ cdef ArenaView make_view(object arena, mt_life *life, int buf, uint64_t nbytes, 
     cdef ArenaView v
     cdef int rc
     name = BUFFER_NAMES[buf]
-    dname = _dtype_name(dtype)
-    code, bits = _DTYPES[dname][1:]
+    dname, typestr, code, bits = dtype_info(dtype)
     item = bits // 8
     shape, count = _view_shape(shape, nbytes, item, name)
     v = ArenaView.__new__(ArenaView, _TOKEN)
@@ -41,39 +40,20 @@ cdef ArenaView make_view(object arena, mt_life *life, int buf, uint64_t nbytes, 
     v._life = life
     v._buf = buf
     v.arena, v.name, v.dtype, v.shape = arena, name, dname, shape
+    v._typestr = typestr
     v.ptr, v.nbytes = ptr, count * item
     v._dev_type, v._dev_id = dev_type, dev_id
     v._code, v._bits = code, bits
     return v
 
 
-# name -> (array-interface typestr, DLPack code, bits)
-cdef dict _DTYPES = {
-    "int8": ("|i1", 0, 8), "int16": ("<i2", 0, 16), "int32": ("<i4", 0, 32), "int64": ("<i8", 0, 64),
-    "uint8": ("|u1", 1, 8), "uint16": ("<u2", 1, 16), "uint32": ("<u4", 1, 32), "uint64": ("<u8", 1, 64),
-    "float16": ("<f2", 2, 16), "float32": ("<f4", 2, 32), "float64": ("<f8", 2, 64),
-    "bfloat16": ("<V2", 4, 16),
-}
-_ALIASES = {"u8": "uint8", "i8": "int8", "f16": "float16", "half": "float16", "f32": "float32",
-            "float": "float32", "f64": "float64", "double": "float64", "bf16": "bfloat16",
-            "i32": "int32", "u32": "uint32", "i64": "int64", "u64": "uint64", "int": "int32"}
-
-
-cdef str _dtype_name(object dtype):
-    if isinstance(dtype, str):
-        name = dtype
-    else:
-        name = getattr(dtype, "name", None)
-        if not isinstance(name, str):
-            name = getattr(dtype, "__name__", None) or str(dtype)
-    name = name.replace("torch.", "")
-    name = _ALIASES.get(name, name)
-    if name not in _DTYPES:
-        raise ValueError(f"dtype {dtype!r} is not supported; use one of {', '.join(_DTYPES)}")
-    return name
-
-
 cdef void _dl_deleter(DLManagedTensor *t) noexcept nogil:
+    with gil:
+        Py_DECREF(<object>t.manager_ctx)
+    free(t)
+
+
+cdef void _dl_deleter_v1(DLManagedTensorVersioned *t) noexcept nogil:
     with gil:
         Py_DECREF(<object>t.manager_ctx)
     free(t)
@@ -84,6 +64,26 @@ cdef void _dl_capsule_destructor(object capsule) noexcept:
     if PyCapsule_IsValid(capsule, b"dltensor"):     # never consumed
         t = <DLManagedTensor *>PyCapsule_GetPointer(capsule, b"dltensor")
         t.deleter(t)
+
+
+cdef void _dl_capsule_destructor_v1(object capsule) noexcept:
+    cdef DLManagedTensorVersioned *t
+    if PyCapsule_IsValid(capsule, b"dltensor_versioned"):     # never consumed
+        t = <DLManagedTensorVersioned *>PyCapsule_GetPointer(capsule, b"dltensor_versioned")
+        t.deleter(t)
+
+
+cdef bint _wants_versioned(object max_version) except -1:
+    """DLPack: a consumer that passes max_version (major, minor) with
+    major >= 1 gets a versioned capsule; None (or 0.x) the legacy one."""
+    if max_version is None:
+        return False
+    if not isinstance(max_version, tuple) or len(max_version) != 2:
+        raise TypeError(f"max_version must be a (major, minor) tuple or None, got {max_version!r}")
+    major = max_version[0]
+    if isinstance(major, bool) or not isinstance(major, int):
+        raise TypeError(f"max_version must be a (major, minor) tuple of ints, got {max_version!r}")
+    return major >= 1
 
 
 cdef tuple _view_shape(object shape, uint64_t nbytes, int item, str name):
@@ -133,7 +133,7 @@ cdef class ArenaView:
             mt_life_unexport(self._life, self._buf)
 
     def _interface(self):
-        return {"shape": self.shape, "typestr": _DTYPES[self.dtype][0],
+        return {"shape": self.shape, "typestr": self._typestr,
                 "data": (self.ptr, False), "strides": None, "version": 3}
 
     @property
@@ -154,37 +154,87 @@ cdef class ArenaView:
         return (self._dev_type, self._dev_id)
 
     def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
-        cdef DLManagedTensor *t
+        """Export the view as a DLPack capsule (the array API's protocol).
+
+        Parameters
+        ----------
+        stream : int or None, optional
+            The consumer's stream.  Ignored: the arena enqueues nothing of
+            its own, so the order of work is the order of the caller's streams.
+        max_version : tuple of (int, int) or None, optional
+            The highest DLPack version the consumer reads.  ``(1, x)`` or
+            later gives a versioned capsule (``"dltensor_versioned"``, DLPack
+            1.1, writable); None gives the legacy ``"dltensor"`` capsule.
+        dl_device : tuple of (int, int) or None, optional
+            The device the consumer wants; only the view's own is possible.
+        copy : bool or None, optional
+            True is refused: a view shares the arena's memory, never copies.
+
+        Returns
+        -------
+        PyCapsule
+            Owned by the consumer; it keeps this view, and so the arena's
+            memory, alive until the consumer's tensor is deleted.
+
+        Raises
+        ------
+        BufferError
+            `copy` is True, or `dl_device` is another device.
+        TypeError
+            `max_version` is not a (major, minor) tuple.
+        """
+        cdef DLManagedTensor *t = NULL
+        cdef DLManagedTensorVersioned *tv = NULL
+        cdef DLTensor *dl
         cdef int64_t *shp
         cdef int nd = len(self.shape), i
+        cdef size_t head
+        cdef char *mem
+        cdef bint versioned = _wants_versioned(max_version)
         if copy:
-            raise BufferError("an arena view cannot be copied by the producer")
+            raise BufferError("an arena view cannot be copied by the producer (copy=True)")
         if dl_device is not None and tuple(dl_device) != (self._dev_type, self._dev_id):
-            raise BufferError(f"the view lives on device {(self._dev_type, self._dev_id)}")
-        t = <DLManagedTensor *>malloc(sizeof(DLManagedTensor) + sizeof(int64_t) * (nd if nd else 1))
-        if t == NULL:
+            raise BufferError(f"the view lives on device {(self._dev_type, self._dev_id)}, "
+                              f"not {tuple(dl_device)}")
+        head = sizeof(DLManagedTensorVersioned) if versioned else sizeof(DLManagedTensor)
+        # The shape lives in the same allocation, right after the struct.
+        mem = <char *>malloc(head + sizeof(int64_t) * (nd if nd else 1))
+        if mem == NULL:
             raise MemoryError()
-        shp = <int64_t *>(<char *>t + sizeof(DLManagedTensor))
+        if versioned:
+            tv = <DLManagedTensorVersioned *>mem
+            tv.version.major = 1
+            tv.version.minor = 1       # the FP8 type codes are DLPack 1.1's
+            tv.flags = 0               # writable, not a copy
+            tv.manager_ctx = <void *>self
+            tv.deleter = _dl_deleter_v1
+            dl = &tv.dl_tensor
+        else:
+            t = <DLManagedTensor *>mem
+            t.manager_ctx = <void *>self
+            t.deleter = _dl_deleter
+            dl = &t.dl_tensor
+        shp = <int64_t *>(mem + head)
         for i in range(nd):
             shp[i] = self.shape[i]
-        t.dl_tensor.data = <void *><uintptr_t>self.ptr
-        t.dl_tensor.device.device_type = self._dev_type
-        t.dl_tensor.device.device_id = self._dev_id
-        t.dl_tensor.ndim = nd
-        t.dl_tensor.dtype.code = self._code
-        t.dl_tensor.dtype.bits = self._bits
-        t.dl_tensor.dtype.lanes = 1
-        t.dl_tensor.shape = shp
-        t.dl_tensor.strides = NULL       # compact row-major
-        t.dl_tensor.byte_offset = 0
-        t.manager_ctx = <void *>self
-        t.deleter = _dl_deleter
+        dl.data = <void *><uintptr_t>self.ptr
+        dl.device.device_type = self._dev_type
+        dl.device.device_id = self._dev_id
+        dl.ndim = nd
+        dl.dtype.code = self._code
+        dl.dtype.bits = self._bits
+        dl.dtype.lanes = 1
+        dl.shape = shp
+        dl.strides = NULL       # compact row-major
+        dl.byte_offset = 0
         Py_INCREF(self)
         try:
+            if versioned:
+                return PyCapsule_New(tv, b"dltensor_versioned", _dl_capsule_destructor_v1)
             return PyCapsule_New(t, b"dltensor", _dl_capsule_destructor)
         except BaseException:
             Py_DECREF(self)
-            free(t)
+            free(mem)
             raise
 
     def __repr__(self):

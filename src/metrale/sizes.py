@@ -4,13 +4,14 @@ Pure Python with exact integer arithmetic; no allocation, no GPU contact.
 """
 
 import os
+from collections.abc import Mapping
 
 from ._buffers import BUFFER_INDEX, BUFFER_NAMES, GROUPS
 from ._common import check_index
 from ._math import U64_MAX, cdiv, ceil_to
 from ._record import Record
 from .config import ModelConfig
-from .levers import lever_on
+from .levers import LEVERS, lever_on
 from .moe import moe_fp8_layout
 
 __all__ = [
@@ -171,22 +172,66 @@ def scratch_terms(config, M, B, R):
 
 # -- BufferSizes (§8.1) ---------------------------------------------------------------
 
-class BufferSizes:
-    """The byte size of each of the 46 buffers (one int attribute per buffer)."""
+class BufferSizes(Mapping):
+    """The byte size of each of the 46 buffers of one forward pass.
 
-    __slots__ = ("_values",)
+    One int attribute per buffer (``sizes.logits``), and a read-only mapping
+    of buffer name to bytes in canonical order (``sizes["logits"]``,
+    ``dict(sizes)``, ``len(sizes) == 46``).  Immutable; `replace` makes a
+    changed copy.  Usually made by `from_config`; ``BufferSizes(**sizes)``
+    takes all 46 entries.
+
+    Raises
+    ------
+    TypeError
+        An entry is missing, unknown, or not an int.
+    ValueError
+        An entry is negative or does not fit 64 bits.
+    """
+
+    __slots__ = ("_values", "_levers")
 
     def __init__(self, **sizes):
         missing = [n for n in BUFFER_NAMES if n not in sizes]
         if missing:
             raise TypeError(f"BufferSizes() missing entries: {', '.join(missing)}")
         self._values = _validated(sizes)
+        self._levers = {}
 
     @classmethod
-    def _make(cls, values):
+    def _make(cls, values, levers=None):
         self = object.__new__(cls)
         self._values = values
+        self._levers = levers or {}
         return self
+
+    # -- the mapping: name -> bytes, in canonical order ----------------------------
+    def __getitem__(self, name):
+        i = BUFFER_INDEX.get(name) if isinstance(name, str) else None
+        if i is None:
+            raise KeyError(name)
+        return self._values[i]
+
+    def __iter__(self):
+        return iter(BUFFER_NAMES)
+
+    def __len__(self):
+        return len(BUFFER_NAMES)
+
+    def __contains__(self, name):
+        return isinstance(name, str) and name in BUFFER_INDEX
+
+    def levers(self):
+        """The environment levers in effect when these sizes were computed.
+
+        Returns
+        -------
+        dict of str to str
+            Lever name -> how it was set (``"1"``, a split-K value, or
+            ``"quantization_config"``), for the levers that were on or
+            overrode the target; empty for sizes not made by `from_config`.
+        """
+        return dict(self._levers)
 
     @classmethod
     def from_config(cls, config, max_batch_tokens, max_seq_len, kv_block_size,
@@ -208,6 +253,14 @@ class BufferSizes:
         kv_block_size = check_index(kv_block_size, "kv_block_size")
         max_batch_size = check_index(max_batch_size, "max_batch_size")
         values = _compute(config, M, max_seq_len, kv_block_size, max_batch_size, target, env)
+        levers = {}
+        for lv in LEVERS:
+            raw = env.get(lv.name)
+            if lv.name == "METRALE_ATTN_DECODE_SPLITK":
+                if isinstance(raw, str):
+                    levers[lv.name] = raw
+            elif lever_on(lv.name, env, config):
+                levers[lv.name] = "1" if raw is not None else "quantization_config"
         total = 0
         for name, v in zip(BUFFER_NAMES, values):
             total += v
@@ -217,7 +270,7 @@ class BufferSizes:
         if total > U64_MAX:
             raise ValueError(f"the sum of all buffer sizes ({total} bytes) exceeds "
                              f"2^64 - 1 at max_batch_tokens={M}")
-        return cls._make(values)
+        return cls._make(values, levers)
 
     def total_bytes(self):
         """Sum of the 44 sizes the reference preflight counts: all but o_latent
@@ -239,7 +292,7 @@ class BufferSizes:
             if i is None:
                 raise TypeError(f"BufferSizes has no entry {name!r}")
             values[i] = v
-        return BufferSizes._make(_validated(dict(zip(BUFFER_NAMES, values))))
+        return BufferSizes._make(_validated(dict(zip(BUFFER_NAMES, values))), self._levers)
 
     def __eq__(self, other):
         if type(other) is not BufferSizes:
@@ -250,7 +303,7 @@ class BufferSizes:
         return hash(self._values)
 
     def __reduce__(self):
-        return (BufferSizes._make, (self._values,))
+        return (BufferSizes._make, (self._values, self._levers))
 
     def __repr__(self):
         return "BufferSizes(" + ", ".join(f"{n}={v}" for n, v in zip(BUFFER_NAMES, self._values)) + ")"
