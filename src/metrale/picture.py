@@ -1,0 +1,546 @@
+"""The picture of a slab: an SVG memory map of a `metrale plan`.
+
+`render_svg` draws the plan's slab as one tall column, to scale: every placed
+buffer is one rectangle whose top is at its offset and whose height is its
+size, so the placement padding between buffers shows as gaps (a hatched
+background).  Buffers thin enough to vanish at that scale keep their exact
+(sub-pixel) rectangle; a leader line joins each buffer to its row in the
+table beside the column, which names every buffer with its size, offset, the
+padding after it and how much of it each zeroing helper clears.  The ranges of
+``zero_all``, ``zero_prefill_essentials`` and ``zero_all_rows(T)`` are drawn
+to scale in three lanes left of the column, with a marker where a range is too
+thin to see.  The zero-size (NULL) buffers are listed below.
+
+Every rectangle that stands for bytes carries its numbers as attributes
+(``data-buffer``/``data-range``/``data-padding`` with ``data-offset`` and
+``data-bytes`` or ``data-length``), so a test or another tool can check the
+geometry against the plan.  The document is standalone: no script, no external
+font or image.
+"""
+
+import math
+import re
+from collections.abc import Mapping
+
+__all__ = ["render_svg"]
+
+# -- the layout, in SVG user units (1 unit = 1 CSS pixel at 100 % zoom) --------
+_WIDTH = 1200
+_MARGIN = 20
+_AXIS_LABEL_X = 112          # offset labels end here (right-aligned)
+_TICK_X0, _TICK_X1 = 116, 124
+_LANE_X = (128, 146, 164)    # zero_all, zero_prefill, zero_all_rows lanes
+_LANE_W = 14
+_COL_X, _COL_W = 186, 240    # the slab column
+_TABLE_X = 540               # where leader lines end and the table begins
+_TOP = 286                   # y of slab offset 0
+_MIN_HEIGHT = 760            # the column is at least this tall ...
+_ROW_MIN = 20                # ... and each table row at least this tall
+_ROW_MAX = 26                # rows spread over the column's height, up to this
+_DECIMALS = 4                # coordinates are written rounded to 1e-4 units
+_THIN = 2.0                  # a range thinner than this (units) also gets a marker
+
+# Table columns: x positions (anchor noted where it is not "start").
+_C_INDEX = 560               # end
+_C_SWATCH = 566
+_C_NAME = 584
+_C_SIZE = 790                # end
+_C_OFFSET = 902              # end
+_C_PAD = 962                 # end
+_C_ZERO = (1008, 1068, 1140)  # middle: zero_all, prefill, rows
+
+_SANS = "DejaVu Sans, Verdana, Arial, Helvetica, sans-serif"
+_MONO = "DejaVu Sans Mono, Menlo, Consolas, monospace"
+
+# Buffer fills cycle through pale colours so that neighbours differ and dark
+# text stays readable on them; the zeroing ranges use saturated colours that no
+# buffer fill is close to.
+_FILLS = ("#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94", "#f7b6d2",
+          "#dbdb8d", "#9edae5")
+_RANGE_COLOURS = {"zero_all": "#d62728", "zero_prefill": "#ff7f0e", "zero_all_rows": "#1f77b4"}
+_TEXT = "#202124"
+_MUTED = "#5f6368"
+
+# (plan key, name of the helper, short name for lane and table headers) for
+# the three zeroing overlays, in lane order.
+_RANGE_KINDS = (("zero_all", "zero_all", "zero_all"),
+                ("zero_prefill", "zero_prefill_essentials", "prefill"),
+                ("zero_all_rows", "zero_all_rows", "rows"))
+
+# Characters XML 1.0 cannot carry at all (escaping does not help); a model name
+# from a user's path may hold any of them, and lone surrogates too.
+_NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+# -- input validation -----------------------------------------------------------
+
+def _where(path):
+    return "plan" + "".join(f"[{p!r}]" for p in path)
+
+
+def _get(mapping, key, path):
+    if key not in mapping:
+        raise ValueError(f"{_where(path)} has no key {key!r}")
+    return mapping[key]
+
+
+def _int(value, path, minimum=0):
+    # bool is an int subclass, but True as a byte count is a caller's mistake.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{_where(path)} must be an int, not {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{_where(path)} must be >= {minimum}, got {value}")
+    return value
+
+
+def _str(value, path):
+    if not isinstance(value, str):
+        raise TypeError(f"{_where(path)} must be a str, not {type(value).__name__}")
+    return value
+
+
+def _dict(value, path):
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{_where(path)} must be a dict, not {type(value).__name__}")
+    return value
+
+
+def _list(value, path):
+    if not isinstance(value, (list, tuple)):
+        raise TypeError(f"{_where(path)} must be a list, not {type(value).__name__}")
+    return value
+
+
+def _range(value, path, slab):
+    d = _dict(value, path)
+    off = _int(_get(d, "offset", path), path + ("offset",))
+    length = _int(_get(d, "length", path), path + ("length",))
+    if off + length > slab:
+        raise ValueError(f"{_where(path)} [{off}, {off + length}) runs past the slab "
+                         f"({slab} bytes)")
+    return off, length
+
+
+class _Plan:
+    """The validated subset of a plan dict that the picture draws."""
+
+    def __init__(self, plan):
+        p = _dict(plan, ())
+        self.model = _str(_get(p, "model", ()), ("model",))
+        mt = _get(p, "model_type", ())
+        self.model_type = "" if mt is None else _str(mt, ("model_type",))
+        self.limits = [(k, _int(_get(p, k, ()), (k,), 1)) for k in
+                       ("max_batch_tokens", "max_seq_len", "kv_block_size", "max_batch_size")]
+        target = _dict(_get(p, "target", ()), ("target",))
+        self.sm_count = _int(_get(target, "sm_count", ("target",)), ("target", "sm_count"), 1)
+        self.splitk = str(_get(target, "splitk", ("target",)))
+        self.slab = _int(_get(p, "slab_bytes", ()), ("slab_bytes",), 1)
+        self.total = _int(_get(p, "total_bytes", ()), ("total_bytes",))
+
+        self.placed = []          # (name, offset, bytes), in the plan's order
+        flagged_null = []
+        seen = set()
+        for i, b in enumerate(_list(_get(p, "buffers", ()), ("buffers",))):
+            at = ("buffers", i)
+            b = _dict(b, at)
+            name = _str(_get(b, "buffer", at), at + ("buffer",))
+            if name in seen:
+                raise ValueError(f"{_where(at)}: buffer {name!r} is listed twice")
+            seen.add(name)
+            n = _int(_get(b, "bytes", at), at + ("bytes",))
+            off = _get(b, "offset", at)
+            null = _get(b, "null", at)
+            if not isinstance(null, bool):
+                raise TypeError(f"{_where(at + ('null',))} must be a bool, "
+                                f"not {type(null).__name__}")
+            if null or off is None:
+                if not null or n or off is not None:
+                    raise ValueError(f"{_where(at)}: {name!r} must have null true, 0 bytes "
+                                     f"and offset None together (got null={null}, "
+                                     f"bytes={n}, offset={off!r})")
+                flagged_null.append(name)
+                continue
+            off = _int(off, at + ("offset",))
+            if n == 0:
+                raise ValueError(f"{_where(at)}: {name!r} has 0 bytes but is not null")
+            if off + n > self.slab:
+                raise ValueError(f"{_where(at)}: {name!r} [{off}, {off + n}) runs past the "
+                                 f"slab ({self.slab} bytes)")
+            self.placed.append((name, off, n))
+        if not self.placed:
+            raise ValueError("plan['buffers'] places no buffer in the slab")
+        ordered = sorted(self.placed, key=lambda t: t[1])
+        for (a, ao, an), (b, bo, _) in zip(ordered, ordered[1:]):
+            if ao + an > bo:
+                raise ValueError(f"plan['buffers']: {a!r} [{ao}, {ao + an}) and {b!r} "
+                                 f"starting at {bo} overlap")
+
+        nulls = [_str(n, ("null_buffers", i))
+                 for i, n in enumerate(_list(_get(p, "null_buffers", ()), ("null_buffers",)))]
+        # The list the plan gives, then any buffer flagged null that it missed.
+        self.nulls = nulls + [n for n in flagged_null if n not in nulls]
+
+        self.ranges = {}
+        for key, _, _ in _RANGE_KINDS[:2]:
+            self.ranges[key] = [_range(_get(p, key, ()), (key,), self.slab)]
+        rows = _dict(_get(p, "zero_all_rows", ()), ("zero_all_rows",))
+        self.tokens = _int(_get(rows, "tokens", ("zero_all_rows",)), ("zero_all_rows", "tokens"))
+        rr = _list(_get(rows, "ranges", ("zero_all_rows",)), ("zero_all_rows", "ranges"))
+        self.ranges["zero_all_rows"] = [_range(r, ("zero_all_rows", "ranges", i), self.slab)
+                                        for i, r in enumerate(rr)]
+
+
+# -- text helpers ---------------------------------------------------------------
+
+def _esc(text):
+    """`text` made safe for XML character data and attribute values."""
+    text = _NOT_XML.sub("\ufffd", str(text))
+    return (text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+            .replace('"', "&quot;").replace("'", "&#39;"))
+
+
+def _num(v):
+    """A coordinate, rounded to _DECIMALS places, without trailing zeros."""
+    s = f"{v:.{_DECIMALS}f}".rstrip("0").rstrip(".")
+    return "0" if s in ("", "-0") else s
+
+
+def _human(n):
+    """Bytes as a short binary size: 256 B, 864.8 KiB, 46.4 MiB, 2.1 GiB."""
+    if n < 1024:
+        return f"{n} B"
+    units = ("KiB", "MiB", "GiB", "TiB")
+    v, i = n / 1024, 0
+    # Compare the rounded value, so that 1023.97 KiB reads 1 MiB, not 1024 KiB.
+    while round(v, 1) >= 1024 and i < len(units) - 1:
+        v, i = v / 1024, i + 1
+    return f"{round(v, 1):.1f}".rstrip("0").rstrip(".") + " " + units[i]
+
+
+def _shorten(text, limit):
+    # Keep both ends of a long config path: the directory and the file name
+    # are the parts a reader recognises.
+    if len(text) <= limit:
+        return text
+    keep = limit - 1
+    return text[:keep // 2] + "\u2026" + text[len(text) - (keep - keep // 2):]
+
+
+def _attrs(**kw):
+    # data_buffer -> data-buffer; values escaped; None values dropped.
+    return " ".join(f'{k.rstrip("_").replace("_", "-")}="{_esc(v)}"'
+                    for k, v in kw.items() if v is not None)
+
+
+def _text(x, y, body, size=11, anchor="start", weight=None, fill=_TEXT, family=None,
+          **extra):
+    attrs = _attrs(x=_num(x), y=_num(y), font_size=size, text_anchor=anchor,
+                   font_weight=weight, fill=fill, font_family=family, **extra)
+    return f"<text {attrs}>{_esc(body)}</text>"
+
+
+# -- geometry -------------------------------------------------------------------
+
+def _covered(off, n, ranges):
+    """Bytes of [off, off + n) inside the union of `ranges`."""
+    total, end = 0, off
+    for r_off, r_len in sorted(ranges):
+        lo, hi = max(r_off, end), min(r_off + r_len, off + n)
+        if hi > lo:
+            total += hi - lo
+            end = hi
+    return total
+
+
+def _gaps(placed, slab):
+    """(offset, bytes) of every stretch of the slab no buffer holds."""
+    gaps, cursor = [], 0
+    for _, off, n in sorted(placed, key=lambda t: t[1]):
+        if off > cursor:
+            gaps.append((cursor, off - cursor))
+        cursor = max(cursor, off + n)
+    if slab > cursor:
+        gaps.append((cursor, slab - cursor))
+    return gaps
+
+
+def _with_tokens(p, key, name):
+    """`name`, with the T of zero_all_rows(T) appended for that helper."""
+    return f"{name}(T={p.tokens:,})" if key == "zero_all_rows" else name
+
+
+def _tick_step(slab, height):
+    """A power-of-two byte step giving offset ticks at least 56 units apart."""
+    step = 256
+    while step * height / slab < 56:
+        step *= 2
+    return step
+
+
+def _axis_label(v):
+    if v == 0:
+        return "0"
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if v >= scale:
+            return f"{v / scale:g} {unit}"
+    return f"{v} B"
+
+
+# -- the drawing ----------------------------------------------------------------
+
+def render_svg(plan):
+    """Draw the slab of a plan, to scale, as a standalone SVG document.
+
+    Parameters
+    ----------
+    plan : dict (or any Mapping)
+        The plan that ``metrale.cli.plan`` returns (the JSON of ``metrale plan
+        --json``).  The keys read are ``model``, ``model_type``,
+        ``max_batch_tokens``, ``max_seq_len``, ``kv_block_size``,
+        ``max_batch_size``, ``target`` (``sm_count``, ``splitk``),
+        ``buffers`` (each ``buffer``, ``bytes``, ``offset``, ``null``),
+        ``total_bytes``, ``slab_bytes``, ``zero_all``, ``zero_prefill``
+        (each ``offset``, ``length``), ``zero_all_rows`` (``tokens`` and
+        ``ranges``) and ``null_buffers``; any other key is ignored.
+
+    Returns
+    -------
+    str
+        The SVG document (UTF-8 text, with an XML declaration).  Each placed
+        buffer is one ``<rect data-buffer=NAME data-offset=.. data-bytes=..>``
+        whose ``y`` and ``height`` are its offset and size at the scale of the
+        ``<rect data-slab="slab">`` column (``height / slab_bytes`` units per
+        byte); the zeroing ranges are ``<rect data-range=KIND data-offset=..
+        data-length=..>`` at the same scale, KIND one of ``zero_all``,
+        ``zero_prefill``, ``zero_all_rows``; padding gaps are ``<rect
+        data-padding="gap">``.  Coordinates are rounded to 1e-4 units.
+
+    Raises
+    ------
+    TypeError
+        If `plan` is not a dict, or a value in it has the wrong type (the
+        message names the key, e.g. ``plan['buffers'][3]['bytes']``).
+    ValueError
+        If a key is missing, a number is out of range, two buffers overlap,
+        a buffer or range runs past ``slab_bytes``, a buffer is listed twice,
+        or a buffer's ``null``, ``bytes`` and ``offset`` disagree.
+    """
+    p = _Plan(plan)
+    rows = p.placed
+    n_rows = len(rows)
+    height = max(_MIN_HEIGHT, n_rows * _ROW_MIN)
+    row_h = min(_ROW_MAX, height / n_rows)
+    scale = height / p.slab                       # units per byte
+
+    def y_of(off):
+        return _TOP + off * scale
+
+    out = []
+    w = out.append
+    table_bottom = _TOP + n_rows * row_h
+    null_top = max(_TOP + height, table_bottom) + 44
+    null_cols = 5
+    null_h = 22 + 18 * max(1, math.ceil(len(p.nulls) / null_cols))
+    doc_h = math.ceil(null_top + null_h + _MARGIN)
+
+    w('<?xml version="1.0" encoding="UTF-8"?>')
+    w(f'<svg xmlns="http://www.w3.org/2000/svg" width="{_WIDTH}" height="{doc_h}" '
+      f'viewBox="0 0 {_WIDTH} {doc_h}" font-family="{_SANS}" role="img" '
+      f'aria-labelledby="picture-title">')
+    # The accessible title keeps the model name whole; the drawn one may shorten it.
+    summary = f"Slab of {p.model}: {n_rows} buffers in {p.slab:,} bytes"
+    w(f'<title id="picture-title">{_esc(summary)}</title>')
+    w("<defs>"
+      '<pattern id="padding-hatch" width="6" height="6" patternUnits="userSpaceOnUse" '
+      'patternTransform="rotate(45)"><rect width="6" height="6" fill="#f1f3f4"/>'
+      '<rect width="2" height="6" fill="#9aa0a6"/></pattern>'
+      "</defs>")
+    w(f'<rect x="0" y="0" width="{_WIDTH}" height="{doc_h}" fill="#ffffff"/>')
+
+    # Title: the model and every limit the plan was sized for.
+    # About 12 units per character of 18-unit bold sans: the title gets
+    # (_WIDTH - 2 * _MARGIN) / 12 characters, the model what the rest leaves.
+    model_type = _shorten(p.model_type or "?", 24)
+    budget = (_WIDTH - 2 * _MARGIN) // 12 - len("Slab of  ()") - len(model_type)
+    w(_text(_MARGIN, 32, f"Slab of {_shorten(p.model, budget)} ({model_type})",
+            size=18, weight="bold", data_title="model"))
+    limits = " \u00b7 ".join(f"{k} {v:,}" for k, v in p.limits)
+    w(_text(_MARGIN, 54, f"{limits} \u00b7 target {p.sm_count} SMs, split-K "
+            f"{_shorten(p.splitk, 12)}", size=13, fill=_MUTED))
+    w(_text(_MARGIN, 74, f"one allocation of {p.slab:,} bytes ({_human(p.slab)}): "
+            f"{n_rows} buffers at 256-byte aligned offsets, {len(p.nulls)} NULL; "
+            f"total_bytes() {p.total:,}", size=13, fill=_MUTED))
+
+    # Legend.
+    _legend(w, p, rows, height, scale)
+
+    # Offset axis: power-of-two ticks, plus the end of the slab.
+    step = _tick_step(p.slab, height)
+    w(_text(_AXIS_LABEL_X, _TOP - 10, "offset", size=10, anchor="end", fill=_MUTED))
+    end_y = y_of(p.slab)
+    for v in range(0, p.slab, step):
+        y = y_of(v)
+        if end_y - y < 14:          # leave room for the end label
+            continue
+        w(f'<line x1="{_TICK_X0}" y1="{_num(y)}" x2="{_TICK_X1}" y2="{_num(y)}" '
+          f'stroke="{_MUTED}" stroke-width="1"/>')
+        w(_text(_AXIS_LABEL_X, y + 4, _axis_label(v), size=10, anchor="end", fill=_MUTED,
+                data_tick=v))
+    w(f'<line x1="{_TICK_X0}" y1="{_num(end_y)}" x2="{_TICK_X1}" y2="{_num(end_y)}" '
+      f'stroke="{_TEXT}" stroke-width="1"/>')
+    w(_text(_AXIS_LABEL_X, end_y + 4, _human(p.slab), size=10, anchor="end",
+            weight="bold", data_tick=p.slab))
+
+    # The zeroing lanes: exact ranges, and a marker where a range is too thin.
+    for (key, label, short), lx in zip(_RANGE_KINDS, _LANE_X):
+        colour = _RANGE_COLOURS[key]
+        w(f'<rect x="{lx}" y="{_TOP}" width="{_LANE_W}" height="{_num(height)}" '
+          f'fill="#f1f3f4"/>')
+        w(f'<text transform="translate({lx + _LANE_W / 2 + 4},{_TOP - 8}) rotate(-90)" '
+          f'font-size="10" font-weight="bold" fill="{colour}" data-lane="{key}">'
+          f"{_esc(_with_tokens(p, key, short))}</text>")
+        for off, length in p.ranges[key]:
+            y, h = y_of(off), length * scale
+            w(f'<rect {_attrs(data_range=key, data_offset=off, data_length=length)} '
+              f'x="{lx}" y="{_num(y)}" width="{_LANE_W}" height="{_num(h)}" fill="{colour}" '
+              f'shape-rendering="crispEdges">'
+              f"<title>{_esc(f'{label}: {length:,} bytes at offset {off:,}')}</title></rect>")
+            if h < _THIN and length:
+                cy = y + h / 2
+                w(f'<path {_attrs(data_marker=key, data_offset=off)} '
+                  f'd="M{lx} {_num(cy - 3.5)}L{lx + _LANE_W} {_num(cy)}L{lx} {_num(cy + 3.5)}Z" '
+                  f'fill="{colour}"/>')
+
+    # The slab: its hatched background shows through wherever no buffer is.
+    # Crisp edges: anti-aliased fractional edges would let the hatch bleed
+    # through between two adjacent buffers and fake a gap that is not there.
+    w(_text(_COL_X + _COL_W / 2, _TOP - 10, "slab (offset 0 at the top)", size=11,
+            anchor="middle", weight="bold"))
+    w('<g shape-rendering="crispEdges">')
+    w(f'<rect {_attrs(data_slab="slab", data_bytes=p.slab)} x="{_COL_X}" y="{_TOP}" '
+      f'width="{_COL_W}" height="{_num(height)}" fill="url(#padding-hatch)"/>')
+    for off, n in _gaps(rows, p.slab):
+        w(f'<rect {_attrs(data_padding="gap", data_offset=off, data_bytes=n)} x="{_COL_X}" '
+          f'y="{_num(y_of(off))}" width="{_COL_W}" height="{_num(n * scale)}" '
+          f'fill="url(#padding-hatch)"/>')
+    for i, (name, off, n) in enumerate(rows):
+        fill = _FILLS[i % len(_FILLS)]
+        y, h = y_of(off), n * scale
+        w(f'<rect {_attrs(data_buffer=name, data_offset=off, data_bytes=n)} x="{_COL_X}" '
+          f'y="{_num(y)}" width="{_COL_W}" height="{_num(h)}" fill="{fill}">'
+          f"<title>{_esc(f'{name}: {n:,} bytes ({_human(n)}) at offset {off:,}')}</title></rect>")
+    w("</g>")
+    # Inline labels where a buffer is tall enough to hold one (the table names
+    # every buffer anyway).
+    for name, off, n in rows:
+        h = n * scale
+        size = 11 if h >= 13 else 9 if h >= 9.5 else 0
+        if size:
+            w(_text(_COL_X + _COL_W / 2, y_of(off) + h / 2 + size * 0.36,
+                    f"{name} {_human(n)}", size=size, anchor="middle", data_inline=name))
+    w(f'<rect x="{_COL_X}" y="{_TOP}" width="{_COL_W}" height="{_num(height)}" fill="none" '
+      f'stroke="{_TEXT}" stroke-width="1"/>')
+
+    _table(w, p, rows, row_h, y_of, scale)
+    _null_list(w, p, null_top, null_cols)
+    w("</svg>")
+    return "\n".join(out) + "\n"
+
+
+def _legend(w, p, rows, height, scale):
+    y1, y2 = 128, 152
+    x = _MARGIN
+    w(_text(x, y1 - 22, "Zeroing helpers: the ranges each one clears, in the lanes left of "
+            "the slab, to scale", size=12, weight="bold"))
+    for key, label, _ in _RANGE_KINDS:
+        ranges = p.ranges[key]
+        total = sum(length for _, length in ranges)
+        name = _with_tokens(p, key, label)
+        count = "1 range" if len(ranges) == 1 else f"{len(ranges)} ranges"
+        body = f"{name}: {count}, {_human(total)}"
+        w(f'<rect x="{_num(x)}" y="{y1 - 10}" width="14" height="12" '
+          f'fill="{_RANGE_COLOURS[key]}" data-legend="{key}"/>')
+        w(_text(x + 20, y1, body, size=12, data_legend_text=key))
+        x += 26 + 7.0 * len(body)
+    x = _MARGIN
+    w(f'<path d="M{x} {y2 - 10}L{x + 12} {y2 - 4}L{x} {y2 + 2}Z" fill="{_MUTED}"/>')
+    thin = "a range thinner than 2 px at this scale (its exact rectangle is still drawn)"
+    w(_text(x + 20, y2, thin, size=12))
+    gaps = _gaps(rows, p.slab)
+    pad = sum(n for _, n in gaps)
+    x2 = _MARGIN + 20 + 6.6 * len(thin) + 24
+    w(f'<rect x="{_num(x2)}" y="{y2 - 10}" width="14" height="12" fill="url(#padding-hatch)" '
+      f'stroke="{_MUTED}" stroke-width="0.5"/>')
+    gap_word = "gap" if len(gaps) == 1 else "gaps"
+    w(_text(x2 + 20, y2, f"padding: {pad:,} bytes in {len(gaps)} {gap_word} "
+            "(table: pad after)", size=12, data_legend_text="padding"))
+    mib_per_px = 1 / scale / (1 << 20)
+    per_px = (f"{mib_per_px:.3g} MiB" if mib_per_px >= 0.1
+              else f"{1 / scale / 1024:.3g} KiB")
+    w(_text(_MARGIN, y2 + 24, f"Scale: the column is {height:g} px for {_human(p.slab)}, "
+            f"1 px = {per_px} of slab. Leader lines join each buffer's place to its row.",
+            size=12, fill=_MUTED, data_legend_text="scale"))
+
+
+def _table(w, p, rows, row_h, y_of, scale):
+    head_y = _TOP - 10
+    w(_text(_C_INDEX, head_y, "#", size=10, anchor="end", fill=_MUTED))
+    w(_text(_C_NAME, head_y, "buffer", size=10, weight="bold"))
+    w(_text(_C_SIZE, head_y, "size", size=10, anchor="end", weight="bold"))
+    w(_text(_C_OFFSET, head_y, "offset (bytes)", size=10, anchor="end", weight="bold"))
+    w(_text(_C_PAD, head_y, "pad after", size=10, anchor="end", weight="bold"))
+    for (key, _, short), cx in zip(_RANGE_KINDS, _C_ZERO):
+        w(_text(cx, head_y, _with_tokens(p, key, short), size=10, anchor="middle",
+                weight="bold", fill=_RANGE_COLOURS[key]))
+
+    order = sorted(range(len(rows)), key=lambda i: rows[i][1])
+    next_start = {}
+    for a, b in zip(order, order[1:]):
+        next_start[a] = rows[b][1]
+    col_right = _COL_X + _COL_W
+    for i, (name, off, n) in enumerate(rows):
+        fill = _FILLS[i % len(_FILLS)]
+        ry = _TOP + (i + 0.5) * row_h
+        base = ry + 4
+        if i % 2:
+            w(f'<rect x="{_C_INDEX - 24}" y="{_num(ry - row_h / 2)}" '
+              f'width="{_WIDTH - _MARGIN - _C_INDEX + 24}" height="{_num(row_h)}" '
+              f'fill="#f8f9fa"/>')
+        # Leader: from the middle of the buffer (its exact place when thin) to
+        # its row; the table is in slab order, so the lines do not cross when
+        # the plan is too.
+        ay = y_of(off) + n * scale / 2
+        w(f'<path data-leader="{_esc(name)}" d="M{col_right} {_num(ay)}H{col_right + 12}'
+          f'L{_C_INDEX - 30} {_num(ry)}H{_C_INDEX - 22}" fill="none" stroke="#9aa0a6" '
+          f'stroke-width="0.8"/>')
+        w(f'<circle cx="{col_right}" cy="{_num(ay)}" r="2" fill="{_TEXT}"/>')
+        w(_text(_C_INDEX, base, str(i + 1), size=10, anchor="end", fill=_MUTED))
+        w(f'<rect data-swatch="{_esc(name)}" x="{_C_SWATCH}" y="{_num(ry - 6)}" width="12" '
+          f'height="12" fill="{fill}"/>')
+        w(_text(_C_NAME, base, name, size=11, family=_MONO, data_label=name))
+        w(_text(_C_SIZE, base, _human(n), size=11, anchor="end", data_size=name))
+        w(_text(_C_OFFSET, base, f"{off:,}", size=11, anchor="end", family=_MONO,
+                fill=_MUTED))
+        end = next_start.get(i, p.slab)
+        pad = end - (off + n)
+        w(_text(_C_PAD, base, f"{pad:,} B" if pad else "\u2013", size=11, anchor="end",
+                fill=_RANGE_COLOURS["zero_all"] if pad else _MUTED, data_pad=name))
+        for (key, _, _), cx in zip(_RANGE_KINDS, _C_ZERO):
+            c = _covered(off, n, p.ranges[key])
+            cell = "" if not c else "whole" if c == n else _human(c)
+            if cell:
+                w(_text(cx, base, cell, size=11, anchor="middle", fill=_RANGE_COLOURS[key],
+                        data_zero=f"{key}:{name}"))
+
+
+def _null_list(w, p, top, cols):
+    w(_text(_MARGIN, top, f"NULL buffers ({len(p.nulls)}): size 0, pointer 0, no place "
+            "in the slab", size=12, weight="bold"))
+    if not p.nulls:
+        w(_text(_MARGIN, top + 20, "none", size=11, fill=_MUTED))
+        return
+    col_w = (_WIDTH - 2 * _MARGIN) / cols
+    for i, name in enumerate(p.nulls):
+        x = _MARGIN + (i % cols) * col_w
+        y = top + 20 + (i // cols) * 18
+        w(_text(x, y, name, size=11, family=_MONO, fill=_MUTED, data_null=name))

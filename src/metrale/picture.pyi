@@ -1,0 +1,5 @@
+from typing import Any, Mapping
+
+__all__ = ['render_svg']
+
+def render_svg(plan: Mapping[str, Any]) -> str: ...
