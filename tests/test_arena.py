@@ -124,6 +124,83 @@ def test_zeroing_argument_errors(backend):
             arena.zero_all(HostBackend(), 0)
 
 
+def test_backend_and_stream_are_optional(backend):
+    """The ecosystem form: no backend (the arena's own) and no stream (the
+    default one) give the same work as the reference's (gpu, stream) form."""
+    gpu = backend
+    with new(gpu, m=100) as arena:
+        assert arena.backend() is gpu
+        m = fill_all(arena, gpu)
+        arena.zero_all()
+        check_zeroed(arena, m, {n: getattr(arena.sizes(), n) for n in ZERO_ALL})
+        m = fill_all(arena, gpu)
+        arena.zero_prefill_essentials(stream=None)
+        check_zeroed(arena, m, {n: getattr(arena.sizes(), n) for n in PREFILL})
+        m = fill_all(arena, gpu)
+        arena.zero_all_rows(tokens=5)
+        check_zeroed(arena, m, rows_expectation(arena.sizes(), 100, 5))
+        m = fill_all(arena, gpu)
+        arena.zero_all_rows(None, None, 7)
+        check_zeroed(arena, m, rows_expectation(arena.sizes(), 100, 7))
+        with pytest.raises(TypeError, match="tokens"):
+            arena.zero_all_rows()
+        with pytest.raises(MetraleError, match="not the arena's own"):
+            arena.zero_all_rows(HostBackend(), tokens=1)
+        with pytest.raises(MetraleError, match="not the arena's own"):
+            arena.release(HostBackend())
+        assert not arena.is_released()
+    assert arena.is_released()
+    arena.release()                      # idempotent without arguments too
+
+
+def test_buffers_mapping(backend):
+    """arena.buffers: name -> (pointer, bytes, offset) for all 46, in
+    canonical order; pointers agree with the accessors and offsets with the
+    slab plan; after release the pointers read 0."""
+    from collections.abc import Mapping
+    gpu = backend
+    arena = new(gpu, m=64)
+    b = arena.buffers
+    assert isinstance(b, Mapping) and len(b) == 46 and list(b) == list(BUFFER_NAMES)
+    assert "logits" in b and "nope" not in b and 3 not in b and [] not in b
+    with pytest.raises(KeyError):
+        b["nope"]
+    plan = plan_layout(arena.sizes(), 64)
+    base = arena.hidden_states() - plan.offsets["hidden_states"]
+    for name, info in b.items():
+        assert info.name == name and info.nbytes == getattr(arena.sizes(), name)
+        assert info.ptr == ptr_of(arena, name)
+        assert info.offset == plan.offsets[name]
+        assert info.ptr == (base + info.offset if info.nbytes else 0)
+    assert b.get("nope") is None and dict(b)["scratch"].nbytes == arena.scratch_bytes()
+    assert "ptr=0x" in repr(b["logits"])
+    arena.release()
+    assert b["logits"].ptr == 0 and b["logits"].nbytes == arena.logits_bytes()
+
+
+def test_summary(backend):
+    gpu = backend
+    sizes = BufferSizes.from_config(COMPACT, 32, 4096, 16, 32, target=gpu.target(),
+                                    env={"METRALE_FP8_ROWWISE": "1"})
+    arena = BufferArena.from_sizes(COMPACT, sizes, 32, 32, gpu)
+    s = arena.summary()
+    plan = plan_layout(sizes, 32)
+    assert s.slab_bytes == plan.slab_bytes == arena.slab_bytes()
+    assert s.total_bytes == sizes.total_bytes() and s.max_batch_tokens == 32
+    assert s.null_buffers == tuple(n for n in BUFFER_NAMES if getattr(sizes, n) == 0)
+    assert s.live_buffers == 46 - len(s.null_buffers)
+    assert s.zero_all == plan.zero_all and s.zero_prefill == plan.zero_prefill
+    assert set(s.groups["zero_all"]) == set(ZERO_ALL) and set(s.groups["prefill"]) == set(PREFILL)
+    assert s.levers == {"METRALE_FP8_ROWWISE": "1"} and not s.released
+    text = str(s)
+    for part in (f"{s.slab_bytes:,} bytes", "METRALE_FP8_ROWWISE=1", "18 buffers", "7 buffers",
+                 type(gpu).__name__):
+        assert part in text, part
+    arena.release()
+    assert arena.summary().released and "(released)" in str(arena.summary())
+    assert "released" in repr(arena) and type(gpu).__name__ in repr(arena)
+
+
 @pytest.mark.parametrize("stream", [0, ProtoStream(), AttrStream(cuda_stream=0), AttrStream(ptr=0)])
 def test_stream_objects(backend, stream):
     gpu = backend

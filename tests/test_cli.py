@@ -91,3 +91,96 @@ def test_cli_closed_pipe_ends_quietly():
         err = p.stderr.read().decode()
         p.wait(timeout=60)
         assert err == "" and p.returncode == 1, err
+
+
+# -- what a newcomer asks the CLI ----------------------------------------------------
+
+def test_version(capsys):
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"metrale {metrale.__version__}"
+
+
+def test_help_shows_defaults_and_levers(capsys):
+    from metrale.levers import LEVERS
+    assert main(["plan", "--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    for flag, default in (("--max-batch-tokens", 8192), ("--max-seq-len", 4096),
+                          ("--kv-block-size", 16), ("--max-batch-size", 32)):
+        assert flag in out and f"(default: {default})" in out, flag
+    for lv in LEVERS:
+        assert lv.name in out and " ".join(lv.effect.split()) in out
+
+
+def test_plan_reports_levers_and_what_they_changed(capsys, monkeypatch):
+    cfg = metrale.ModelConfig.preset("qwen3-next-80b")
+    monkeypatch.delenv("METRALE_FP8_ROWWISE", raising=False)
+    assert main(["plan", "--preset", "qwen3-next-80b", "--max-batch-tokens", "64"]) == 0
+    assert "levers: none in effect" in capsys.readouterr().out
+    monkeypatch.setenv("METRALE_FP8_ROWWISE", "1")
+    assert main(["plan", "--preset", "qwen3-next-80b", "--max-batch-tokens", "64"]) == 0
+    out = capsys.readouterr().out
+    slab = cfg.num_ssm_layers() * (2 * cfg.ssm_qkvz_size() * 2048 + 2 * 2048 * 32 * 128)
+    assert f"lever: METRALE_FP8_ROWWISE=1: ssm_rowwise_w_bf16 0 -> {slab:,} bytes" in out
+    assert main(["plan", "--preset", "qwen3-next-80b", "--max-batch-tokens", "64", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["levers"] == [{"lever": "METRALE_FP8_ROWWISE", "value": "1", "source": "environment",
+                            "changed": {"ssm_rowwise_w_bf16": [0, slab]}}]
+    monkeypatch.setenv("METRALE_FP8_ROWWISE", "0")
+    monkeypatch.setenv("METRALE_ATTN_DECODE_SPLITK", "4")
+    assert main(["plan", "--preset", "qwen3-next-80b", "--json"]) == 0
+    (lv,) = json.loads(capsys.readouterr().out)["levers"]
+    # pinned 4 splits: R = 32 rows x 16 heads x 4 splits slots of (D + 2) floats
+    assert lv["lever"] == "METRALE_ATTN_DECODE_SPLITK" and lv["value"] == "4"
+    assert lv["changed"] == {"splitk_workspace": [4 * (256 + 2) * 48, 4 * (256 + 2) * 32 * 16 * 4]}
+
+
+def test_plan_reports_quantization_config(capsys, tmp_path, monkeypatch):
+    monkeypatch.delenv("METRALE_FP8_ROWWISE", raising=False)
+    base = {"model_type": "x", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "vocab_size": 100, "intermediate_size": 128, "full_attention_interval": 2,
+            "linear_num_key_heads": 2, "linear_key_head_dim": 16, "linear_num_value_heads": 2,
+            "linear_value_head_dim": 16}
+    for qc, line in [({"quant_method": "fbgemm_fp8"},
+                      "quantization_config: fp8-rowwise: turns on METRALE_FP8_ROWWISE"),
+                     ({"quant_method": "gptq", "bits": 4},
+                      "quantization_config: gptq: ignored")]:
+        path = tmp_path / "config.json"
+        path.write_text(json.dumps(dict(base, quantization_config=qc)))
+        assert main(["plan", "--config", str(path)]) == 0
+        out = capsys.readouterr().out
+        assert line in out
+        rowwise = qc["quant_method"] == "fbgemm_fp8"
+        # one GDN layer of 2: 2*QKVZ*H + 2*H*Vd, QKVZ = 2*2*16 + 2*2*16
+        assert ("ssm_rowwise_w_bf16 0 -> 20,480 bytes" in out) == rowwise
+        assert ("METRALE_FP8_ROWWISE on (from quantization_config)" in out) == rowwise
+
+
+def test_sm_count_switch_is_said(capsys):
+    assert main(["plan", "--preset", "qwen3-next-80b", "--sm-count", "132"]) == 0
+    assert "--sm-count switched the split-K policy" in capsys.readouterr().out
+    assert main(["plan", "--preset", "qwen3-next-80b", "--sm-count", "132", "--splitk", "auto"]) == 0
+    assert "switched" not in capsys.readouterr().out
+    assert main(["plan", "--preset", "qwen3-next-80b"]) == 0
+    assert "switched" not in capsys.readouterr().out
+
+
+def test_explain(capsys):
+    assert main(["plan", "--preset", "gemma-4-dense", "--max-batch-tokens", "8",
+                 "--explain", "expert_gate_out"]) == 0
+    out = capsys.readouterr().out
+    size = metrale.BufferSizes.from_config(metrale.ModelConfig.preset("gemma-4-dense"),
+                                           8, 4096, 16, 32).expert_gate_out
+    assert out.startswith("expert_gate_out") and f"{size:,} bytes" in out and "dense" in out
+    _one_line_error(capsys, ["plan", "--preset", "gemma-4-dense", "--explain", "nope"], 2, "nope")
+
+
+def test_svg_option(tmp_path, capsys):
+    import xml.etree.ElementTree as ET
+    out = tmp_path / "slab.svg"
+    assert main(["plan", "--preset", "nemotron-h", "--max-batch-tokens", "64",
+                 "--svg", str(out)]) == 0
+    assert "hidden_states" in capsys.readouterr().out
+    root = ET.parse(out).getroot()
+    assert root.tag.endswith("svg")
+    _one_line_error(capsys, ["plan", "--preset", "nemotron-h", "--svg",
+                             str(tmp_path / "no" / "dir" / "x.svg")], 2, "x.svg")

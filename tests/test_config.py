@@ -227,3 +227,24 @@ def test_hf_file_errors_name_the_file(tmp_path):
         ModelConfig.from_hf_config(tmp_path / "absent.json")
     with pytest.raises(TypeError, match="path_or_dict"):
         ModelConfig.from_hf_config(b"config.json")
+
+
+def test_quantization_config():
+    base = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "vocab_size": 100, "intermediate_size": 128}
+    ct = {"quant_method": "compressed-tensors", "config_groups": {"group_0": {
+        "weights": {"type": "float", "num_bits": 8, "strategy": "channel"}}}}
+    for qc, expect in [
+        (None, ""), ({"quant_method": "fbgemm_fp8"}, "fp8-rowwise"), (ct, "fp8-rowwise"),
+        ({"quant_method": "fp8", "weight_block_size": [128, 128]}, "fp8"),
+        ({"quant_method": "gptq", "bits": 4}, "gptq"),
+        (dict(ct, config_groups={"g": {"weights": {"type": "int", "num_bits": 4,
+                                                   "strategy": "group"}}}), "compressed-tensors"),
+    ]:
+        cfg = ModelConfig.from_hf_config(dict(base, quantization_config=qc) if qc else base)
+        assert cfg.quantization == expect
+    for qc, exc in [([1], TypeError), ({"bits": 4}, ValueError), ({"quant_method": 3}, ValueError)]:
+        with pytest.raises(exc, match="quantization_config"):
+            ModelConfig.from_hf_config(dict(base, quantization_config=qc))
+    with pytest.raises(TypeError, match="quantization"):
+        ModelConfig(quantization=1)

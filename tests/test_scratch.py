@@ -279,3 +279,50 @@ def test_manager_limits_are_refused_cleanly():
     with pytest.raises(OutOfMemoryError, match="scratch buffer"):
         m.get_scratch()
     assert m.active_threads() == 0
+
+
+def test_peaks_outlive_threads():
+    """total_used / max_thread_usage say what is carved now; the peaks keep
+    the high-water marks after the threads that made them have exited."""
+    m = ScratchSpaceManager(4096, 4)
+    barrier = threading.Barrier(3, timeout=60)      # the two workers and this thread
+
+    def work(n):
+        s = m.get_scratch()
+        s.get(n, "uint8")
+        barrier.wait()           # both carved at once
+        barrier.wait()           # released by the main thread once it has looked
+    ts = [threading.Thread(target=work, args=(n,)) for n in (100, 1000)]
+    for t in ts:
+        t.start()
+    barrier.wait()               # both have carved, neither has exited
+    now = m.stats()
+    assert (now.total_used, now.max_thread_usage, now.peak_total_used, now.peak_thread_usage) == \
+        (1100, 1000, 1100, 1000)
+    barrier.wait()
+    for t in ts:
+        t.join()
+    after = m.stats()
+    assert after.active_threads == 0 and after.total_used == 0 and after.max_thread_usage == 0
+    assert (after.peak_total_used, after.peak_thread_usage) == (1100, 1000)
+    s = m.get_scratch()
+    s.get(10, "uint8")                    # 10 bytes: below the peaks
+    s.get(1, "uint8")                     # at offset 64 (64-byte alignment): used = 65
+    assert m.stats().peak_thread_usage == 1000 and s.used() == 65
+    m.reset_peak_stats()
+    st = m.stats()
+    assert (st.peak_total_used, st.peak_thread_usage) == (65, 65)
+    m.reset_all()
+    s.get(3, "uint8")
+    assert m.stats().total_used == 3 and m.stats().peak_total_used == 65
+
+
+def test_get_reads_dtypes_as_views_do():
+    m = ScratchSpaceManager(4096, 1)
+    s = m.get_scratch()
+    assert s.get(2, float).dtype == np.float64 and s.get(2, "i8").dtype == np.int64
+    assert s.get(2, "<f4").dtype == np.float32 and s.get(2, np.float16).dtype == np.float16
+    bf = s.get(3, "bfloat16")
+    assert bf.dtype == np.dtype("V2") and bf.nbytes == 6
+    assert s.get(5, "float8_e4m3fn").nbytes == 5
+    assert ScratchStats(1, 2, 3, 4, 5, 6).peak_total_used == 0       # the reference's six fields

@@ -271,3 +271,37 @@ def test_overflow_names_buffer_and_m():
 def test_kv_block_zero_gives_256_blocks():
     _, decode, _ = scratch_terms(PRESET, 8, 256, 32)
     assert sizes(m=8, blk=0).scratch == max(65_536, decode)
+
+
+def test_mapping_behaviour():
+    from collections.abc import Mapping
+    s = BufferSizes.from_config(PRESET, 128, 4096, 16, 32, env={})
+    assert isinstance(s, Mapping) and len(s) == 46 and list(s) == list(BUFFER_NAMES)
+    assert s["logits"] == s.logits and "logits" in s and "nope" not in s and 1 not in s
+    assert dict(s) == s.as_dict() and list(s.values()) == list(s.as_tuple())
+    assert s.get("nope", -1) == -1
+    import pytest as _pytest
+    with _pytest.raises(KeyError):
+        s["nope"]
+    with _pytest.raises(KeyError):
+        s[0]
+    assert s == s.replace() and hash(s) == hash(s.replace())
+
+
+def test_levers_recorded():
+    import pickle
+    s = BufferSizes.from_config(PRESET, 64, 4096, 16, 32,
+                                env={"METRALE_FP8_ROWWISE": "1", "METRALE_GGUF_NATIVE_Q2": "0",
+                                     "METRALE_ATTN_DECODE_SPLITK": "auto"})
+    assert s.levers() == {"METRALE_FP8_ROWWISE": "1", "METRALE_ATTN_DECODE_SPLITK": "auto"}
+    assert s.replace(logits=0).levers() == s.levers()
+    assert pickle.loads(pickle.dumps(s)).levers() == s.levers()
+    assert BufferSizes.from_config(PRESET, 64, 4096, 16, 32, env={}).levers() == {}
+    q = PRESET.replace(quantization="fp8-rowwise")
+    on = BufferSizes.from_config(q, 64, 4096, 16, 32, env={})
+    assert on.levers() == {"METRALE_FP8_ROWWISE": "quantization_config"}
+    assert on.ssm_rowwise_w_bf16 == BufferSizes.from_config(
+        PRESET, 64, 4096, 16, 32, env={"METRALE_FP8_ROWWISE": "1"}).ssm_rowwise_w_bf16 > 0
+    # a variable present decides alone, whatever the config says
+    assert BufferSizes.from_config(q, 64, 4096, 16, 32,
+                                   env={"METRALE_FP8_ROWWISE": "0"}).ssm_rowwise_w_bf16 == 0

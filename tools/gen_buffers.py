@@ -74,11 +74,23 @@ def accessors(rows, groups):
     for cid, name, flags in rows:
         if flags & groups["pointer"]:
             out += [f"    def {name}(self):",
-                    f'        """Device pointer of {name} (0 when it is empty or the arena released)."""',
+                    f'        """Device pointer of the {name} buffer (docs/buffers.md#{name}).',
+                    "",
+                    "        Returns",
+                    "        -------",
+                    "        int",
+                    "            The address; 0 when the buffer is empty or the arena is released.",
+                    '        """',
                     f"        return self._ptrs[MT_{cid}]", ""]
         if flags & groups["bytes"]:
             out += [f"    def {name}_bytes(self):",
-                    f'        """Recorded size of {name} in bytes (unchanged by release)."""',
+                    f'        """Size of the {name} buffer in bytes: the bound its GEMMs check.',
+                    "",
+                    "        Returns",
+                    "        -------",
+                    "        int",
+                    "            As sized; unchanged by release.",
+                    '        """',
                     f"        return self._bytes[MT_{cid}]", ""]
     return "\n".join(out)
 

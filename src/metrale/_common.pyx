@@ -68,7 +68,21 @@ cdef object index_arg(object value, str name, uint64_t minimum=0,
 def check_index(value, name, minimum=0, maximum=U64_MAX):
     """Return `value` as an int in [minimum, maximum] (default: 0 .. 2**64 - 1).
 
-    Accepts any object with ``__index__`` except ``bool``.
+    Accepts any object with ``__index__`` except ``bool``: the rule every
+    integer argument of metrale follows.
+
+    Parameters
+    ----------
+    value : SupportsIndex
+        The argument to check.
+    name : str
+        The argument's name, for the error messages.
+    minimum, maximum : int, optional
+        The range allowed, inclusive.
+
+    Returns
+    -------
+    int
 
     Raises
     ------

@@ -150,10 +150,12 @@ cdef _Region _region(mt_scratch *s, unsigned char *ptr, Py_ssize_t n):
 
 @cython.final
 cdef class ScratchSpace(_TableRef):
-    """The calling thread's scratch buffer: a 64-byte aligned bump allocator.
+    """One thread's scratch buffer: a 64-byte aligned bump allocator.
 
-    Only the thread that owns it may use it; after that thread ends, its methods
-    raise MetraleError.
+    Got from `ScratchSpaceManager.get_scratch` on the thread that uses it.
+    Only that thread may call its methods (others raise MetraleError, as do
+    all once the thread has ended); arrays it handed out stay valid after
+    the manager is gone.
     """
     cdef long slot
     cdef uint64_t claim
@@ -166,9 +168,33 @@ cdef class ScratchSpace(_TableRef):
         return 0
 
     def get(self, count, dtype="float32"):
-        """A zero-filled, 64-byte aligned numpy array of `count` elements carved
-        from this thread's buffer, or None when it does not fit.  Arguments are
-        checked before anything is carved: a refused call consumes nothing."""
+        """A zero-filled, 64-byte aligned numpy array carved from the buffer.
+
+        Arguments are checked before anything is carved: a refused call
+        consumes nothing.
+
+        Parameters
+        ----------
+        count : int
+            Elements.
+        dtype : str, numpy.dtype or type, optional
+            Element type, read as `BufferArena.view` reads it (numpy's
+            names and meanings; bfloat16 and the FP8 types give raw bytes of
+            their width); any other numpy dtype without Python objects is
+            accepted too.  Default float32.
+
+        Returns
+        -------
+        numpy.ndarray or None
+            The array, or None when it does not fit the space left.
+
+        Raises
+        ------
+        MetraleError
+            Called from a thread that does not own this buffer.
+        TypeError, ValueError
+            A bad `count` or `dtype`.
+        """
         cdef unsigned char *p
         cdef uint64_t n
         self._own()
@@ -184,25 +210,74 @@ cdef class ScratchSpace(_TableRef):
         return _numpy().frombuffer(_region(self.s, p, n), dtype=dt, count=count)
 
     def as_bytes(self):
-        """A writable memoryview of this thread's whole buffer."""
+        """The whole buffer as a writable memoryview (it keeps the memory alive).
+
+        Returns
+        -------
+        memoryview
+
+        Raises
+        ------
+        MetraleError
+            Called from a thread that does not own this buffer.
+        """
         self._own()
         return memoryview(_region(self.s, mt_scratch_base(self.s, self.slot), mt_scratch_size(self.s)))
 
     def reset(self):
+        """Forget every carve: the next `get` starts at the beginning again.
+
+        Arrays already handed out keep pointing at the memory, which later
+        carves reuse (and zero).
+
+        Raises
+        ------
+        MetraleError
+            Called from a thread that does not own this buffer.
+        """
         self._own()
         mt_scratch_reset(self.s, self.slot)
 
     def used(self):
+        """Bytes carved since the last reset, alignment padding included.
+
+        Returns
+        -------
+        int
+
+        Raises
+        ------
+        MetraleError
+            Called from a thread that does not own this buffer.
+        """
         self._own()
         return mt_scratch_used(self.s, self.slot)
 
     def remaining(self):
-        """Bytes not yet carved: capacity() - used().  The next array starts at
-        the next 64-byte boundary, so up to 63 of them may be skipped."""
+        """Bytes not yet carved: ``capacity() - used()``.
+
+        The next array starts at the next 64-byte boundary, so up to 63 of
+        them may be skipped.
+
+        Returns
+        -------
+        int
+
+        Raises
+        ------
+        MetraleError
+            Called from a thread that does not own this buffer.
+        """
         self._own()
         return mt_scratch_size(self.s) - mt_scratch_used(self.s, self.slot)
 
     def capacity(self):
+        """Bytes of the buffer (the manager's scratch_size).
+
+        Returns
+        -------
+        int
+        """
         return mt_scratch_size(self.s)
 
     def __repr__(self):
@@ -224,7 +299,29 @@ cdef class _Lease(_TableRef):
 
 @cython.final
 cdef class ScratchSpaceManager:
-    """Per-thread scratch buffers, created lazily, at most `max_threads` live."""
+    """ScratchSpaceManager(scratch_size, max_threads)
+--
+
+    Per-thread host scratch: each thread gets its own buffer, lock-free.
+
+    A thread's buffer is allocated on its first `get_scratch` and given back
+    (kept for reuse) when the thread ends; at most `max_threads` threads
+    hold one at a time.
+
+    Parameters
+    ----------
+    scratch_size : int
+        Bytes of each thread's buffer.
+    max_threads : int
+        The most threads that may hold a buffer at once.
+
+    Raises
+    ------
+    TypeError, ValueError
+        A bad size or count.
+    OutOfMemoryError
+        The slot table could not be allocated.
+    """
     cdef mt_scratch *s
     cdef object _local
 
@@ -243,15 +340,61 @@ cdef class ScratchSpaceManager:
 
     @classmethod
     def new(cls, scratch_size, max_threads):
+        """The same as ``ScratchSpaceManager(scratch_size, max_threads)``.
+
+        Parameters
+        ----------
+        scratch_size : int
+            Bytes of each thread's buffer.
+        max_threads : int
+            The most threads that may hold a buffer at once.
+
+        Returns
+        -------
+        ScratchSpaceManager
+        """
         return cls(scratch_size, max_threads)
 
     @classmethod
     def for_model(cls, hidden_dim, max_threads):
-        """Scratch of hidden_dim * 4 * 4 bytes per thread."""
+        """A manager sized for a model: ``hidden_dim * 4 * 4`` bytes per thread.
+
+        Four float32 rows of the hidden width per thread.
+
+        Parameters
+        ----------
+        hidden_dim : int
+            The model's hidden size.
+        max_threads : int
+            The most threads that may hold a buffer at once.
+
+        Returns
+        -------
+        ScratchSpaceManager
+
+        Raises
+        ------
+        TypeError, ValueError
+            A bad `hidden_dim` or `max_threads`.
+        """
         return cls(index_arg(hidden_dim, "hidden_dim", 0, (<size_t>-1 // 64) // 16) * 16, max_threads)
 
     def get_scratch(self):
-        """The calling thread's ScratchSpace, created on its first call."""
+        """The calling thread's buffer, allocated on its first call.
+
+        Lock-free after the first call (a thread-local cache).
+
+        Returns
+        -------
+        ScratchSpace
+
+        Raises
+        ------
+        MetraleError
+            `max_threads` other threads already hold buffers.
+        OutOfMemoryError
+            The thread's buffer could not be allocated.
+        """
         cdef long slot = mt_scratch_find(self.s)
         if slot >= 0:
             return <object><PyObject *>mt_scratch_user(self.s, slot)
@@ -283,19 +426,47 @@ cdef class ScratchSpaceManager:
         return space
 
     def reset_all(self):
-        """Reset every thread's buffer; each owner applies it on its next access."""
+        """Reset every thread's buffer (at the start of a generation step).
+
+        Each owner applies it on its next access, so no thread ever writes
+        another's bookkeeping; arrays handed out before are reused after.
+        """
         mt_scratch_reset_all(self.s)
 
     def scratch_size(self):
+        """Bytes of each thread's buffer.
+
+        Returns
+        -------
+        int
+        """
         return mt_scratch_size(self.s)
 
     def max_threads(self):
+        """The most threads that may hold a buffer at once.
+
+        Returns
+        -------
+        int
+        """
         return mt_scratch_max_threads(self.s)
 
     def active_threads(self):
+        """Threads holding a buffer now.
+
+        Returns
+        -------
+        int
+        """
         return mt_scratch_active(self.s)
 
     def stats(self):
+        """Usage now and the high-water marks, as one record.
+
+        Returns
+        -------
+        ScratchStats
+        """
         cdef mt_scratch_stats st
         mt_scratch_get_stats(self.s, &st)
         return ScratchStats(mt_scratch_size(self.s), st.active_threads,

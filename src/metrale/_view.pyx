@@ -120,9 +120,29 @@ cdef tuple _view_shape(object shape, uint64_t nbytes, int item, str name):
 @cython.no_gc_clear
 @cython.final
 cdef class ArenaView:
-    """A typed window on one arena buffer; consumed through DLPack or the
-    (CUDA) array interface, never copied.  Alive, it keeps the arena's memory:
-    release() refuses while it (or an array made from it) exists."""
+    """A typed window on one arena buffer, made by `BufferArena.view`.
+
+    Consumed through DLPack (``np.from_dlpack(v)``, ``torch.from_dlpack(v)``,
+    ``cupy.from_dlpack(v)``) or the array interface of its device
+    (``np.asarray(v)`` on the host, ``__cuda_array_interface__`` on a GPU),
+    never copied.  Alive, it keeps the arena's memory: `BufferArena.release`
+    refuses while it, or an array made from it, exists.
+
+    Attributes
+    ----------
+    arena : BufferArena
+        The arena it views.
+    name : str
+        The buffer.
+    dtype : str
+        Canonical element type name (``'float32'``, ``'bfloat16'``, ...).
+    shape : tuple of int
+        Row-major shape.
+    ptr : int
+        Device pointer of the first element.
+    nbytes : int
+        Bytes the view covers.
+    """
 
     def __cinit__(self, token=None):
         if token is not _TOKEN:
@@ -138,12 +158,30 @@ cdef class ArenaView:
 
     @property
     def __array_interface__(self):
+        """numpy's array interface (version 3) for a host view.
+
+        bfloat16 and the FP8 types appear as raw bytes of their width
+        (``'<V2'``, ``'|V1'``): numpy has no code for them.
+
+        Raises
+        ------
+        AttributeError
+            The view is of GPU memory.
+        """
         if self._dev_type != 1:
             raise AttributeError("__array_interface__ is for host memory; this view is on a GPU")
         return self._interface()
 
     @property
     def __cuda_array_interface__(self):
+        """The CUDA array interface (version 3) for a GPU view; ``stream`` is
+        None: the arena's work is ordered by the caller's streams.
+
+        Raises
+        ------
+        AttributeError
+            The view is of host memory.
+        """
         if self._dev_type != 2:
             raise AttributeError("__cuda_array_interface__ is for GPU memory; this view is on the host")
         d = self._interface()
@@ -151,6 +189,12 @@ cdef class ArenaView:
         return d
 
     def __dlpack_device__(self):
+        """The DLPack device of the view: ``(1, 0)`` host, ``(2, n)`` CUDA device n.
+
+        Returns
+        -------
+        tuple of (int, int)
+        """
         return (self._dev_type, self._dev_id)
 
     def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):

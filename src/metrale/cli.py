@@ -5,8 +5,10 @@ import json
 import os
 import sys
 
+import metrale
 from metrale.config import ModelConfig
 from metrale.errors import MetraleError
+from metrale.levers import LEVERS
 from metrale.sizes import BUFFER_NAMES, SPLITK_POLICIES, BufferSizes, Target
 
 # Exit statuses: 2 for what the user typed (flags, values, the config file),
@@ -24,26 +26,51 @@ class _Parser(argparse.ArgumentParser):
         raise _UsageError(message)
 
 
+def _levers_help():
+    import textwrap
+    lines = ["environment levers (read at run time; the plan reports those in effect):"]
+    for lv in LEVERS:
+        lines.append(f"  {lv.name}")
+        lines += textwrap.wrap(f"{lv.effect}; {lv.rule}.", 76, initial_indent=" " * 6,
+                               subsequent_indent=" " * 6)
+    return "\n".join(lines)
+
+
 def _parser():
     p = _Parser(prog="metrale", description=__doc__)
+    p.add_argument("--version", action="version", version=f"metrale {metrale.__version__}")
     sub = p.add_subparsers(dest="command", required=True)
-    plan = sub.add_parser("plan", help="print the buffer ledger of an arena")
+    plan = sub.add_parser("plan", help="print the buffer ledger of an arena",
+                          description="The buffers of one forward pass for a model and serving "
+                          "limits: sizes, offsets in the one slab, the zeroing ranges.",
+                          epilog=_levers_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
     src = plan.add_mutually_exclusive_group(required=True)
     src.add_argument("--preset", choices=ModelConfig.presets(), help="a bundled model shape")
     src.add_argument("--config", metavar="PATH", help="a Hugging Face config.json (or its directory)")
-    plan.add_argument("--max-batch-tokens", type=int, default=8192, metavar="M")
-    plan.add_argument("--max-seq-len", type=int, default=4096)
-    plan.add_argument("--kv-block-size", type=int, default=16)
-    plan.add_argument("--max-batch-size", type=int, default=32)
+    plan.add_argument("--max-batch-tokens", type=int, default=8192, metavar="M",
+                      help="most tokens one forward pass carries (default: %(default)s)")
+    plan.add_argument("--max-seq-len", type=int, default=4096, metavar="N",
+                      help="longest sequence the KV cache serves (default: %(default)s)")
+    plan.add_argument("--kv-block-size", type=int, default=16, metavar="N",
+                      help="tokens per paged-KV block; 0 means 256 blocks (default: %(default)s)")
+    plan.add_argument("--max-batch-size", type=int, default=32, metavar="N",
+                      help="most sequences in one batched decode step (default: %(default)s)")
     plan.add_argument("--sm-count", type=int, default=None,
-                      help="size for a device with this many SMs (default: the reference target)")
+                      help="size for a device with this many SMs; switches the split-K policy "
+                      "to 'auto' unless --splitk is given (default: the reference target, "
+                      "48 SMs, 'legacy')")
     plan.add_argument("--splitk", default=None, choices=SPLITK_POLICIES, metavar="{legacy,auto,1..16}",
-                      help="split-K policy")
+                      help="split-K policy of the target (default: 'legacy', or 'auto' with "
+                      "--sm-count)")
     plan.add_argument("--tokens", type=int, default=1, metavar="T",
                       help="live tokens for the zero_all_rows(T) ranges reported (default: %(default)s)")
     plan.add_argument("--allocate", action="store_true",
                       help="also build the arena on the host backend and zero it")
     plan.add_argument("--json", action="store_true", help="machine-readable output")
+    plan.add_argument("--explain", metavar="BUFFER",
+                      help="print what one buffer holds, its formula and its size here")
+    plan.add_argument("--svg", metavar="FILE",
+                      help="also draw the slab to scale, with the zeroing ranges, as SVG")
     return p
 
 
@@ -51,16 +78,73 @@ def _mib(n):
     return f"{n / 1048576:,.2f}"
 
 
+def _lever_report(config, sizes, limits, target, env):
+    """Each lever in effect, how it was set and what it changed: the sizes
+    are computed again without it and compared buffer by buffer."""
+    out = []
+    for name, how in sizes.levers().items():
+        cfg, without = config, {k: v for k, v in env.items() if k != name}
+        if how == "quantization_config":
+            cfg = config.replace(quantization="")
+        base = BufferSizes.from_config(cfg, *limits, target=target, env=without)
+        changed = {n: [base[n], sizes[n]] for n in BUFFER_NAMES if base[n] != sizes[n]}
+        out.append({"lever": name, "value": how,
+                    "source": "quantization_config" if how == "quantization_config" else "environment",
+                    "changed": changed})
+    return out
+
+
+def _quantization_report(config):
+    """What the config's quantization_config did to the plan: the lever it
+    stands for, or nothing (no buffer of this reference depends on it)."""
+    if not config.quantization:
+        return None
+    from metrale.levers import quantization_levers
+    levers = quantization_levers(config)
+    return {"method": config.quantization, "levers": list(levers),
+            "used": bool(levers)}
+
+
+def _model(args):
+    return (ModelConfig.preset(args.preset) if args.preset
+            else ModelConfig.from_hf_config(args.config))
+
+
+def _target(args):
+    # --sm-count alone describes another device: its split-K policy is 'auto'.
+    ref = Target.reference()
+    return Target(ref.sm_count if args.sm_count is None else args.sm_count,
+                  args.splitk or ("auto" if args.sm_count is not None else ref.splitk))
+
+
 def plan(args):
+    """The plan of `metrale plan` as a JSON-ready dict.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        Parsed ``metrale plan`` arguments (see ``metrale plan --help``).
+
+    Returns
+    -------
+    dict
+        Model, limits, target, levers in effect, quantization, each buffer
+        (bytes, offset, helpers), the zeroing ranges and the slab size; with
+        ``--allocate``, what the host backend did.
+
+    Raises
+    ------
+    ValueError, TypeError, OSError
+        A bad limit, config file or option.
+    MetraleError, MemoryError
+        ``--allocate`` failed.
+    """
     from metrale._layout import plan_layout
 
-    config = (ModelConfig.preset(args.preset) if args.preset
-              else ModelConfig.from_hf_config(args.config))
-    ref = Target.reference()
-    target = Target(ref.sm_count if args.sm_count is None else args.sm_count,
-                    args.splitk or ("auto" if args.sm_count is not None else ref.splitk))
-    sizes = BufferSizes.from_config(config, args.max_batch_tokens, args.max_seq_len,
-                                    args.kv_block_size, args.max_batch_size, target=target)
+    config, target = _model(args), _target(args)
+    limits = (args.max_batch_tokens, args.max_seq_len, args.kv_block_size, args.max_batch_size)
+    env = os.environ
+    sizes = BufferSizes.from_config(config, *limits, target=target, env=env)
     layout = plan_layout(sizes, args.max_batch_tokens)
     offsets = layout.offsets
     rows = []
@@ -74,7 +158,10 @@ def plan(args):
         "model_type": config.model_type,
         "max_batch_tokens": args.max_batch_tokens, "max_seq_len": args.max_seq_len,
         "kv_block_size": args.kv_block_size, "max_batch_size": args.max_batch_size,
-        "target": {"sm_count": target.sm_count, "splitk": target.splitk},
+        "target": {"sm_count": target.sm_count, "splitk": target.splitk,
+                   "splitk_switched": args.sm_count is not None and args.splitk is None},
+        "levers": _lever_report(config, sizes, limits, target, env),
+        "quantization": _quantization_report(config),
         "buffers": rows,
         "total_bytes": sizes.total_bytes(),
         "slab_bytes": layout.slab_bytes,
@@ -98,12 +185,45 @@ def plan(args):
     return result
 
 
+def _explain(args):
+    """The catalogue entry of one buffer, evaluated for this plan's model,
+    limits and target."""
+    from metrale.catalogue import explain
+    config, target = _model(args), _target(args)
+    sizes = BufferSizes.from_config(config, args.max_batch_tokens, args.max_seq_len,
+                                    args.kv_block_size, args.max_batch_size, target=target)
+    return explain(args.explain, sizes, config, max_batch_tokens=args.max_batch_tokens,
+                   max_seq_len=args.max_seq_len, kv_block_size=args.kv_block_size,
+                   max_batch_size=args.max_batch_size, target=target)
+
+
 def _print(result, out):
     w = out.write
+    t = result["target"]
     w(f"metrale plan: {result['model']} ({result['model_type'] or '?'}), "
       f"max_batch_tokens={result['max_batch_tokens']} max_seq_len={result['max_seq_len']} "
       f"kv_block_size={result['kv_block_size']} max_batch_size={result['max_batch_size']} "
-      f"target={result['target']['sm_count']} SMs/{result['target']['splitk']}\n\n")
+      f"target={t['sm_count']} SMs/{t['splitk']}\n")
+    if t["splitk_switched"]:
+        w(f"note: --sm-count switched the split-K policy from the reference's 'legacy' to "
+          f"'auto' (pass --splitk to choose)\n")
+    for lv in result["levers"]:
+        what = ", ".join(f"{n} {a:,} -> {b:,} bytes ({'+' if b >= a else '-'}{_mib(abs(b - a))} MiB)"
+                         for n, (a, b) in lv["changed"].items()) or "no size changed"
+        how = (f"{lv['lever']}={lv['value']}" if lv["source"] == "environment"
+               else f"{lv['lever']} on (from quantization_config)")
+        w(f"lever: {how}: {what}\n")
+    q = result["quantization"]
+    if q is not None:
+        if q["used"]:
+            w(f"quantization_config: {q['method']}: turns on {', '.join(q['levers'])} "
+              "(the environment variable, when set, decides instead)\n")
+        else:
+            w(f"quantization_config: {q['method']}: ignored (no buffer of this plan depends "
+              "on it)\n")
+    if not result["levers"]:
+        w("levers: none in effect (see metrale plan --help)\n")
+    w("\n")
     w(f"{'buffer':<22} {'bytes':>16} {'MiB':>11} {'offset':>16}  groups\n")
     for r in result["buffers"]:
         off = "NULL" if r["null"] else f"{r['offset']:,}"
@@ -130,7 +250,20 @@ def _fail(message, status):
 
 
 def main(argv=None):
-    """Run the CLI; returns the exit status (0, 1 runtime failure, 2 usage)."""
+    """Run the ``metrale`` command line.
+
+    Parameters
+    ----------
+    argv : sequence of str, optional
+        The arguments; None reads ``sys.argv``.
+
+    Returns
+    -------
+    int
+        The exit status: 0, 1 for a failure while running (an allocation
+        refused), 2 for a usage error (a flag, a value, the config file).
+        Errors are one line on stderr.
+    """
     try:
         try:
             args = _parser().parse_args(argv)
@@ -140,12 +273,20 @@ def main(argv=None):
             return e.code if isinstance(e.code, int) else 0
         try:
             result = plan(args)
+            text = _explain(args) if args.explain else None
+            if args.svg:
+                from metrale.picture import render_svg
+                svg = render_svg(result)
+                with open(args.svg, "w", encoding="utf-8") as f:
+                    f.write(svg)
         except (ValueError, TypeError, OSError) as e:
             return _fail(e, USAGE)
         except (MetraleError, MemoryError) as e:
             return _fail(e, RUNTIME)
         try:
-            if args.json:
+            if text is not None:
+                sys.stdout.write(text + "\n")
+            elif args.json:
                 json.dump(result, sys.stdout, indent=2)
                 sys.stdout.write("\n")
             else:

@@ -58,7 +58,18 @@ _QUANTIZATION_LEVERS = {"fp8-rowwise": "METRALE_FP8_ROWWISE"}
 
 
 def quantization_levers(config):
-    """The lever names `config.quantization` turns on (an empty tuple if none)."""
+    """The lever names `config.quantization` turns on.
+
+    Parameters
+    ----------
+    config : ModelConfig
+        A model shape; its ``quantization`` comes from quantization_config.
+
+    Returns
+    -------
+    tuple of str
+        The levers (empty when the quantization needs none).
+    """
     lever = _QUANTIZATION_LEVERS.get(config.quantization)
     return (lever,) if lever else ()
 
@@ -69,6 +80,19 @@ def lever_on(name, env, config=None):
     A variable present in `env` decides alone: on iff its value is exactly
     ``"1"``.  Absent, the lever follows `config`'s quantization (see
     `quantization_levers`).
+
+    Parameters
+    ----------
+    name : str
+        One of the on/off levers of `LEVERS`.
+    env : Mapping[str, str]
+        The environment read (``os.environ`` or a dict).
+    config : ModelConfig, optional
+        The model, for its quantization.
+
+    Returns
+    -------
+    bool
     """
     value = env.get(name)
     if value is not None:
