@@ -305,3 +305,16 @@ def test_levers_recorded():
     # a variable present decides alone, whatever the config says
     assert BufferSizes.from_config(q, 64, 4096, 16, 32,
                                    env={"METRALE_FP8_ROWWISE": "0"}).ssm_rowwise_w_bf16 == 0
+
+
+def test_splitk_values_recorded_only_when_used():
+    t = Target.reference()
+    for raw, recorded in [("garbage", False), ("", False), ("00", False), (" AUTO ", True),
+                          ("off", True), ("7", True), ("9" * 5000, True)]:
+        s = BufferSizes.from_config(PRESET, 64, 4096, 16, 32, target=t,
+                                    env={"METRALE_ATTN_DECODE_SPLITK": raw})
+        assert ("METRALE_ATTN_DECODE_SPLITK" in s.levers()) == recorded, raw
+    # thousands of digits pin the most splits the workspace holds (16), no int() error
+    huge = BufferSizes.from_config(PRESET, 64, 4096, 16, 32,
+                                   env={"METRALE_ATTN_DECODE_SPLITK": "9" * 5000})
+    assert huge.splitk_workspace == 4 * (PRESET.head_dim + 2) * 32 * PRESET.num_attention_heads * 16

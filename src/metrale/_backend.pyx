@@ -20,10 +20,41 @@ cdef int _unusable(object backend) except -1:
 
 
 cdef class Backend:
-    """Base of the memory backends; an arena calls it through cdef methods.
+    """Base of the memory backends.
 
-    Only `HostBackend` and `CudaBackend` (and their subclasses) implement the
-    interface: the base refuses to serve as one.
+    An arena calls its backend through C-level methods, so no Python runs per
+    allocation, memset, copy or free.  Only `HostBackend` and `CudaBackend`
+    (and their subclasses) implement that interface: an arena built on the
+    base class, or on a Python subclass of it, raises TypeError.  Python
+    methods a subclass defines are never called by the arena.
+
+    Attributes
+    ----------
+    device_type : int
+        DLPack device type of the memory: 1 (CPU) or 2 (CUDA).
+    device_id : int
+        Device ordinal of the memory (0 on the host).
+    alloc_count : int
+        Allocations made.
+    live_alloc_count : int
+        Allocations not freed yet.
+    live_bytes : int
+        Bytes of the allocations not freed yet.
+    free_count : int
+        Allocations freed.
+    memset_count : int
+        Memsets issued.
+    d2h_count : int
+        Device-to-host copies.
+    h2d_count : int
+        Host-to-device copies.
+    sync_count : int
+        Stream synchronizations.
+
+    Notes
+    -----
+    The counters are read-only and count operations that succeeded; they
+    make cost assertions easy in tests.
     """
 
     cdef int check_range(self, uintptr_t p, size_t n) except -1:
@@ -49,16 +80,61 @@ cdef class Backend:
         return _unusable(self)
 
     def target(self):
-        """The `Target` (SM count, split-K policy) arenas on this backend are sized for."""
+        """The target arenas on this backend are sized for.
+
+        Returns
+        -------
+        Target
+            The SM count and split-K policy ``BufferArena.new`` sizes the
+            split-K workspace for.
+
+        Raises
+        ------
+        TypeError
+            On the base class, which is no backend.
+        """
         _unusable(self)
 
-    def clear_ranges(self, ranges, stream=0):
-        """Zero up to 18 (address, nbytes) ranges of this backend's memory in one
-        operation: one kernel launch on CUDA (one memset for a single range), the
-        same call zero_all_rows makes.  Addresses must be 16-byte aligned; ranges
-        of 0 bytes are skipped.  Each range must lie inside one allocation this
-        backend knows (ValueError otherwise); keeping it allocated until the work
-        is done is the caller's part."""
+    def clear_ranges(self, ranges, stream=None):
+        """Zero up to 18 byte ranges of this backend's memory in one operation.
+
+        The fused zeroing ``zero_all_rows`` uses, for your own buffers: one
+        kernel launch on CUDA (one memset when a single range is non-empty),
+        one memset per range on the host.  On CUDA the work is enqueued on
+        `stream` and the call returns at once (it can be captured in a CUDA
+        graph); keeping the memory allocated until it has run is the
+        caller's part.  Every range is checked before anything is zeroed.
+
+        Parameters
+        ----------
+        ranges : list or tuple of (int, int)
+            ``(address, nbytes)`` tuples.  Addresses must be non-zero and
+            16-byte aligned, and each range must lie inside one allocation
+            of this backend: on CUDA any device allocation on its device
+            (torch and CuPy ones too), on the host memory this HostBackend
+            allocated.  Ranges of 0 bytes are skipped; at most 18 may be
+            non-empty.
+        stream : int, stream object or None, optional
+            An int handle, an object with ``__cuda_stream__`` or an int
+            ``cuda_stream`` / ``ptr`` attribute (cuda.core, torch, CuPy
+            streams), or None, the default, for the legacy default stream.
+            On the host it is checked, then ignored.
+
+        Raises
+        ------
+        TypeError
+            `ranges` is not a list or tuple of 2-tuples, an address or size
+            is not an int, or `stream` is not a stream; or the backend is the
+            base class, which is no backend.
+        ValueError
+            An address is 0 or not 16-byte aligned, more than 18 ranges are
+            non-empty, a range is not inside one allocation of this backend,
+            a value does not fit 64 bits, or the stream's protocol version is
+            not 0.
+        MetraleError
+            The CUDA driver failed the launch or memset (or a
+            FaultyBackend's armed memset failure fired).
+        """
         cdef mt_range r[MT_N_ZERO_ALL]
         cdef int n = 0
         cdef uintptr_t s = as_stream(stream)
@@ -85,10 +161,21 @@ cdef class Backend:
 
 
 cdef class HostBackend(Backend):
-    """Host memory, synchronous: everything the arena does, with no GPU.
+    """HostBackend()
+--
 
-    Counters (read-only) let tests see what an operation cost;
-    metrale.testing.FaultyBackend is one that fails on demand.
+Host memory, synchronous: everything the arena does, with no GPU.
+
+    Memory comes from ``aligned_alloc``, 256-byte aligned; views of it are CPU
+    arrays (``numpy.asarray``, ``numpy.from_dlpack``).  Every operation is
+    finished when the call returns; stream arguments are checked, then
+    ignored.  There is no upload / download / synchronize: read and write the
+    memory through views.  For tests of an engine's buffer plumbing on
+    machines without a GPU, for planning an arena's layout, and for CPU runs
+    of reference kernels.  Its read-only counters (``alloc_count``,
+    ``live_bytes``, ``memset_count`` ...; see `Backend`) let tests assert
+    what an operation cost; ``metrale.testing.FaultyBackend`` is a
+    HostBackend that fails on demand.
     """
 
     def __cinit__(self):
@@ -97,6 +184,17 @@ cdef class HostBackend(Backend):
         self._live = {}
 
     def target(self):
+        """The reference target, whatever the machine.
+
+        Sizes computed on the host are the reference device's.  To plan for
+        a particular GPU without one, pass its target to
+        ``BufferSizes.from_config`` instead.
+
+        Returns
+        -------
+        Target
+            ``Target.reference()``: 48 SMs, legacy split-K.
+        """
         from metrale.sizes import Target
         return Target.reference()
 

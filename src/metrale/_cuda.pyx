@@ -55,7 +55,43 @@ cdef int _check(cydriver.CUresult err, str what) except -1:
 
 @cython.final
 cdef class CudaBackend(Backend):
-    """An NVIDIA GPU through the CUDA driver (primary context of `device`)."""
+    """CudaBackend(device=0)
+--
+
+An NVIDIA GPU through the CUDA driver.
+
+    Construction retains the device's primary context, the one torch and
+    CuPy use, so pointers move freely between metrale, torch and CuPy; reads
+    the SM count and compute capability; and loads the zeroing kernel once.
+    Before each driver call the backend makes its context current on the
+    calling thread, without restoring the previous one afterwards.  Every
+    driver call is a direct C call made with the GIL released.  Build one per
+    device and share it: it is safe to use from many threads.  The context is
+    released when the backend is garbage-collected.
+
+    Parameters
+    ----------
+    device : int, optional
+        The device ordinal (default 0).
+
+    Attributes
+    ----------
+    launch_count : int
+        Kernel launches made (read-only; besides the counters of `Backend`).
+
+    Raises
+    ------
+    TypeError
+        `device` is not an int.
+    ValueError
+        `device` is negative or above 2**31 - 1.
+    MetraleError
+        No usable driver or GPU, or a driver call failed; the message names
+        the call and the driver's error.
+    OutOfMemoryError
+        The driver ran out of memory while setting up the context or
+        loading the zeroing kernel.
+    """
     cdef cydriver.CUdevice _dev
     cdef cydriver.CUcontext _ctx
     cdef cydriver.CUmodule _mod
@@ -274,31 +310,109 @@ cdef class CudaBackend(Backend):
 
     # -- Python-level helpers ------------------------------------------------------------
     def target(self):
-        """Target(<SM count>, "auto") on compute capability 9.x, else "legacy" (ARENA.md §4.3)."""
+        """The target of this device, which ``BufferArena.new`` sizes for.
+
+        Returns
+        -------
+        Target
+            ``Target(sm_count, "auto")`` on compute capability 9.x (Hopper),
+            ``Target(sm_count, "legacy")`` on every other device.
+        """
         from metrale.sizes import Target
         return Target(self._sm_count, "auto" if self._cc_major == 9 else "legacy")
 
     def sm_count(self):
+        """The device's streaming multiprocessor count.
+
+        Returns
+        -------
+        int
+            The multiprocessor count the driver reports.
+        """
         return self._sm_count
 
     def compute_capability(self):
+        """The device's compute capability.
+
+        Returns
+        -------
+        tuple of (int, int)
+            ``(major, minor)``, for example ``(9, 0)`` on an H100 or H200.
+        """
         return (self._cc_major, self._cc_minor)
 
     @property
     def device(self):
+        """The device ordinal (int) this backend was built for."""
         return self.device_id
 
-    def upload(self, ptr, data, stream=0):
-        """Copy bytes-like `data` to device address `ptr` (blocking).  The
-        driver refuses (MetraleError) an address range it does not know."""
+    def upload(self, ptr, data, stream=None):
+        """Copy host bytes to device memory, and wait until the copy is done.
+
+        The copy is enqueued on `stream`, which is then synchronized, so
+        keep this out of the step loop: it is for tests, debugging and small
+        tables.  For bulk data use torch or CuPy on a view.
+
+        Parameters
+        ----------
+        ptr : int
+            The device address to write to.
+        data : bytes-like
+            Any C-contiguous object of the buffer protocol (bytes, bytearray,
+            memoryview, numpy array); all its bytes are copied.
+        stream : int, stream object or None, optional
+            The stream to copy on; None, the default, is the legacy default
+            stream.  Accepts what the arena's operations accept.
+
+        Raises
+        ------
+        TypeError
+            `ptr` is not an int, `data` is not a C-contiguous bytes-like
+            object, or `stream` is not a stream.
+        ValueError
+            `ptr` or the stream handle is negative or does not fit 64 bits.
+        MetraleError
+            The driver refused the copy (for example an address range it
+            does not know) or the synchronization.
+        """
         cdef uintptr_t p = u64_arg(ptr, "ptr")
         cdef uintptr_t s = as_stream(stream)
         cdef const unsigned char[::1] mv = memoryview(data).cast("B")
         if mv.shape[0]:
             self.h2d(p, &mv[0], mv.shape[0], s)
 
-    def download(self, ptr, n, stream=0):
-        """`n` bytes from device address `ptr` (blocking), as bytes."""
+    def download(self, ptr, n, stream=None):
+        """Copy device memory to a new bytes object, and wait until it is done.
+
+        The copy is enqueued on `stream`, which is then synchronized, so
+        keep this out of the step loop.
+
+        Parameters
+        ----------
+        ptr : int
+            The device address to read from.
+        n : int
+            Bytes to copy (>= 0).
+        stream : int, stream object or None, optional
+            The stream to copy on; None, the default, is the legacy default
+            stream.
+
+        Returns
+        -------
+        bytes
+            The `n` bytes at `ptr`.
+
+        Raises
+        ------
+        TypeError
+            `ptr` or `n` is not an int, or `stream` is not a stream.
+        ValueError
+            `ptr` or `n` is negative or too large.
+        MemoryError
+            The host cannot hold `n` bytes.
+        MetraleError
+            The driver refused the copy or the synchronization.
+        """
         cdef uintptr_t p = u64_arg(ptr, "ptr")
         cdef uintptr_t s = as_stream(stream)
         n = index_arg(n, "n", 0, 0x7FFFFFFFFFFFFFFF)
@@ -308,7 +422,25 @@ cdef class CudaBackend(Backend):
             self.d2h(PyBytes_AS_STRING(out), p, n, s)
         return out
 
-    def synchronize(self, stream=0):
+    def synchronize(self, stream=None):
+        """Wait until all work enqueued on `stream` has finished.
+
+        Parameters
+        ----------
+        stream : int, stream object or None, optional
+            The stream to wait for; None, the default, is the legacy default
+            stream.
+
+        Raises
+        ------
+        TypeError
+            `stream` is not a stream.
+        ValueError
+            The stream handle is negative or does not fit 64 bits.
+        MetraleError
+            The driver reports an error (also one left by earlier
+            asynchronous work on the stream).
+        """
         self.sync(as_stream(stream))
 
     def __repr__(self):

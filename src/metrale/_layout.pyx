@@ -34,8 +34,13 @@ cdef int plan_into(mt_layout *L, object sizes, object max_batch_tokens) except -
 
 @cython.final
 cdef class SlabPlan:
-    """Where each buffer sits in the arena's one allocation (offsets relative
-    to its base), and the ranges the zeroing helpers clear."""
+    """Where each buffer sits in the arena's one allocation, and the byte
+    ranges the zeroing helpers clear.
+
+    Offsets are relative to the slab's base.  Made by `plan_layout`, which
+    allocates nothing; an arena built from the same sizes and
+    max_batch_tokens places its buffers exactly so.
+    """
 
     def __cinit__(self, token=None):
         if token is not _TOKEN:
@@ -43,41 +48,74 @@ cdef class SlabPlan:
 
     @property
     def slab_bytes(self):
-        """Bytes of the one allocation, placement padding included."""
+        """Bytes of the one allocation, placement padding included (int)."""
         return self.L.slab_bytes
 
     @property
     def max_batch_tokens(self):
+        """The max_batch_tokens the plan was made for (int)."""
         return self.L.max_batch_tokens
 
     @property
     def offsets(self):
-        """Buffer name -> offset in the slab, or None for an empty (NULL) buffer."""
+        """Buffer name -> byte offset in the slab, or None for an empty
+        (NULL) buffer (dict, all 46 names in canonical order)."""
         return {BUFFER_NAMES[i]: (self.L.offset[i] if self.L.size[i] else None)
                 for i in range(MT_NBUF)}
 
     @property
     def slab_order(self):
-        """The buffer names in the order they are placed."""
+        """The buffer names in the order they are placed (tuple of str)."""
         return tuple(BUFFER_NAMES[self.L.order[i]] for i in range(MT_NBUF))
 
     @property
     def zero_all(self):
-        """(offset, length) of the one range zero_all clears."""
+        """``(offset, length)`` of the one range ``zero_all`` clears: its
+        buffers sit back to back at the start of the slab."""
         return (self.L.zero_all.offset, self.L.zero_all.length)
 
     @property
     def zero_prefill(self):
-        """(offset, length) of the one range zero_prefill_essentials clears."""
+        """``(offset, length)`` of the one range ``zero_prefill_essentials``
+        clears."""
         return (self.L.zero_prefill.offset, self.L.zero_prefill.length)
 
     @property
     def groups(self):
-        """Helper -> the buffers it covers (ARENA.md §5, §7), from the buffer table."""
+        """Helper -> the buffers it covers, from the buffer table (dict).
+
+        Keys: ``"zero_all"`` (cleared by ``zero_all``), ``"prefill"``
+        (cleared by ``zero_prefill_essentials``), ``"rows"`` (the token-major
+        ones ``zero_all_rows`` trims to the live rows) and ``"checksum"``
+        (probed by ``debug_buffer_checksum``); values are tuples of names.
+        """
         return {g: GROUPS[g] for g in ("zero_all", "prefill", "rows", "checksum")}
 
     def rows_ranges(self, tokens):
-        """The (offset, length) ranges zero_all_rows(tokens) clears, in slab order."""
+        """The ranges ``zero_all_rows(tokens=tokens)`` clears.
+
+        Token-major buffers are trimmed to their first `tokens` rows, the
+        others cleared whole; adjacent ranges are merged.
+
+        Parameters
+        ----------
+        tokens : int
+            Live tokens of the step; at or above max_batch_tokens the one
+            `zero_all` range is returned.
+
+        Returns
+        -------
+        list of (int, int)
+            ``(offset, length)`` pairs in slab order, at most 18; empty
+            ranges are left out.
+
+        Raises
+        ------
+        TypeError
+            `tokens` is not an int.
+        ValueError
+            `tokens` is negative or does not fit 64 bits.
+        """
         cdef mt_range r[MT_N_ZERO_ALL]
         cdef int n = mt_zero_rows_ranges(&self.L, u64_arg(tokens, "tokens"), r)
         return [(r[i].offset, r[i].length) for i in range(n)]
@@ -88,20 +126,73 @@ cdef class SlabPlan:
 
 
 def plan_layout(sizes, max_batch_tokens):
-    """The SlabPlan of an arena built from `sizes` (a BufferSizes) for
-    `max_batch_tokens`, without allocating anything."""
+    """The slab plan of an arena built from `sizes`, without allocating.
+
+    Parameters
+    ----------
+    sizes : BufferSizes
+        The buffer sizes.
+    max_batch_tokens : int
+        The arena's max_batch_tokens (>= 1); it decides the rows the
+        zeroing helpers trim to.
+
+    Returns
+    -------
+    SlabPlan
+        The placement of every buffer and the zeroing ranges.
+
+    Raises
+    ------
+    TypeError
+        `sizes` is not a BufferSizes or `max_batch_tokens` not an int.
+    ValueError
+        `max_batch_tokens` is 0, negative or does not fit 64 bits, or the
+        slab would exceed 2**64 - 1 bytes.
+    """
     cdef SlabPlan plan = SlabPlan.__new__(SlabPlan, _TOKEN)
     plan_into(&plan.L, sizes, max_batch_tokens)
     return plan
 
 
 def zero_rows_ranges(sizes, max_batch_tokens, tokens):
-    """The ranges, relative to the slab, that zero_all_rows(tokens) clears for
-    an arena of `sizes`: plan_layout(...).rows_ranges(tokens)."""
+    """The ranges ``zero_all_rows(tokens=tokens)`` clears in an arena of `sizes`.
+
+    The same as ``plan_layout(sizes, max_batch_tokens).rows_ranges(tokens)``.
+
+    Parameters
+    ----------
+    sizes : BufferSizes
+        The buffer sizes.
+    max_batch_tokens : int
+        The arena's max_batch_tokens (>= 1).
+    tokens : int
+        Live tokens of the step (>= 0).
+
+    Returns
+    -------
+    list of (int, int)
+        ``(offset, length)`` pairs relative to the slab, in slab order.
+
+    Raises
+    ------
+    TypeError
+        An argument of the wrong type.
+    ValueError
+        An integer out of range, or a slab over 2**64 - 1 bytes.
+    """
     return plan_layout(sizes, max_batch_tokens).rows_ranges(tokens)
 
 
 def buffer_table():
-    """The compiled C buffer table: ((name, flags), ...) in canonical order, for
-    the tests that check the generated Python and the stubs against it."""
+    """The buffer table compiled into the C core.
+
+    For the tests that check the generated Python module and the stubs
+    against it.
+
+    Returns
+    -------
+    tuple of (str, int)
+        ``(name, flags)`` of every buffer in canonical order; the flags are
+        the bits of the buffer table (which helpers cover the buffer).
+    """
     return tuple((mt_buffer_names[i].decode(), mt_buffer_flags[i]) for i in range(MT_NBUF))

@@ -11,9 +11,27 @@ __all__ = ["Record"]
 
 
 class Record:
+    """Base of metrale's small immutable values.
+
+    A subclass lists its fields in ``__slots__``.  An instance compares,
+    hashes, pickles and prints by value, and refuses assignment.
+
+    Parameters
+    ----------
+    *args, **kwargs
+        One value per field, positionally in ``__slots__`` order or by name.
+        Trailing fields listed in ``_defaults`` may be left out.
+
+    Raises
+    ------
+    TypeError
+        More values than fields, an unknown or repeated field name, or a
+        missing field.
+    """
+
     __slots__ = ()
-    _hex = ()
-    _defaults = {}
+    _hex: "tuple[str, ...]" = ()
+    _defaults: "dict[str, object]" = {}
 
     def __init__(self, *args, **kwargs):
         names = self.__slots__

@@ -1,4 +1,8 @@
-"""ModelConfig: the model shape the arena is sized from (ARENA.md §3)."""
+"""ModelConfig: the model shape the arena is sized from.
+
+A frozen value with one field per model dimension the buffer sizes read, the
+bundled presets, and the mapping from a Hugging Face ``config.json``.
+"""
 
 import os
 
@@ -6,7 +10,8 @@ from ._common import check_index
 
 __all__ = ["ModelConfig"]
 
-# Field order follows ARENA.md §3.1.
+# The documented field order: the dense shape and attention, then the GDN,
+# MoE, Mamba-2, MLA, grouped-O, hyper-connection, QSA indexer and LoRA fields.
 _INT_FIELDS = (
     "hidden_size", "intermediate_size", "vocab_size", "num_hidden_layers",
     "num_attention_heads", "num_key_value_heads", "head_dim",
@@ -29,7 +34,123 @@ _DEFAULTS.update(num_experts_per_tok=1, attn_gated=False, mrope_interleaved=Fals
 
 
 class ModelConfig:
-    """A frozen, hashable model shape with the 38 fields of ARENA.md §3.1."""
+    """A frozen, hashable model shape: every dimension the buffer sizes read.
+
+    Built from keyword fields; every field not given keeps its default (0 for
+    the integer fields except ``num_experts_per_tok``, which is 1; False for
+    the flags; ``""`` for the strings; ``()`` for ``layer_types``).  Usually
+    made by `preset` or `from_hf_config`.  Instances compare and hash by value
+    (they serve as dict keys), pickle, and refuse assignment: `replace` makes a
+    changed copy.
+
+    Parameters
+    ----------
+    **fields
+        Any of the attributes below, by name.
+
+    Attributes
+    ----------
+    hidden_size : int
+        Model width (H).
+    intermediate_size : int
+        Dense FFN width (I).
+    vocab_size : int
+        Vocabulary size (V).
+    num_hidden_layers : int
+        Number of layers.
+    num_attention_heads : int
+        Query heads (Hq).
+    num_key_value_heads : int
+        KV heads (Hkv).
+    head_dim : int
+        Attention head dimension (D).
+    attn_gated : bool
+        The q projection also writes an output gate (doubles its width).
+    full_attention_interval : int
+        Every n-th layer is full attention, the others SSM (0: all layers
+        are attention).  Ignored when `layer_types` is given.
+    layer_types : tuple of str
+        Kind of each layer; SSM layers (GDN or Mamba-2) are
+        ``"linear_attention"``.  Empty when the model does not list them.
+    linear_num_key_heads : int
+        GDN (gated delta net) key heads.
+    linear_key_head_dim : int
+        GDN key head dimension.
+    linear_num_value_heads : int
+        GDN value heads.
+    linear_value_head_dim : int
+        GDN value head dimension.
+    num_experts : int
+        Routed experts (0: a dense model).
+    num_experts_per_tok : int
+        Routed experts per token, the router's top-k (default 1).
+    moe_intermediate_size : int
+        FFN width of a routed expert.
+    shared_expert_intermediate_size : int
+        FFN width of the shared expert.
+    zero_expert_num : int
+        Zero (identity) experts the router also scores.
+    moe_latent_size : int
+        Latent width of a LatentMoE model (0: experts read the hidden state).
+    mamba_num_heads : int
+        Mamba-2 heads.
+    mamba_head_dim : int
+        Mamba-2 head dimension.
+    ssm_state_size : int
+        Mamba-2 state size.
+    n_groups : int
+        Mamba-2 groups.
+    kv_lora_rank : int
+        MLA KV latent rank; > 0 marks an MLA model.
+    q_lora_rank : int
+        MLA query latent rank.
+    qk_rope_head_dim : int
+        MLA rotary head dimension.
+    o_groups : int
+        Groups of the grouped low-rank O projection.
+    o_lora_rank : int
+        Rank of the grouped low-rank O projection.
+    hc_mult : int
+        Hyper-connection streams (0: none).
+    hc_lowrank : int
+        Rank of the low-rank hyper-connection mixing (0: none).
+    index_n_heads : int
+        Heads of the sparse-attention (QSA) indexer.
+    index_head_dim : int
+        Head dimension of the QSA indexer.
+    index_topk : int
+        Tokens the QSA indexer selects.
+    index_compress_ratio : int
+        KV compression ratio of the QSA indexer (0: no QSA selection).
+    adapter_max_rank : int
+        Largest LoRA rank served (0: no adapters, no LoRA buffers).
+    mrope_interleaved : bool
+        Three position streams (temporal, height, width) instead of one.
+    model_type : str
+        The model family (Hugging Face ``model_type``); informational, no
+        size depends on it.
+    quantization : str
+        The checkpoint's ``quantization_config`` quant method (``""`` when
+        unquantized), or ``"fp8-rowwise"`` for FP8 weights with one scale per
+        output row.  ``"fp8-rowwise"`` turns the METRALE_FP8_ROWWISE lever on
+        when that variable is not set.
+
+    Raises
+    ------
+    TypeError
+        An unknown field; an integer field that is not an int (bool
+        included); a flag that is not a bool; `model_type` or `quantization`
+        not a str; `layer_types` not an iterable of str (a single string is
+        refused).
+    ValueError
+        An integer field that is negative or does not fit 64 bits.
+
+    Examples
+    --------
+    >>> cfg = ModelConfig.preset("qwen3-next-80b")
+    >>> cfg.replace(num_experts=256).num_experts
+    256
+    """
 
     __slots__ = FIELDS + ("_key", "_hash")
 
@@ -87,11 +208,36 @@ class ModelConfig:
         return f"ModelConfig({changed})"
 
     def as_dict(self):
-        """Field name -> value, in field order."""
+        """The fields as a dict.
+
+        Returns
+        -------
+        dict of str to object
+            Field name -> value, for all 39 fields in their documented order.
+            ``ModelConfig(**cfg.as_dict()) == cfg``.
+        """
         return {n: getattr(self, n) for n in FIELDS}
 
     def replace(self, **changes):
-        """A copy with the given fields changed (like dataclasses.replace)."""
+        """A copy with some fields changed, like ``dataclasses.replace``.
+
+        Parameters
+        ----------
+        **changes
+            New values for fields, by name.
+
+        Returns
+        -------
+        ModelConfig
+            A new config; this one is unchanged.
+
+        Raises
+        ------
+        TypeError
+            A name that is not a field, or a value of the wrong type.
+        ValueError
+            An integer value that is negative or does not fit 64 bits.
+        """
         values = self.as_dict()
         for name in changes:
             if name not in _DEFAULTS:
@@ -99,27 +245,80 @@ class ModelConfig:
         values.update(changes)
         return ModelConfig(**values)
 
-    # -- derived getters (ARENA.md §3.2) --------------------------------------
+    # -- derived getters: the widths the size formulas use ---------------------
     def ssm_qkvz_size(self):
+        """Width of the fused GDN q/k/v/z projection (QKVZ).
+
+        Returns
+        -------
+        int
+            ``2 * linear_num_key_heads * linear_key_head_dim
+            + 2 * linear_num_value_heads * linear_value_head_dim``.
+        """
         return 2 * self.linear_num_key_heads * self.linear_key_head_dim + \
             2 * self.linear_num_value_heads * self.linear_value_head_dim
 
     def ssm_ba_size(self):
+        """Width of the GDN b/a (beta and decay) projection.
+
+        Returns
+        -------
+        int
+            ``2 * linear_num_value_heads``.
+        """
         return 2 * self.linear_num_value_heads
 
     def mamba2_d_inner(self):
+        """Mamba-2 inner width (d_inner).
+
+        Returns
+        -------
+        int
+            ``mamba_num_heads * mamba_head_dim``.
+        """
         return self.mamba_num_heads * self.mamba_head_dim
 
     def mamba2_d_xbc(self):
+        """Mamba-2 width of the x, B and C projections together (d_xbc).
+
+        Returns
+        -------
+        int
+            ``mamba2_d_inner() + 2 * n_groups * ssm_state_size``.
+        """
         return self.mamba2_d_inner() + 2 * self.n_groups * self.ssm_state_size
 
     def mamba2_in_proj_size(self):
+        """Mamba-2 width of the input projection (z, xBC and dt).
+
+        Returns
+        -------
+        int
+            ``mamba2_d_inner() + mamba2_d_xbc() + mamba_num_heads``.
+        """
         return self.mamba2_d_inner() + self.mamba2_d_xbc() + self.mamba_num_heads
 
     def moe_input_size(self):
+        """Width the routed experts read: the latent width of a LatentMoE model.
+
+        Returns
+        -------
+        int
+            `moe_latent_size` when > 0, else `hidden_size`.
+        """
         return self.moe_latent_size if self.moe_latent_size > 0 else self.hidden_size
 
     def num_ssm_layers(self):
+        """Number of SSM (GDN or Mamba-2) layers.
+
+        Returns
+        -------
+        int
+            The ``"linear_attention"`` entries of `layer_types` when it is
+            not empty; otherwise every layer that is not one of each
+            `full_attention_interval` (0 when the interval is 0: all layers
+            are attention).
+        """
         if self.layer_types:
             return sum(1 for t in self.layer_types if t == "linear_attention")
         n, interval = self.num_hidden_layers, self.full_attention_interval
@@ -129,12 +328,38 @@ class ModelConfig:
     # -- presets and Hugging Face configs ---------------------------------------
     @staticmethod
     def presets():
-        """Names of the bundled model shapes, in ARENA.md §3.3 order."""
+        """Names of the bundled model shapes.
+
+        Returns
+        -------
+        tuple of str
+            The names `preset` accepts: ``"qwen3-next-80b"``,
+            ``"qwen3.8-27b"``, ``"glm-5.3-flash-tp2"``, ``"deepseek-v4"``,
+            ``"nemotron-h"``, ``"gemma-4-dense"``.
+        """
         return tuple(_PRESETS)
 
     @staticmethod
     def preset(name):
-        """One of the bundled model shapes (ARENA.md §3.3)."""
+        """One of the bundled model shapes.
+
+        Parameters
+        ----------
+        name : str
+            One of the names `presets` returns.
+
+        Returns
+        -------
+        ModelConfig
+            The shape; every field it does not set is at its default.
+
+        Raises
+        ------
+        TypeError
+            `name` is not a str.
+        ValueError
+            `name` is not a known preset; the message lists them.
+        """
         if not isinstance(name, str):
             raise TypeError(f"name must be a str, got {type(name).__name__}")
         try:
@@ -145,14 +370,54 @@ class ModelConfig:
 
     @staticmethod
     def from_hf_config(path_or_dict):
-        """Read a Hugging Face config.json (a path, a directory holding one, or a
-        parsed dict), mapped as ARENA.md §3.5 says.
+        """Read a Hugging Face ``config.json``.
 
-        The model's shape must be there: hidden_size, num_hidden_layers,
-        num_attention_heads, vocab_size and intermediate_size, or the names
-        GPT-2, GPT-NeoX, Falcon and BLOOM give them (n_embd, n_layer, n_head,
-        n_inner, ...).  A missing one raises ValueError naming it, as do
-        malformed JSON and a str that holds JSON text instead of a path.
+        A key named like a field sets that field; keys that name no field
+        are ignored and JSON null counts as absent.  A nested ``text_config``
+        (multimodal models) is searched before the top level, except for
+        ``model_type``, which comes from the top level.  Common aliases are
+        read too: ``n_routed_experts`` / ``num_local_experts`` for
+        `num_experts`, ``moe_shared_expert_intermediate_size``,
+        ``attn_output_gate`` for `attn_gated`, and the GPT-2, BLOOM and Falcon
+        names of the shape (``n_embd``, ``n_embed``, ``n_layer``, ``n_head``,
+        ``n_inner``, ``num_kv_heads``, ``ffn_hidden_size``).  When absent,
+        `num_key_value_heads` is the number of attention heads, `head_dim` is
+        hidden_size // num_attention_heads, `attn_gated` is True only for
+        ``qwen3_next``, GPT-2 / BLOOM / Falcon get a 4 x hidden_size MLP, and
+        Falcon's ``multi_query`` means one KV head.  `layer_types` comes from
+        ``layer_types`` or from a Nemotron-H ``hybrid_override_pattern``
+        (``M`` SSM, ``*`` attention, ``E`` MoE, ``-`` MLP), and
+        `quantization` from ``quantization_config``.
+
+        Parameters
+        ----------
+        path_or_dict : str, os.PathLike or dict
+            The path of a ``config.json``, a directory holding one, or the
+            already parsed dict.
+
+        Returns
+        -------
+        ModelConfig
+            The model shape.
+
+        Raises
+        ------
+        TypeError
+            `path_or_dict` is of another type, or a config key has the wrong
+            JSON type (an integer field that is not a JSON integer, a flag
+            that is not a boolean, ``layer_types`` not a list of strings,
+            ``quantization_config`` not an object); the message names the key.
+        ValueError
+            The config lacks a dimension of the model's shape (hidden_size,
+            num_hidden_layers, num_attention_heads, vocab_size,
+            intermediate_size, or an alias of one), the file is not UTF-8,
+            malformed JSON or not a JSON object, a str holds JSON text instead
+            of a path, ``hybrid_override_pattern`` has an unknown letter,
+            ``quantization_config`` has no ``quant_method``, or a value is
+            negative or does not fit 64 bits.
+        OSError
+            The file cannot be read (FileNotFoundError when it does not
+            exist).
         """
         if isinstance(path_or_dict, dict):
             return ModelConfig(**_map_hf(path_or_dict, "path_or_dict"))
@@ -191,10 +456,11 @@ def _rebuild(fields):
     return ModelConfig(**fields)
 
 
-# field <- config keys, first present wins (ARENA.md §3.5).  Beyond the spec's
-# three, the names older families give the model's shape: GPT-2 (n_embd,
-# n_layer, n_head, n_inner), BLOOM (n_embed), Falcon (num_kv_heads,
-# ffn_hidden_size); GPT-NeoX already uses the field names.
+# field <- config keys, first present wins.  Beyond the aliases of recent
+# families (experts, shared expert width, output gate), the names older
+# families give the model's shape: GPT-2 (n_embd, n_layer, n_head, n_inner),
+# BLOOM (n_embed), Falcon (num_kv_heads, ffn_hidden_size); GPT-NeoX already
+# uses the field names.
 _HF_ALIASES = {
     "hidden_size": ("hidden_size", "n_embd", "n_embed"),
     "num_hidden_layers": ("num_hidden_layers", "n_layer"),

@@ -18,7 +18,23 @@ except ImportError as _e:  # the package still works on the host backend
     _reason = f"{type(_e).__name__}: {_e}"
 
     class CudaBackend:
-        """Unavailable here: constructing it raises MetraleError with the reason."""
+        """An NVIDIA GPU through the CUDA driver; unavailable in this process.
+
+        The CUDA extension could not be loaded (no cuda-bindings, no driver,
+        or a metrale built without it), so constructing it only reports why.
+        Everything else in metrale works on `HostBackend`.
+
+        Parameters
+        ----------
+        device : int, optional
+            The device ordinal the real backend would use (default 0).
+
+        Raises
+        ------
+        MetraleError
+            Always, with the reason the extension could not be loaded and
+            what to install or rebuild.
+        """
 
         def __init__(self, device=0):
             raise MetraleError(

@@ -1,4 +1,5 @@
-"""Sizing: BufferSizes.from_config and the layouts it relies on (ARENA.md §2, §4).
+"""Sizing: BufferSizes.from_config, the byte size of every buffer of a forward
+pass, and the layouts it relies on (the split-K target, the decode metadata).
 
 Pure Python with exact integer arithmetic; no allocation, no GPU contact.
 """
@@ -33,13 +34,13 @@ _Q8_SLACK = 1 << 20
 _MAX_DECODE_SPLITS = 16
 _SPLITK_TARGET_WAVES = 2
 
-# The buffer names in canonical order (ARENA.md §2.2), index i being buffer
-# id i of the C core, and which ones total_bytes() counts: from the buffer
-# table (src/buffers.h), through the module generated from it.
+# The buffer names in canonical order (the numbering of docs/buffers.md), index
+# i being buffer id i of the C core, and which ones total_bytes() counts: from
+# the buffer table (src/buffers.h), through the module generated from it.
 _TOTALLED = tuple(BUFFER_INDEX[n] for n in GROUPS["total"])
 
 
-# -- Target and split-K (§4.3) -------------------------------------------------
+# -- Target and split-K ---------------------------------------------------------
 
 _PINNED = tuple(str(n) for n in range(1, _MAX_DECODE_SPLITS + 1))
 # Every value Target.splitk takes: the two policies, then the pinned counts.
@@ -47,7 +48,38 @@ SPLITK_POLICIES = ("legacy", "auto") + _PINNED
 
 
 class Target(Record):
-    """The device an arena is sized for: SM count and split-K policy."""
+    """The device an arena is sized for: its SM count and split-K policy.
+
+    The split-K decode attention keeps one float32 slot of ``head_dim + 2``
+    values per (sequence, query head, split) in ``splitk_workspace``; the
+    target decides how many slots, and so that buffer's size.  A backend's
+    ``target()`` describes its device.  The METRALE_ATTN_DECODE_SPLITK
+    variable overrides the policy (see `resolve_splitk`).
+
+    Parameters
+    ----------
+    sm_count : int
+        Streaming multiprocessors of the device (>= 0).
+    splitk : str
+        ``"legacy"`` (one slot per SM, whatever the batch),
+        ``"auto"`` (splits from the SM count and the query heads, for up to
+        the widest decode batch), or a pinned split count ``"1"`` ... ``"16"``.
+
+    Attributes
+    ----------
+    sm_count : int
+        As given.
+    splitk : str
+        As given.
+
+    Raises
+    ------
+    TypeError
+        `sm_count` is not an int or `splitk` is not a str.
+    ValueError
+        `sm_count` is negative or does not fit 64 bits, or `splitk` is not
+        one of the policies above.
+    """
 
     __slots__ = ("sm_count", "splitk")
 
@@ -61,32 +93,87 @@ class Target(Record):
 
     @classmethod
     def reference(cls):
-        """The reference build target: 48 SMs, legacy split-K."""
+        """The reference build target: 48 SMs, legacy split-K.
+
+        What `BufferSizes.from_config` uses when no target is given, and
+        what ``HostBackend().target()`` returns.
+
+        Returns
+        -------
+        Target
+            ``Target(48, "legacy")``.
+        """
         return cls(48, "legacy")
 
 
 def resolve_splitk(target, env):
-    """The effective policy: ("legacy", 0), ("auto", 0) or ("pinned", n).
+    """The split-K policy in effect for `target` under `env`.
 
-    `METRALE_ATTN_DECODE_SPLITK` in `env` overrides `target.splitk`; the launch
-    and the workspace use the same resolver so they always agree.
+    ``METRALE_ATTN_DECODE_SPLITK`` in `env`, trimmed and lower-cased,
+    overrides ``target.splitk``: ``"legacy"`` and ``"auto"`` select those
+    policies, ``"0"``, ``"off"``, ``"false"`` and ``"no"`` pin one split, a
+    decimal count n >= 1 pins n splits, and any other value is ignored.  An
+    engine that launches the split-K decode attention should resolve its
+    policy with this function too, so that the launch and the workspace
+    always agree.
+
+    Parameters
+    ----------
+    target : Target
+        The device's target.
+    env : mapping
+        Where the variable is read; only ``env.get`` is called.
+
+    Returns
+    -------
+    tuple of (str, int)
+        ``("legacy", 0)``, ``("auto", 0)`` or ``("pinned", n)``.  A pinned n
+        is not clamped here; the sizing uses at most 16 splits.
     """
-    policy = target.splitk
-    raw = env.get("METRALE_ATTN_DECODE_SPLITK")
-    if isinstance(raw, str):
-        v = raw.strip().lower()
-        if v in ("legacy", "auto"):
-            policy = v
-        elif v in ("0", "off", "false", "no"):
-            policy = "1"
-        elif v.isascii() and v.isdigit() and int(v) >= 1:
-            policy = v
+    policy = _splitk_override(env.get("METRALE_ATTN_DECODE_SPLITK")) or target.splitk
     if policy in ("legacy", "auto"):
         return policy, 0
     return "pinned", int(policy)
 
 
+def _splitk_override(raw):
+    """The policy a METRALE_ATTN_DECODE_SPLITK value selects, or None when
+    the value is ignored."""
+    if not isinstance(raw, str):
+        return None
+    v = raw.strip().lower()
+    if v in ("legacy", "auto"):
+        return v
+    if v in ("0", "off", "false", "no"):
+        return "1"
+    if v.isascii() and v.isdigit() and v.strip("0"):
+        v = v.lstrip("0")
+        # A count past any split count pins the most the sizing uses; int()
+        # of thousands of digits would raise instead.
+        return v if len(v) <= 4 else str(_MAX_DECODE_SPLITS)
+    return None
+
+
 def splitk_slots(target, env, num_heads, rows):
+    """Slots of the split-K workspace (each ``head_dim + 2`` float32 values).
+
+    Parameters
+    ----------
+    target : Target
+        The device's target.
+    env : mapping
+        Where METRALE_ATTN_DECODE_SPLITK is read (only ``env.get`` is called).
+    num_heads : int
+        Query heads.
+    rows : int
+        The widest decode batch (the decode metadata's rows).
+
+    Returns
+    -------
+    int
+        ``max(sm_count, 1)`` under the legacy policy; otherwise
+        rows x heads x splits (at least 1 of each), with at most 16 splits.
+    """
     policy, n = resolve_splitk(target, env)
     if policy == "legacy":
         return max(target.sm_count, 1)
@@ -97,10 +184,32 @@ def splitk_slots(target, env, num_heads, rows):
     return max(rows, 1) * heads * splits
 
 
-# -- DecodeMetaLayout (§4.2) ------------------------------------------------------
+# -- DecodeMetaLayout ------------------------------------------------------------
 
 class DecodeMetaLayout:
-    """Byte layout of the batched-decode metadata upload."""
+    """Byte layout of the batched-decode metadata upload.
+
+    The engine uploads one packed table per batched decode step, at offset
+    32,768 of the ``scratch`` buffer: for each of the R rows the position
+    (uint32), the LoRA slot (int32), the KV slot (int64) and the sequence
+    length (int32), each as one array of R entries, then, after an unused
+    gap of 4R bytes, the block table (int32, R rows of ``max_blocks``).  An
+    arena keeps the layout of the ``max_batch_size`` it was built for
+    (``arena.decode_meta()``).  Layouts compare and hash by their rows.
+
+    Parameters
+    ----------
+    rows : int
+        R, the widest padded batch the upload holds (>= 0), taken as is;
+        `for_max_batch_size` applies the 32-row floor.
+
+    Raises
+    ------
+    TypeError
+        `rows` is not an int.
+    ValueError
+        `rows` is negative or does not fit 64 bits.
+    """
 
     __slots__ = ("_rows",)
 
@@ -109,29 +218,113 @@ class DecodeMetaLayout:
 
     @classmethod
     def for_max_batch_size(cls, n):
+        """The layout for batches of up to `n` sequences.
+
+        Parameters
+        ----------
+        n : int
+            The serving limit on sequences per decode step (>= 0).
+
+        Returns
+        -------
+        DecodeMetaLayout
+            The layout of ``max(n, DECODE_META_MIN_ROWS)`` rows.  Only the
+            32-row floor applies: DECODE_META_MAX_ROWS is a ceiling for front
+            ends to enforce, not a clamp.
+
+        Raises
+        ------
+        TypeError
+            `n` is not an int.
+        ValueError
+            `n` is negative or does not fit 64 bits.
+        """
         n = check_index(n, "max_batch_size")
         return cls(max(n, DECODE_META_MIN_ROWS))
 
     def rows(self):
+        """R, the rows the upload holds.
+
+        Returns
+        -------
+        int
+            The widest padded batch.
+        """
         return self._rows
 
     def positions_offset(self):
+        """Byte offset of the positions (uint32, R entries).
+
+        Returns
+        -------
+        int
+            Always 0.
+        """
         return 0
 
     def seq_slot_offset(self):
+        """Byte offset of the per-sequence LoRA slots (int32, R entries).
+
+        Returns
+        -------
+        int
+            4R.
+        """
         return 4 * self._rows
 
     def slots_offset(self):
+        """Byte offset of the KV slots (int64, R entries; 8-byte aligned).
+
+        Returns
+        -------
+        int
+            8R.
+        """
         return 8 * self._rows
 
     def seq_lens_offset(self):
+        """Byte offset of the sequence lengths (int32, R entries).
+
+        Returns
+        -------
+        int
+            16R.
+        """
         return 16 * self._rows
 
     def block_table_offset(self):
+        """Byte offset of the block table (int32, R rows of max_blocks).
+
+        The 4R bytes before it, after the sequence lengths, are unused.
+
+        Returns
+        -------
+        int
+            24R.
+        """
         # 4R gap after the sequence lengths, as the reference packs it.
         return 24 * self._rows
 
     def meta_bytes(self, max_blocks):
+        """Size of the whole upload for a block table `max_blocks` wide.
+
+        Parameters
+        ----------
+        max_blocks : int
+            KV blocks per sequence in the block table (>= 0).
+
+        Returns
+        -------
+        int
+            ``24 * R + 4 * R * max_blocks``.
+
+        Raises
+        ------
+        TypeError
+            `max_blocks` is not an int.
+        ValueError
+            `max_blocks` is negative or does not fit 64 bits.
+        """
         max_blocks = check_index(max_blocks, "max_blocks")
         return 24 * self._rows + 4 * self._rows * max_blocks
 
@@ -147,7 +340,7 @@ class DecodeMetaLayout:
         return f"DecodeMetaLayout(rows={self._rows})"
 
 
-# -- scratch (§4.1) -----------------------------------------------------------------
+# -- scratch -----------------------------------------------------------------------
 
 def _q12(n, c, k, ps):
     t = n * c
@@ -157,7 +350,28 @@ def _q12(n, c, k, ps):
 
 
 def scratch_terms(config, M, B, R):
-    """(prefill_term, decode_term, q12_term) of §4.1."""
+    """The three layouts that share the ``scratch`` buffer, in bytes.
+
+    ``scratch`` is the largest of these (and at least 64 KiB): the prefill
+    routing and metadata, the batched decode / verify metadata (at offset
+    32,768), and the staging of the kernel-batched prefill over 8 streams.
+
+    Parameters
+    ----------
+    config : ModelConfig
+        The model shape (its top-k and M-RoPE streams are read).
+    M : int
+        max_batch_tokens.
+    B : int
+        KV blocks per sequence in the block tables.
+    R : int
+        Rows of the decode metadata.
+
+    Returns
+    -------
+    tuple of int
+        ``(prefill_term, decode_term, q12_term)``.
+    """
     k = config.num_experts_per_tok
     ps = 3 if config.mrope_interleaved else 1
     o_s = ceil_to(4 * ps * M, 8)
@@ -170,7 +384,7 @@ def scratch_terms(config, M, B, R):
     return prefill, decode, q12
 
 
-# -- BufferSizes (§8.1) ---------------------------------------------------------------
+# -- BufferSizes ---------------------------------------------------------------------
 
 class BufferSizes(Mapping):
     """The byte size of each of the 46 buffers of one forward pass.
@@ -180,6 +394,11 @@ class BufferSizes(Mapping):
     ``dict(sizes)``, ``len(sizes) == 46``).  Immutable; `replace` makes a
     changed copy.  Usually made by `from_config`; ``BufferSizes(**sizes)``
     takes all 46 entries.
+
+    Parameters
+    ----------
+    **sizes : int
+        Bytes of every buffer, by name (all 46 names).
 
     Raises
     ------
@@ -236,7 +455,49 @@ class BufferSizes(Mapping):
     @classmethod
     def from_config(cls, config, max_batch_tokens, max_seq_len, kv_block_size,
                     max_batch_size, *, target=None, env=None):
-        """Evaluate every formula of ARENA.md §2 and §4."""
+        """The size of every buffer for a model and its serving limits.
+
+        Pure integer arithmetic: nothing is allocated and no GPU is touched;
+        the same arguments and lever values always give equal sizes.  The
+        formulas are in docs/buffers.md.
+
+        Parameters
+        ----------
+        config : ModelConfig
+            The model shape.
+        max_batch_tokens : int
+            M, the most tokens one forward pass carries (>= 1).
+        max_seq_len : int
+            The longest sequence the KV cache serves, in tokens.
+        kv_block_size : int
+            Tokens per paged-KV block; 0 sizes the block tables for 256
+            blocks per sequence.
+        max_batch_size : int
+            The most sequences one batched decode step carries; the decode
+            metadata holds at least 32 rows.
+        target : Target, optional
+            The device the split-K workspace is sized for; None means
+            `Target.reference`.  ``BufferArena.new`` passes ``gpu.target()``.
+        env : mapping, optional
+            Where the environment levers are read (only ``env.get`` is
+            called); None means ``os.environ``.  See `metrale.levers`.
+
+        Returns
+        -------
+        BufferSizes
+            The 46 sizes; `levers` tells which levers were in effect.
+
+        Raises
+        ------
+        TypeError
+            `config` is not a ModelConfig, `target` not a Target or None,
+            `env` has no ``get``, or an integer argument is not an int.
+        ValueError
+            `max_batch_tokens` is 0, an integer argument is negative or does
+            not fit 64 bits, or a buffer's size or the sum of all sizes
+            exceeds 2**64 - 1 (the message names the buffer and
+            max_batch_tokens).
+        """
         if not isinstance(config, ModelConfig):
             raise TypeError(f"config must be a ModelConfig, got {type(config).__name__}")
         if target is None:
@@ -257,7 +518,7 @@ class BufferSizes(Mapping):
         for lv in LEVERS:
             raw = env.get(lv.name)
             if lv.name == "METRALE_ATTN_DECODE_SPLITK":
-                if isinstance(raw, str):
+                if _splitk_override(raw) is not None:      # an ignored value is no lever
                     levers[lv.name] = raw
             elif lever_on(lv.name, env, config):
                 levers[lv.name] = "1" if raw is not None else "quantization_config"
@@ -273,19 +534,61 @@ class BufferSizes(Mapping):
         return cls._make(values, levers)
 
     def total_bytes(self):
-        """Sum of the 44 sizes the reference preflight counts: all but o_latent
-        and norm_unit_w (§8.1)."""
+        """The bytes the reference engine's memory preflight reserves.
+
+        The sum of 44 of the 46 sizes: every buffer except ``o_latent`` and
+        ``norm_unit_w``, for parity with the reference engine.  The arena
+        allocates more: those two buffers and the 256-byte placement padding
+        (``arena.slab_bytes()``).
+
+        Returns
+        -------
+        int
+            The sum, in bytes.
+        """
         v = self._values
         return sum(v[i] for i in _TOTALLED)
 
     def as_dict(self):
+        """The sizes as a new dict.
+
+        Returns
+        -------
+        dict of str to int
+            Buffer name -> bytes, all 46 in canonical order.
+        """
         return dict(zip(BUFFER_NAMES, self._values))
 
     def as_tuple(self):
-        """The 46 sizes in canonical order."""
+        """The sizes as a tuple.
+
+        Returns
+        -------
+        tuple of int
+            The 46 sizes in canonical order (the order of ``BUFFER_NAMES``).
+        """
         return self._values
 
     def replace(self, **changes):
+        """A copy with some sizes changed.
+
+        Parameters
+        ----------
+        **changes : int
+            New bytes for buffers, by name.
+
+        Returns
+        -------
+        BufferSizes
+            A new value; this one is unchanged.  Its `levers` are this one's.
+
+        Raises
+        ------
+        TypeError
+            A name that is not a buffer, or a size that is not an int.
+        ValueError
+            A size that is negative or does not fit 64 bits.
+        """
         values = list(self._values)
         for name, v in changes.items():
             i = BUFFER_INDEX.get(name)
@@ -318,7 +621,8 @@ def _validated(sizes):
 
 for _i, _name in enumerate(BUFFER_NAMES):
     setattr(BufferSizes, _name, property(lambda self, _i=_i: self._values[_i],
-                                         doc=f"Bytes of {_name}."))
+                                         doc=f"Bytes of the ``{_name}`` buffer (int); what it holds "
+                                             f"and its formula: docs/buffers.md#{_name}."))
 del _i, _name
 
 

@@ -19,12 +19,25 @@ OPERATIONS = ("alloc", "free", "memset", "d2h", "h2d", "sync")
 
 
 cdef class FaultyBackend(HostBackend):
-    """A HostBackend whose nth next operation of a kind fails.
+    """FaultyBackend()
+--
 
-    ``inject_fault(op, nth)`` arms one failure: the nth next ``op`` ("alloc",
-    "free", "memset", "d2h", "h2d", "sync") raises as the real backends do
-    (``OutOfMemoryError`` for an allocation, ``MetraleError`` naming
-    HOST_INJECTED_FAULT for the others) and does nothing else.
+A HostBackend whose nth next operation of a kind fails, on demand.
+
+    For testing an engine's error paths without a GPU: start-up out of
+    memory, a failing step, a failing teardown.  `inject_fault` arms one
+    failure per kind of operation; the failing operation raises as the real
+    backends do (``OutOfMemoryError`` for an allocation, ``MetraleError``
+    whose message starts with ``HOST_INJECTED_FAULT`` for the others) and
+    does nothing else: no memory is touched and no counter moves.  Otherwise
+    it behaves exactly as `HostBackend`.
+
+    Examples
+    --------
+    >>> gpu = FaultyBackend()
+    >>> gpu.inject_fault("alloc")        # the next allocation fails
+    >>> gpu.inject_fault("memset", 3)    # the 3rd memset from now fails
+    >>> gpu.clear_faults()
     """
     cdef dict _faults
 
@@ -32,7 +45,31 @@ cdef class FaultyBackend(HostBackend):
         self._faults = {}
 
     def inject_fault(self, op, nth=1):
-        """Make the nth next `op` fail (one armed failure per kind of operation)."""
+        """Arm a failure of the `nth` next operation of kind `op`.
+
+        The failure fires once; later operations succeed.  Each kind holds
+        one armed failure, so arming it again replaces the count.
+
+        Parameters
+        ----------
+        op : str
+            ``"alloc"`` (arena construction), ``"free"`` (``release()`` and
+            the cleanup of a failed construction), ``"memset"`` (construction,
+            the zeroing helpers, ``clear_ranges``), ``"d2h"`` (the copies of
+            ``debug_buffer_checksum``), ``"h2d"`` or ``"sync"``
+            (construction, ``debug_buffer_checksum``).
+        nth : int, optional
+            Which of the next operations of that kind fails: 1 (the default)
+            for the very next one.
+
+        Raises
+        ------
+        TypeError
+            `op` is not a str or `nth` is not an int.
+        ValueError
+            `op` is not one of the kinds above, or `nth` is below 1 or does
+            not fit 64 bits.
+        """
         if not isinstance(op, str):
             raise TypeError(f"op must be a str, got {type(op).__name__}")
         if op not in OPERATIONS:
@@ -40,7 +77,7 @@ cdef class FaultyBackend(HostBackend):
         self._faults[op] = index_arg(nth, "nth", 1)
 
     def clear_faults(self):
-        """Disarm every injected failure."""
+        """Disarm every armed failure."""
         self._faults.clear()
 
     cdef bint _fails(self, str op) except -1:
