@@ -70,7 +70,7 @@ typedef struct mt_layout {
  * does not fit 64 bits. */
 int mt_layout_plan(mt_layout *L, const uint64_t sizes[MT_NBUF], uint64_t max_batch_tokens);
 
-/* The ranges zero_all_rows(tokens) clears (ARENA.md §5.2), in slab order,
+/* The ranges zero_all_rows(tokens) clears (see rows_length in layout.c), in slab order,
  * with adjacent ones merged.  `out` holds MT_N_ZERO_ALL entries; returns the
  * count (0 when every range is empty). */
 int mt_zero_rows_ranges(const mt_layout *L, uint64_t tokens, mt_range *out);
@@ -82,7 +82,7 @@ void mt_checksum_f32(const void *data, size_t n, double out[3]);
 /* The row-wise slab cursor (opaque so that this header needs no <stdatomic.h>).
  * A carve advances it atomically by `bytes`, saturating at 2^64 - 1 instead of
  * wrapping, so once a carve has overrun the slab every later one fails too,
- * whatever the interleaving of callers (ARENA.md §6.2 step 4). */
+ * whatever the interleaving of callers (once one carve has overrun, every later one fails). */
 typedef struct mt_cursor mt_cursor;
 mt_cursor *mt_cursor_new(void);
 void mt_cursor_free(mt_cursor *c);

@@ -1,5 +1,6 @@
-/* The buffer table (ARENA.md §2.1): the one place that names the 46 buffers of
- * a forward pass, in canonical order (§2.2).
+/* The buffer table: the one place that names the 46 buffers of a forward
+ * pass, in canonical order (the order of BufferSizes and of the reference
+ * engine's allocations; docs/buffers.md describes each).
  *
  * X(ID, name, flags): ID gives the C id MT_<ID>, name the Python name, flags
  * the helpers that cover the buffer and the accessors the arena gives it.  The
@@ -11,13 +12,13 @@
 #define METRALE_BUFFERS_H
 
 enum {
-    MT_IN_ZERO_ALL = 1 << 0,   /* zeroed whole by zero_all (§5.1) */
-    MT_IN_ROWS     = 1 << 1,   /* trimmed to the live rows by zero_all_rows (§5.2) */
-    MT_IN_PREFILL  = 1 << 2,   /* zeroed by zero_prefill_essentials (§5.3) */
-    MT_IN_CHECKSUM = 1 << 3,   /* probed by debug_buffer_checksum (§7) */
-    MT_IN_TOTAL    = 1 << 4,   /* counted by BufferSizes.total_bytes() (§8.1) */
-    MT_HAS_POINTER = 1 << 5,   /* pointer accessor arena.<name>() (§8.5) */
-    MT_HAS_BYTES   = 1 << 6    /* byte accessor arena.<name>_bytes() (§8.5) */
+    MT_IN_ZERO_ALL = 1 << 0,   /* zeroed whole by zero_all */
+    MT_IN_ROWS     = 1 << 1,   /* trimmed to the live rows by zero_all_rows */
+    MT_IN_PREFILL  = 1 << 2,   /* zeroed by zero_prefill_essentials */
+    MT_IN_CHECKSUM = 1 << 3,   /* probed by debug_buffer_checksum */
+    MT_IN_TOTAL    = 1 << 4,   /* counted by BufferSizes.total_bytes() */
+    MT_HAS_POINTER = 1 << 5,   /* pointer accessor arena.<name>() */
+    MT_HAS_BYTES   = 1 << 6    /* byte accessor arena.<name>_bytes() */
 };
 
 /* Shorthands for the table rows below. */

@@ -60,7 +60,7 @@ int mt_layout_plan(mt_layout *L, const uint64_t sizes[MT_NBUF], uint64_t max_bat
         int b = L->order[i];
         uint64_t n = sizes[b];
         L->size[b] = n;
-        if (n == 0) continue;   /* NULL, no range (ARENA.md §2.4) */
+        if (n == 0) continue;   /* an empty buffer is NULL: no range */
         L->offset[b] = cur;
         if (n > UINT64_MAX - cur || align_up(cur + n, &cur) != MT_OK) return MT_ERR_OVERFLOW;
     }
@@ -72,7 +72,10 @@ int mt_layout_plan(mt_layout *L, const uint64_t sizes[MT_NBUF], uint64_t max_bat
 
 static uint64_t ceil16(uint64_t x) { return (x + 15) / 16 * 16; }
 
-/* ARENA.md §5.2 length rule for one token-major buffer of n bytes. */
+/* The bytes zero_all_rows(tokens) clears of one token-major buffer of n
+ * bytes: tokens rows when n is whole rows of max_batch_tokens, tokens
+ * rounded up to 16 when n is whole rows of ceil16(max_batch_tokens) (the
+ * GEMM-tiled buffers), else all n. */
 static uint64_t rows_length(uint64_t n, uint64_t m, uint64_t tokens)
 {
     uint64_t m16 = ceil16(m);

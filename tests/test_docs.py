@@ -354,3 +354,29 @@ def test_the_walk_reaches_the_public_api():
         obj = getattr(metrale, name)
         if inspect.isclass(obj):
             assert f"{obj.__module__}.{obj.__qualname__}" in names
+
+
+# -- the repository's pages: README -> docs, every link resolves ------------------------
+
+_ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.skipif(not (_ROOT / "docs" / "index.md").exists(),
+                    reason="the docs pages live in the repository, not the installed package")
+def test_readme_and_docs_links_resolve():
+    import re
+    readme = (_ROOT / "README.md").read_text()
+    assert "shared/spec" not in readme and "ARENA.md" not in readme
+    assert "docs/index.md" in readme and "docs/slab.png" in readme
+    pages = [_ROOT / "README.md"] + sorted((_ROOT / "docs").glob("*.md"))
+    for page in pages:
+        text = page.read_text()
+        assert "shared/spec" not in text and "ARENA.md" not in text, page.name
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
+            if target.startswith(("http://", "https://")):
+                continue
+            assert (page.parent / target).exists(), f"{page.name} links to missing {target}"
+    index = (_ROOT / "docs" / "index.md").read_text()
+    for name in ("quickstart.md", "buffers.md", "levers.md", "lifetime.md", "streams.md",
+                 "backends.md", "cli.md"):
+        assert f"({name})" in index, name
