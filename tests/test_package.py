@@ -44,3 +44,24 @@ def test_public_names():
         assert hasattr(metrale, name), name
     assert issubclass(metrale.OutOfMemoryError, metrale.MetraleError)
     assert issubclass(metrale.OutOfMemoryError, MemoryError)
+
+
+def test_every_repr_says_what_it_is():
+    from metrale import (HostBackend, ModelConfig, ScratchSpaceManager, Target)
+    from metrale._layout import plan_layout
+    from metrale.testing import FaultyBackend
+
+    from helpers import PRESET, new
+    gpu = FaultyBackend()
+    arena = new(gpu, m=16)
+    manager = ScratchSpaceManager(64, 1)
+    view = arena.view("logits", "f4", (2,))
+    objects = [gpu, HostBackend(), arena, view, arena.buffers, arena.buffers["logits"],
+               arena.summary(), arena.sizes(), arena.decode_meta(), Target.reference(),
+               ModelConfig(hidden_size=4), manager, manager.get_scratch(), manager.stats(),
+               plan_layout(arena.sizes(), 16), arena.moe_fp8_scratch(PRESET, 16)]
+    for obj in objects:
+        assert repr(obj).lstrip("<").startswith(type(obj).__name__), repr(obj)[:80]
+    assert "logits" in repr(view) and "float32" in repr(view)
+    del view, objects          # a live view would make release refuse
+    arena.release()
