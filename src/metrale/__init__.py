@@ -5,8 +5,6 @@ GPU contact.  Each public name loads its module on first use (PEP 562), and is
 then an ordinary module attribute.
 """
 
-__version__ = "0.1.0"
-
 # Public name -> the module that defines it: the one list of the package's API.
 _LAZY = {
     "ModelConfig": "metrale.config",
@@ -30,6 +28,9 @@ _LAZY = {
 }
 
 __all__ = list(_LAZY)
+# metrale/_version.py is written by the build from meson.build (the one place
+# the version is set); loaded on first use like the rest.
+_LAZY["__version__"] = "metrale._version"
 
 
 def __getattr__(name):

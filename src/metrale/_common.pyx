@@ -25,8 +25,15 @@ cdef str _show(object v):
     return str(v)
 
 
+cdef bint _is_bool(object value):
+    # numpy's bool has a (deprecated) __index__ before numpy 2.3: refuse it too.
+    t = type(value)
+    return isinstance(value, bool) or (t.__name__ in ("bool", "bool_") and
+                                       t.__module__ == "numpy")
+
+
 cdef object _to_int(object value, str name):
-    if isinstance(value, bool):
+    if _is_bool(value):
         raise TypeError(f"{name} must be an int, got bool")
     try:
         return PyNumber_Index(value)
@@ -95,7 +102,7 @@ def check_index(value, name, minimum=0, maximum=U64_MAX):
 
 
 cdef uintptr_t _handle(object value, str what) except? 0:
-    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+    if _is_bool(value) or not hasattr(type(value), "__index__"):
         raise TypeError(f"stream: {what} must be an int handle, got {type(value).__name__}")
     return u64_arg(value, "stream")
 
@@ -109,7 +116,7 @@ cdef uintptr_t as_stream(object stream) except? 0:
         return u64_arg(stream, "stream")
     if stream is None:
         return 0
-    if isinstance(stream, bool):
+    if _is_bool(stream):
         raise TypeError(f"stream must be an int handle or a stream object, got {type(stream).__name__}")
     proto = getattr(stream, "__cuda_stream__", None)
     if proto is not None:
