@@ -741,41 +741,22 @@ def symbols(config, max_batch_tokens, max_seq_len, kv_block_size, max_batch_size
     ValueError
         If a limit is negative or `max_batch_tokens` is 0.
     """
-    from ._common import check_index
-    from .config import ModelConfig
-    from .levers import quantization_levers
-    from .sizes import Target, resolve_splitk
+    from .levers import lever_on
+    from .sizes import resolve_splitk, sizing_inputs
 
-    if not isinstance(config, ModelConfig):
-        raise TypeError(f"config must be a ModelConfig, got {type(config).__name__}")
-    if target is None:
-        target = Target.reference()
-    elif not isinstance(target, Target):
-        raise TypeError(f"target must be a Target or None, got {type(target).__name__}")
-    if env is None:
-        import os
-        env = os.environ
-    elif not callable(getattr(env, "get", None)):
-        raise TypeError(f"env must be a mapping or None, got {type(env).__name__}")
+    M, max_seq_len, kv_block_size, max_batch_size, target, env = sizing_inputs(
+        config, max_batch_tokens, max_seq_len, kv_block_size, max_batch_size, target, env)
     c = config
     policy, pinned = resolve_splitk(target, env)
-    v = {
-        "M": check_index(max_batch_tokens, "max_batch_tokens", 1),
-        "max_seq_len": check_index(max_seq_len, "max_seq_len"),
-        "kv_block_size": check_index(kv_block_size, "kv_block_size"),
-        "max_batch_size": check_index(max_batch_size, "max_batch_size"),
-    }
+    v = {"M": M, "max_seq_len": max_seq_len, "kv_block_size": kv_block_size,
+         "max_batch_size": max_batch_size}
     for s in SYMBOLS:
         if len(s.fields) == 1 and not s.levers:
             v[s.name] = getattr(c, s.fields[0])
     v["sm_count"] = target.sm_count
     v["splitk_policy"], v["splitk_n"] = policy, pinned
-    implied = quantization_levers(c)
     for lever, name in _SWITCHES:
-        # Exactly "1" when the variable is set; absent, the config's
-        # quantization may imply it.
-        value = env.get(lever)
-        v[name] = value == "1" if value is not None else lever in implied
+        v[name] = lever_on(lever, env, c)      # the one lever rule
     namespace = dict(_HELPERS)
     namespace["__builtins__"] = {}
     namespace.update(v)

@@ -386,6 +386,56 @@ def scratch_terms(config, M, B, R):
 
 # -- BufferSizes ---------------------------------------------------------------------
 
+def sizing_inputs(config, max_batch_tokens, max_seq_len, kv_block_size, max_batch_size,
+                  target, env):
+    """The inputs of `BufferSizes.from_config`, checked and defaulted.
+
+    The one validation rule of the sizing inputs, shared by `from_config`
+    and the catalogue's second implementation of the formulas.
+
+    Parameters
+    ----------
+    config : ModelConfig
+        The model's shape.
+    max_batch_tokens, max_seq_len, kv_block_size, max_batch_size : int
+        The serving limits (`max_batch_tokens` >= 1).
+    target : Target or None
+        The device sized for.
+    env : mapping or None
+        Where the levers are read.
+
+    Returns
+    -------
+    tuple
+        ``(M, max_seq_len, kv_block_size, max_batch_size, target, env)``:
+        the limits as ints, `target` (``Target.reference()`` for None) and
+        `env` (``os.environ`` for None).
+
+    Raises
+    ------
+    TypeError
+        `config` is not a ModelConfig, `target` not a Target or None, `env`
+        not a mapping or None, or a limit not an int.
+    ValueError
+        A limit is negative or does not fit 64 bits, or `max_batch_tokens` is 0.
+    """
+    if not isinstance(config, ModelConfig):
+        raise TypeError(f"config must be a ModelConfig, got {type(config).__name__}")
+    if target is None:
+        target = Target.reference()
+    elif not isinstance(target, Target):
+        raise TypeError(f"target must be a Target or None, got {type(target).__name__}")
+    if env is None:
+        env = os.environ
+    elif not callable(getattr(env, "get", None)):
+        # Only env.get is used; a Mapping ABC check would import collections.
+        raise TypeError(f"env must be a mapping or None, got {type(env).__name__}")
+    return (check_index(max_batch_tokens, "max_batch_tokens", 1),
+            check_index(max_seq_len, "max_seq_len"),
+            check_index(kv_block_size, "kv_block_size"),
+            check_index(max_batch_size, "max_batch_size"), target, env)
+
+
 class BufferSizes(Mapping):
     """The byte size of each of the 46 buffers of one forward pass.
 
@@ -498,21 +548,8 @@ class BufferSizes(Mapping):
             exceeds 2**64 - 1 (the message names the buffer and
             max_batch_tokens).
         """
-        if not isinstance(config, ModelConfig):
-            raise TypeError(f"config must be a ModelConfig, got {type(config).__name__}")
-        if target is None:
-            target = Target.reference()
-        elif not isinstance(target, Target):
-            raise TypeError(f"target must be a Target or None, got {type(target).__name__}")
-        if env is None:
-            env = os.environ
-        elif not callable(getattr(env, "get", None)):
-            # Only env.get is used; a Mapping ABC check would import collections.
-            raise TypeError(f"env must be a mapping or None, got {type(env).__name__}")
-        M = check_index(max_batch_tokens, "max_batch_tokens", 1)
-        max_seq_len = check_index(max_seq_len, "max_seq_len")
-        kv_block_size = check_index(kv_block_size, "kv_block_size")
-        max_batch_size = check_index(max_batch_size, "max_batch_size")
+        M, max_seq_len, kv_block_size, max_batch_size, target, env = sizing_inputs(
+            config, max_batch_tokens, max_seq_len, kv_block_size, max_batch_size, target, env)
         values = _compute(config, M, max_seq_len, kv_block_size, max_batch_size, target, env)
         levers = {}
         for lv in LEVERS:
