@@ -78,11 +78,10 @@ def test_physical_memory_is_the_current_sizes_rounded_to_granules(backend):
 
 
 def _granularity(a):
-    offs = [a.buffers[n].offset for n in BUFFER_NAMES if a.buffers[n].offset]
-    g = 1 << 12
-    while all(o % (g * 2) == 0 for o in offs) and g < (1 << 21):
-        g *= 2
-    return g
+    """The allocation granularity, as the gcd of the buffers' sub-range offsets
+    (each a multiple of it; with 40-odd buffers of unrelated sizes, the gcd is it)."""
+    import math
+    return math.gcd(*(a.buffers[n].offset or 0 for n in BUFFER_NAMES))
 
 
 @pytest.mark.parametrize("helper", ["zero_all", "zero_prefill_essentials", "rows1", "rows17",
@@ -384,3 +383,71 @@ def test_refused_reshapes_keep_the_state():
                 a.zero_all()            # still asleep
         a.wake()
         a.zero_all()
+
+
+# -- CUDA only: graphs captured over a reserved arena -----------------------------
+
+def _cuda_torch(backend):
+    if isinstance(backend, metrale.HostBackend):
+        pytest.skip("CUDA graphs need a GPU")
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA here")
+    return torch
+
+
+@pytest.mark.parametrize("tokens", [1, 17])
+def test_graph_replays_after_wake_and_growth(backend, tokens):
+    torch = _cuda_torch(backend)
+    with reserved(backend) as a:
+        ptrs = pointers(a)
+        stream = torch.cuda.Stream()
+        g = torch.cuda.CUDAGraph()
+        torch.cuda.synchronize()
+        with torch.cuda.graph(g, stream=stream):
+            a.zero_all_rows(stream=torch.cuda.current_stream(), tokens=tokens)
+        old_sizes = a.sizes()
+        expect = rows_expectation(old_sizes, LIMITS[0], tokens)
+        torch.cuda.synchronize()
+        a.sleep()
+        a.wake()
+        assert pointers(a) == ptrs
+        for step in ("after wake", "after growth", "after shrink"):
+            if step == "after growth":
+                a.resize(*TOP)
+            elif step == "after shrink":
+                a.resize(*LIMITS)
+            m = fill_all(a, backend)
+            g.replay()
+            torch.cuda.synchronize()
+            check_zeroed(a, m, expect)
+            first = {n: m.read(n) for n in ("hidden_states", "logits")}
+            g.replay()
+            torch.cuda.synchronize()
+            for n, data in first.items():
+                assert (m.read(n) == data).all(), (step, n)     # byte-identical replays
+        del g
+
+
+def test_clear_ranges_accepts_mapped_memory(backend):
+    with reserved(backend) as a:
+        n = a.sizes().hidden_states
+        backend.clear_ranges([(a.hidden_states(), n)])
+        g = _granularity(a)
+        past = a.hidden_states() + -(-n // g) * g      # reserved for growth, not mapped
+        assert a.buffers["hidden_states"].offset + -(-n // g) * g < a.buffers["residual"].offset
+        with pytest.raises(ValueError):
+            backend.clear_ranges([(past, 256)])
+
+
+def test_cuda_memory_given_back(backend):
+    if isinstance(backend, metrale.HostBackend):
+        pytest.skip("cuMemGetInfo: CUDA only")
+    with reserved(backend, limits=TOP) as a:
+        before = backend.mem_info()[0]
+        committed = a.committed_bytes()
+        a.sleep()
+        freed = backend.mem_info()[0] - before
+        assert freed >= 0.99 * committed
+        a.wake()
+        assert before - backend.mem_info()[0] < 0.01 * committed
