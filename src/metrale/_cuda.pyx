@@ -178,11 +178,20 @@ An NVIDIA GPU through the CUDA driver.
         data[1] = &size
         data[2] = &ordinal
         data[3] = &mtype
+        cdef int mapped_first = 0, mapped_last = 0
         self._current()
         with nogil:
             err = cydriver.cuPointerGetAttributes(4, attrs, data, <cydriver.CUdeviceptr>p)
+            # Virtual-memory ranges (reserved arenas): both ends must be mapped,
+            # whatever extent the driver reports for the range.
+            if err == cydriver.CUDA_SUCCESS:
+                err = cydriver.cuPointerGetAttribute(&mapped_first, cydriver.CU_POINTER_ATTRIBUTE_MAPPED,
+                                                     <cydriver.CUdeviceptr>p)
+            if err == cydriver.CUDA_SUCCESS:
+                err = cydriver.cuPointerGetAttribute(&mapped_last, cydriver.CU_POINTER_ATTRIBUTE_MAPPED,
+                                                     <cydriver.CUdeviceptr>(p + n - 1))
         if (err != cydriver.CUDA_SUCCESS or start == 0 or ordinal != self.device_id
-                or mtype != cydriver.CU_MEMORYTYPE_DEVICE
+                or mtype != cydriver.CU_MEMORYTYPE_DEVICE or not mapped_first or not mapped_last
                 or p < start or n > size or p - start > size - n):
             raise ValueError(f"ranges: [{p:#x}, +{n}) is not inside one allocation of device "
                              f"memory on device {self.device_id}")
