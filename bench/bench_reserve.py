@@ -174,8 +174,8 @@ def main():
     for helper, group in (("zero_all", "zero_all"), ("zero_prefill_essentials", "prefill")):
         nbytes = sum(getattr(sizes, n) for n in GROUPS[group])
         base = ok(driver.cuMemAlloc(nbytes))
-        s = stream.cuda_stream
-        t_mem = per_op_us(lambda: ok(driver.cuMemsetD32Async(base, 0, nbytes // 4, s)), stream, runs)
+        cs = driver.CUstream(stream.cuda_stream)
+        t_mem = per_op_us(lambda: driver.cuMemsetD32Async(base, 0, nbytes // 4, cs), stream, runs)
         t_res = per_op_us(lambda: getattr(c, helper)(stream=stream), stream, runs)
         t_plain = per_op_us(lambda: getattr(plain, helper)(stream=stream), stream, runs)
         ok(driver.cuMemFree(base))

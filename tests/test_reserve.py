@@ -451,3 +451,41 @@ def test_cuda_memory_given_back(backend):
         assert freed >= 0.99 * committed
         a.wake()
         assert before - backend.mem_info()[0] < 0.01 * committed
+
+
+# -- any sequence of reshapes keeps the invariants ------------------------------------
+
+def test_random_reshape_sequences_keep_the_invariants():
+    hyp = pytest.importorskip("hypothesis")
+    st = pytest.importorskip("hypothesis.strategies")
+    limits = st.tuples(st.sampled_from([1, 7, 64, 300, 512]), st.sampled_from([16, 512, 1024]),
+                       st.just(16), st.sampled_from([1, 8, 16]))
+    steps = st.lists(st.one_of(limits, st.just("sleep")), min_size=1, max_size=8)
+
+    @hyp.settings(max_examples=25, deadline=None)
+    @hyp.given(steps)
+    def run(seq):
+        gpu = metrale.HostBackend()
+        with reserved(gpu) as a:
+            ptrs = pointers(a)
+            gran = _granularity(a)
+            for step in seq:
+                if step == "sleep":
+                    a.sleep()
+                    assert a.committed_bytes() == 0 == gpu.mapped_bytes
+                    a.wake()
+                else:
+                    a.resize(*step)
+                    assert a.max_batch_tokens() == step[0]
+                sizes = a.sizes()
+                need = sum(-(-getattr(sizes, n) // gran) * gran for n in BUFFER_NAMES)
+                assert pointers(a) == ptrs
+                assert a.committed_bytes() == gpu.mapped_bytes >= need
+                if step == "sleep":                 # a wake maps exactly what is needed,
+                    assert a.committed_bytes() == need  # with at most one handle per buffer
+                    assert gpu.handle_count <= sum(1 for n in BUFFER_NAMES if getattr(sizes, n))
+                a.zero_all()
+                a.zero_all_rows(tokens=5)
+        assert vm_counts(gpu) == (0, 0, 0)
+
+    run()

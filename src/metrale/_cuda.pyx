@@ -347,7 +347,10 @@ An NVIDIA GPU through the CUDA driver.
         self._current()
         with nogil:
             err = cydriver.cuMemAddressReserve(&p, n, g, 0, 0)
-        _check(err, f"cuMemAddressReserve({n} bytes)")
+        if err != cydriver.CUDA_SUCCESS:
+            # Whatever the driver's reason (out of memory, or no room in the
+            # address space), a refused reservation is an out-of-memory.
+            raise OutOfMemoryError(f"cuMemAddressReserve({n} bytes): {_err_name(err)}")
         out[0] = <uintptr_t>p
         self.reserved_bytes += n
         return 0
