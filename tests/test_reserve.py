@@ -4,10 +4,9 @@ fused zeroing over non-contiguous buffers; every failure leaves nothing mapped
 or reserved behind.  Each test runs on the host backend and, where a GPU is
 usable, on CUDA (the `backend` fixture)."""
 
-import os
 import threading
+import time
 
-import numpy as np
 import pytest
 
 import metrale
@@ -15,8 +14,8 @@ from metrale import BufferArena, BufferSizes, MetraleError, OutOfMemoryError
 from metrale.sizes import BUFFER_NAMES
 from metrale.testing import FaultyBackend
 
-from helpers import (COMPACT, NOENV, PREFILL, ZERO_ALL, Mem, check_zeroed, fill_all,
-                     rows_expectation)
+from helpers import (COMPACT, NOENV, PREFILL, ZERO_ALL, HookStream, check_zeroed, fill_all,
+                     rows_expectation, statm_resident, vm_counts)
 
 CFG = COMPACT
 LIMITS = (64, 512, 16, 8)
@@ -29,15 +28,6 @@ def reserved(gpu, limits=LIMITS, top=TOP):
 
 def pointers(arena):
     return [arena.buffers[n].ptr for n in BUFFER_NAMES]
-
-
-def vm_counts(gpu):
-    return gpu.reserved_bytes, gpu.mapped_bytes, gpu.handle_count
-
-
-def statm_resident():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGESIZE")
 
 
 def test_pointers_never_move(backend):
@@ -340,6 +330,52 @@ def test_failed_release_can_be_retried_by_the_collector():
 
 # -- threads ------------------------------------------------------------------------
 
+@pytest.mark.parametrize("reshape", ["resize", "sleep"])
+def test_a_reshape_waits_for_the_operation_in_flight(backend, reshape):
+    with reserved(backend) as a:
+        before = (a.sizes(), a.committed_bytes())
+        call = (lambda: a.resize(*TOP)) if reshape == "resize" else a.sleep
+        other = threading.Thread(target=call)
+        seen = {}
+
+        def hook():                         # runs inside zero_all, holding the arena
+            other.start()
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                try:
+                    a.zero_all_rows(tokens=1)
+                except MetraleError as e:   # the reshape has begun: nothing new starts
+                    seen["refused"] = str(e)
+                    break
+                time.sleep(0.001)
+            time.sleep(0.02)
+            seen["waiting"] = other.is_alive()
+            seen["unchanged"] = (a.sizes(), a.committed_bytes()) == before
+
+        a.zero_all(stream=HookStream(hook))
+        other.join()
+        assert "being resized" in seen["refused"]
+        assert seen["waiting"] and seen["unchanged"]
+        assert (a.sizes(), a.committed_bytes()) != before
+        if reshape == "sleep":
+            a.wake()
+
+
+def test_a_reshape_inside_an_operation_is_refused(backend):
+    with reserved(backend) as a:
+        refused = []
+
+        def hook():
+            for call in (lambda: a.resize(*TOP), a.sleep, a.wake):
+                with pytest.raises(MetraleError, match="inside an operation"):
+                    call()
+                refused.append(call)
+
+        a.zero_all(stream=HookStream(hook))
+        assert len(refused) == 3 and not a.is_sleeping()
+        a.resize(*TOP)
+
+
 def test_resize_waits_for_operations_and_refuses_new_ones():
     gpu = metrale.HostBackend()
     stop = threading.Event()
@@ -354,11 +390,12 @@ def test_resize_waits_for_operations_and_refuses_new_ones():
                 except MetraleError as e:
                     if "sleeping (or being resized)" not in str(e):
                         errors.append(e)
+                time.sleep(0)           # let the reshaping thread have the GIL
 
         t = threading.Thread(target=worker)
         t.start()
         try:
-            for _ in range(30):
+            for _ in range(20):
                 a.resize(*TOP)
                 a.resize(*LIMITS)
                 a.sleep()
@@ -431,11 +468,12 @@ def test_graph_replays_after_wake_and_growth(backend, tokens):
 
 def test_clear_ranges_accepts_mapped_memory(backend):
     with reserved(backend) as a:
-        n = a.sizes().hidden_states
-        backend.clear_ranges([(a.hidden_states(), n)])
+        n = a.sizes().logits        # 10 granules of 2 MiB at LIMITS, 24 at TOP
+        backend.clear_ranges([(a.logits(), n)])
         g = _granularity(a)
-        past = a.hidden_states() + -(-n // g) * g      # reserved for growth, not mapped
-        assert a.buffers["hidden_states"].offset + -(-n // g) * g < a.buffers["residual"].offset
+        past = a.logits() + -(-n // g) * g          # reserved for growth, not mapped
+        top = BufferSizes.from_config(CFG, *TOP, target=backend.target(), env=NOENV).logits
+        assert past + 256 <= a.logits() + top
         with pytest.raises(ValueError):
             backend.clear_ranges([(past, 256)])
 
