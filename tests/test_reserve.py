@@ -527,3 +527,17 @@ def test_random_reshape_sequences_keep_the_invariants():
         assert vm_counts(gpu) == (0, 0, 0)
 
     run()
+
+
+def test_summary_of_a_reserved_arena(backend):
+    with reserved(backend) as a:
+        s = a.summary()
+        assert s.reserved and not s.sleeping and s.committed_bytes == a.committed_bytes()
+        assert s.slab_bytes == a.slab_bytes() and "reserved" in str(s) and "18 ranges" in str(s)
+        a.sleep()
+        s = a.summary()
+        assert s.sleeping and s.committed_bytes == 0 and "(sleeping)" in str(s)
+        a.wake()
+    with BufferArena.new(CFG, *LIMITS, backend) as b:
+        s = b.summary()
+        assert not s.reserved and s.committed_bytes == b.slab_bytes() and "one range of" in str(s)
