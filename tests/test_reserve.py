@@ -119,8 +119,6 @@ def test_sleep_keeps_and_wake_restores(backend):
             a.zero_all()
         with pytest.raises(MetraleError, match="sleeping"):
             a.view("logits", "uint8")
-        with pytest.raises(MetraleError, match="sleeping"):
-            a.resize(max_batch_tokens=128)
         with pytest.raises(MetraleError, match="already sleeping"):
             a.sleep()
         assert a.logits() != 0
@@ -288,6 +286,23 @@ def test_failed_sleep_copy_changes_nothing(op):
     assert vm_counts(gpu) == (0, 0, 0)
 
 
+def test_a_chunk_a_failed_sleep_left_goes_at_wake_if_unneeded():
+    gpu = FaultyBackend()
+    with reserved(gpu) as a:
+        a.resize(*TOP)
+        gpu.inject_fault("unmap", 3)
+        with pytest.raises(MetraleError, match="INJECTED"):
+            a.sleep()
+        assert a.is_sleeping() and gpu.mapped_bytes > 0
+        a.resize(*LIMITS)
+        a.wake()
+        gran = _granularity(a)
+        need = sum(-(-getattr(a.sizes(), n) // gran) * gran for n in BUFFER_NAMES)
+        assert a.committed_bytes() == gpu.mapped_bytes
+        assert need <= a.committed_bytes()
+    assert vm_counts(gpu) == (0, 0, 0)
+
+
 @pytest.mark.parametrize("op", ["unmap", "release_handle"])
 def test_failed_sleep_unmap_still_sleeps_and_wakes(op):
     gpu = FaultyBackend()
@@ -413,13 +428,40 @@ def test_refused_reshapes_keep_the_state():
             a.wake()
         a.zero_all()                    # still awake
         a.sleep()
-        for call in (lambda: a.resize(*TOP), a.sleep):
-            with pytest.raises(MetraleError, match="sleeping"):
-                call()
-            with pytest.raises(MetraleError, match="sleeping"):
-                a.zero_all()            # still asleep
+        with pytest.raises(MetraleError, match="already sleeping"):
+            a.sleep()
+        with pytest.raises(MetraleError, match="sleeping"):
+            a.zero_all()                # still asleep
+        with pytest.raises(ValueError):
+            a.resize(max_batch_tokens=10 ** 6)
+        with pytest.raises(MetraleError, match="sleeping"):
+            a.zero_all()                # still asleep
         a.wake()
         a.zero_all()
+
+
+def test_resize_while_asleep_gives_back_what_a_shrink_cannot(backend):
+    with reserved(backend, limits=TOP) as a:
+        ptrs = pointers(a)
+        m = fill_all(a, backend)
+        kept = m.read("hidden_states")
+        a.resize(*LIMITS)               # the arena was built at TOP: its chunks stay
+        shrunk = a.committed_bytes()
+        a.sleep(keep=("hidden_states",))
+        a.resize(*LIMITS)               # asleep: only the limits change
+        assert a.committed_bytes() == 0 and a.max_batch_tokens() == LIMITS[0]
+        a.wake()
+        gran = _granularity(a)
+        sizes = a.sizes()
+        need = sum(-(-getattr(sizes, n) // gran) * gran for n in BUFFER_NAMES)
+        assert a.committed_bytes() == need <= shrunk
+        assert pointers(a) == ptrs
+        assert (m.read("hidden_states") == kept[:sizes.hidden_states]).all()
+        a.sleep(keep=("hidden_states",))
+        a.resize(*TOP)                  # grown while asleep: wake maps it all
+        a.wake()
+        assert a.sizes().hidden_states > sizes.hidden_states
+        assert (m.read("hidden_states")[:sizes.hidden_states] == kept[:sizes.hidden_states]).all()
 
 
 # -- CUDA only: graphs captured over a reserved arena -----------------------------

@@ -3,10 +3,12 @@
 # tests on the GPU, the same under compute-sanitizer memcheck, and
 # bench/bench_reserve.py; logs go to $OUT (default ./gpu-reserve-out).
 #   bash tools/gpu_reserve_check.sh
-# Needs python3 with cuda-bindings 13, meson, ninja, Cython and meson-python
-# (wheels in .whl/ are installed first when present), torch for the graph
-# tests and the benchmark, and compute-sanitizer on PATH (or under
-# /usr/local/cuda/bin) for the memcheck step.
+# Needs python3 with cuda-bindings 13, meson, ninja, Cython and meson-python,
+# torch for the graph tests and the benchmark, and compute-sanitizer on PATH
+# (or under /usr/local/cuda/bin) for the memcheck step.  Wheels in .whl/ are
+# installed first when present: the lent H200 image lacks meson-python, so
+# before carrying the tree there run (on a machine with an index)
+#   pip download --no-deps --only-binary=:all: -d .whl meson-python pyproject-metadata
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-reserve-out}
