@@ -64,11 +64,64 @@ typedef struct mt_layout {
     uint64_t max_batch_tokens;
     mt_range zero_all;          /* the 18 Z buffers, whole, padding between them */
     mt_range zero_prefill;      /* the 7 P buffers, whole */
+    int reserved;               /* 1: placed by mt_layout_plan_reserved */
+    uint64_t room[MT_NBUF];     /* reserved: bytes of each buffer's sub-range (0: none) */
 } mt_layout;
 
 /* Place the buffers.  Returns MT_OK, or MT_ERR_OVERFLOW if the slab size
  * does not fit 64 bits. */
 int mt_layout_plan(mt_layout *L, const uint64_t sizes[MT_NBUF], uint64_t max_batch_tokens);
+
+/* ---- reserved layouts (stable addresses) ----------------------------------------
+ * A reserved arena owns one virtual reservation; each buffer has its own
+ * sub-range sized for the reserved limits, rounded up to the backend's
+ * allocation granularity, so a buffer can grow in place.  `offset` is where
+ * the buffer's sub-range starts, `size` its bytes at the current limits
+ * (<= the reserved bytes), `slab_bytes` the whole reservation.  zero_all and
+ * zero_prefill are then no longer one range each: mt_group_ranges gives one
+ * range per buffer (adjacent ones merged), and mt_zero_rows_ranges walks the
+ * buffers for every `tokens`.  Physical memory backs, per buffer, its size
+ * rounded up to the granularity (mt_commit_needed). */
+
+/* x rounded up to a multiple of g (g a power of two); MT_ERR_OVERFLOW if it
+ * does not fit 64 bits.  The one place the granularity rounding is written. */
+int mt_round_up(uint64_t x, uint64_t g, uint64_t *out);
+
+/* Place the buffers of `reserve` (sizes at the reserved limits) in one
+ * reservation at granularity `gran` (a power of two >= MT_ALIGN), in slab order;
+ * then record the current `sizes` (each <= its reserved size).  MT_ERR_OVERFLOW
+ * if the reservation does not fit 64 bits, MT_ERR_LIMIT if a size exceeds its
+ * reserved size or `gran` is not a power of two >= MT_ALIGN. */
+int mt_layout_plan_reserved(mt_layout *L, const uint64_t sizes[MT_NBUF],
+                            const uint64_t reserve[MT_NBUF], uint64_t max_batch_tokens,
+                            uint64_t gran);
+
+/* Replace the current sizes of a reserved layout (offsets unchanged):
+ * MT_OK, or MT_ERR_LIMIT if a size exceeds the room its sub-range has. */
+int mt_layout_resize(mt_layout *L, const uint64_t sizes[MT_NBUF], uint64_t max_batch_tokens,
+                     uint64_t gran);
+
+/* The ranges (offset, length) covering every buffer with flag `group`, whole,
+ * in slab order, adjacent ones merged (padding up to MT_ALIGN absorbed).  On
+ * an unreserved layout that is one range (the layout made them contiguous).
+ * `out` holds MT_NBUF entries; returns the count. */
+int mt_group_ranges(const mt_layout *L, unsigned group, mt_range *out);
+
+/* The granule-aligned ranges a reserved layout needs backed by physical memory:
+ * each non-empty buffer's [offset, offset + round_up(size, gran)), in slab
+ * order, adjacent ones merged.  `out` holds MT_NBUF entries; returns the count. */
+int mt_commit_needed(const mt_layout *L, uint64_t gran, mt_range *out);
+
+/* What must be mapped: the parts of `need` (sorted, disjoint) that none of
+ * the `nhave` mapped chunks (disjoint, any order) covers, adjacent parts
+ * merged, so one physical handle maps each.  `out` holds nneed + nhave
+ * entries; returns the count. */
+int mt_commit_gaps(const mt_range *need, int nneed, const mt_range *have, int nhave,
+                   mt_range *out);
+
+/* Whether the chunk [offset, offset + length) overlaps a range of `need`: a
+ * chunk that overlaps none may be unmapped and released. */
+int mt_chunk_needed(const mt_range *need, int nneed, uint64_t offset, uint64_t length);
 
 /* The ranges zero_all_rows(tokens) clears (see rows_length in layout.c), in slab order,
  * with adjacent ones merged.  `out` holds MT_N_ZERO_ALL entries; returns the
@@ -108,7 +161,9 @@ enum {
     MT_LIFE_RELEASED = 1,   /* the arena is (already) released */
     MT_LIFE_EXPORTED = 2,   /* mt_life_close: views are alive */
     MT_LIFE_IN_FLIGHT = 3,  /* mt_life_close: called from inside an operation while one runs */
-    MT_LIFE_FULL = 4        /* a counter is at its limit */
+    MT_LIFE_FULL = 4,       /* a counter is at its limit */
+    MT_LIFE_PAUSED = 5,     /* a reshape (resize, sleep, wake) runs, or the arena sleeps */
+    MT_LIFE_BUSY = 6        /* mt_life_reshape_begin: another reshape runs */
 };
 
 mt_life *mt_life_new(void);
@@ -132,6 +187,18 @@ int mt_life_close(mt_life *l);
  * (call it without the GIL: they may need it to finish). */
 void mt_life_drain(mt_life *l);
 int mt_life_released(const mt_life *l);
+/* Reshapes (resize, sleep, wake of a reserved arena) change what memory
+ * backs the slab, so they run alone.  mt_life_reshape_begin marks the arena
+ * busy and paused (new operations and exports get MT_LIFE_PAUSED) unless it
+ * is released, another reshape runs (MT_LIFE_BUSY), an export is live
+ * (MT_LIFE_EXPORTED) or the calling thread is inside an operation
+ * (MT_LIFE_IN_FLIGHT: waiting there could wait for itself); on MT_LIFE_OK the
+ * caller calls mt_life_drain (without the GIL), reshapes, then
+ * mt_life_reshape_end.  `stay_paused` (a sleep) keeps new operations out
+ * until the next reshape ends.  mt_life_close waits for a running reshape. */
+int mt_life_reshape_begin(mt_life *l);
+void mt_life_reshape_end(mt_life *l, int stay_paused);
+int mt_life_paused(const mt_life *l);
 
 /* ---- per-thread scratch tables ------------------------------------------------
  * A fixed table of max_threads slots.  A thread claims a slot with one CAS on

@@ -93,6 +93,7 @@ int mt_zero_rows_ranges(const mt_layout *L, uint64_t tokens, mt_range *out)
     int count = 0;
     int prev_whole = 0;
     if (tokens >= m) {
+        if (L->reserved) return mt_group_ranges(L, MT_IN_ZERO_ALL, out);
         if (L->zero_all.length == 0) return 0;
         out[0] = L->zero_all;
         return 1;
@@ -146,3 +147,125 @@ void mt_checksum_f32(const void *data, size_t n, double out[3])
     out[2] = sabs;
 }
 
+
+/* ---- reserved layouts ------------------------------------------------------- */
+
+int mt_round_up(uint64_t x, uint64_t g, uint64_t *out)
+{
+    if (x > UINT64_MAX - (g - 1)) return MT_ERR_OVERFLOW;
+    *out = (x + (g - 1)) & ~(g - 1);
+    return MT_OK;
+}
+
+static int good_granularity(uint64_t g) { return g >= MT_ALIGN && (g & (g - 1)) == 0; }
+
+int mt_layout_plan_reserved(mt_layout *L, const uint64_t sizes[MT_NBUF],
+                            const uint64_t reserve[MT_NBUF], uint64_t max_batch_tokens,
+                            uint64_t gran)
+{
+    uint64_t cur = 0, room;
+    int k = 0, rc;
+    if (!good_granularity(gran)) return MT_ERR_LIMIT;
+    memset(L, 0, sizeof(*L));
+    L->reserved = 1;
+    for (int part = 0; part < 4; part++)
+        for (int b = 0; b < MT_NBUF; b++)
+            if (slab_part(mt_buffer_flags[b]) == part) L->order[k++] = b;
+    for (int i = 0; i < MT_NBUF; i++) {
+        int b = L->order[i];
+        if (sizes[b] > reserve[b]) return MT_ERR_LIMIT;
+        if (reserve[b] == 0) continue;      /* never anything: no sub-range */
+        L->offset[b] = cur;
+        if ((rc = mt_round_up(reserve[b], gran, &room)) != MT_OK) return rc;
+        if (room > UINT64_MAX - cur) return MT_ERR_OVERFLOW;
+        L->room[b] = room;
+        cur += room;
+    }
+    L->slab_bytes = cur;
+    return mt_layout_resize(L, sizes, max_batch_tokens, gran);
+}
+
+int mt_layout_resize(mt_layout *L, const uint64_t sizes[MT_NBUF], uint64_t max_batch_tokens,
+                     uint64_t gran)
+{
+    uint64_t rounded;
+    if (!L->reserved || !good_granularity(gran)) return MT_ERR_LIMIT;
+    for (int b = 0; b < MT_NBUF; b++)
+        if (sizes[b] && (mt_round_up(sizes[b], gran, &rounded) != MT_OK || rounded > L->room[b]))
+            return MT_ERR_LIMIT;
+    for (int b = 0; b < MT_NBUF; b++) L->size[b] = sizes[b];
+    L->max_batch_tokens = max_batch_tokens;
+    L->zero_all = group_range(L, MT_IN_ZERO_ALL);
+    L->zero_prefill = group_range(L, MT_IN_PREFILL);
+    return MT_OK;
+}
+
+/* Append [offset, offset + length) to out[0..count), merging it with the last
+ * range when that one ends where this starts after rounding up to `align`. */
+static int append_merged(mt_range *out, int count, uint64_t offset, uint64_t length, uint64_t align)
+{
+    if (count > 0) {
+        mt_range *p = &out[count - 1];
+        uint64_t end;
+        if (mt_round_up(p->offset + p->length, align, &end) == MT_OK && end == offset) {
+            p->length = offset + length - p->offset;
+            return count;
+        }
+    }
+    out[count].offset = offset;
+    out[count].length = length;
+    return count + 1;
+}
+
+int mt_group_ranges(const mt_layout *L, unsigned group, mt_range *out)
+{
+    int count = 0;
+    for (int i = 0; i < MT_NBUF; i++) {
+        int b = L->order[i];
+        if (!(mt_buffer_flags[b] & group) || L->size[b] == 0) continue;
+        count = append_merged(out, count, L->offset[b], L->size[b], MT_ALIGN);
+    }
+    return count;
+}
+
+int mt_commit_needed(const mt_layout *L, uint64_t gran, mt_range *out)
+{
+    int count = 0;
+    uint64_t len;
+    for (int i = 0; i < MT_NBUF; i++) {
+        int b = L->order[i];
+        if (L->size[b] == 0 || mt_round_up(L->size[b], gran, &len) != MT_OK) continue;
+        count = append_merged(out, count, L->offset[b], len, 1);
+    }
+    return count;
+}
+
+int mt_chunk_needed(const mt_range *need, int nneed, uint64_t offset, uint64_t length)
+{
+    for (int i = 0; i < nneed; i++)
+        if (need[i].offset < offset + length && offset < need[i].offset + need[i].length)
+            return 1;
+    return 0;
+}
+
+int mt_commit_gaps(const mt_range *need, int nneed, const mt_range *have, int nhave,
+                   mt_range *out)
+{
+    int count = 0;
+    for (int i = 0; i < nneed; i++) {
+        uint64_t pos = need[i].offset, end = need[i].offset + need[i].length;
+        while (pos < end) {
+            /* the chunk covering pos, else the nearest one starting after it */
+            uint64_t stop = end;
+            int covered = 0;
+            for (int j = 0; j < nhave; j++) {
+                uint64_t a = have[j].offset, z = have[j].offset + have[j].length;
+                if (a <= pos && pos < z) { covered = 1; stop = z < end ? z : end; break; }
+                if (a > pos && a < stop) stop = a;
+            }
+            if (!covered) count = append_merged(out, count, pos, stop - pos, 1);
+            pos = stop;
+        }
+    }
+    return count;
+}

@@ -36,8 +36,10 @@ int mt_cursor_take(mt_cursor *c, uint64_t bytes, uint64_t size, uint64_t *base)
 /* ---- arena lifetime ------------------------------------------------------ */
 
 #define LIFE_RELEASED   ((uint64_t)1 << 63)
+#define LIFE_PAUSED     ((uint64_t)1 << 62)   /* no new operation or export starts */
+#define LIFE_BUSY       ((uint64_t)1 << 61)   /* a reshape runs */
 #define LIFE_EXPORT_ONE ((uint64_t)1 << 32)
-#define LIFE_EXPORTS    (((uint64_t)1 << 63) - LIFE_EXPORT_ONE)   /* bits 32..62 */
+#define LIFE_EXPORTS    (((uint64_t)1 << 61) - LIFE_EXPORT_ONE)   /* bits 32..60 */
 #define LIFE_IN_FLIGHT  (LIFE_EXPORT_ONE - 1)                       /* bits 0..31 */
 
 struct mt_life {
@@ -66,6 +68,7 @@ static int life_add(mt_life *l, uint64_t one, uint64_t mask)
     uint64_t s = atomic_load_explicit(&l->state, memory_order_relaxed);
     do {
         if (s & LIFE_RELEASED) return MT_LIFE_RELEASED;
+        if (s & LIFE_PAUSED) return MT_LIFE_PAUSED;
         if ((s & mask) == mask) return MT_LIFE_FULL;
     } while (!atomic_compare_exchange_weak_explicit(&l->state, &s, s + one,
                                                     memory_order_acquire, memory_order_relaxed));
@@ -124,8 +127,11 @@ int mt_life_close(mt_life *l)
 void mt_life_drain(mt_life *l)
 {
     /* Acquire pairs with mt_life_leave's release: once the count reads 0, every
-     * access those operations made to the slab is done. */
-    while (atomic_load_explicit(&l->state, memory_order_acquire) & LIFE_IN_FLIGHT) {
+     * access those operations made to the slab is done.  After a close it also
+     * waits for a running reshape (which is not counted in flight). */
+    uint64_t wait = LIFE_IN_FLIGHT;
+    if (atomic_load_explicit(&l->state, memory_order_acquire) & LIFE_RELEASED) wait |= LIFE_BUSY;
+    while (atomic_load_explicit(&l->state, memory_order_acquire) & wait) {
         struct timespec pause = {0, 20000};     /* 20 us: operations are memsets and copies */
         nanosleep(&pause, NULL);
     }
@@ -134,4 +140,32 @@ void mt_life_drain(mt_life *l)
 int mt_life_released(const mt_life *l)
 {
     return (atomic_load_explicit(&((mt_life *)l)->state, memory_order_acquire) & LIFE_RELEASED) != 0;
+}
+
+int mt_life_reshape_begin(mt_life *l)
+{
+    uint64_t s = atomic_load_explicit(&l->state, memory_order_acquire);
+    do {
+        if (s & LIFE_RELEASED) return MT_LIFE_RELEASED;
+        if (s & LIFE_BUSY) return MT_LIFE_BUSY;
+        if (s & LIFE_EXPORTS) return MT_LIFE_EXPORTED;
+        if (tls_life_depth > 0) return MT_LIFE_IN_FLIGHT;
+    } while (!atomic_compare_exchange_weak_explicit(&l->state, &s, s | LIFE_PAUSED | LIFE_BUSY,
+                                                    memory_order_acq_rel, memory_order_acquire));
+    return MT_LIFE_OK;
+}
+
+void mt_life_reshape_end(mt_life *l, int stay_paused)
+{
+    uint64_t clear = LIFE_BUSY | (stay_paused ? 0 : LIFE_PAUSED);
+    uint64_t set = stay_paused ? LIFE_PAUSED : 0;
+    uint64_t s = atomic_load_explicit(&l->state, memory_order_relaxed);
+    while (!atomic_compare_exchange_weak_explicit(&l->state, &s, (s & ~clear) | set,
+                                                  memory_order_release, memory_order_relaxed))
+        ;
+}
+
+int mt_life_paused(const mt_life *l)
+{
+    return (atomic_load_explicit(&((mt_life *)l)->state, memory_order_acquire) & LIFE_PAUSED) != 0;
 }

@@ -64,6 +64,19 @@ def live_counts(gpu):
     return gpu.live_alloc_count, gpu.live_bytes
 
 
+def vm_counts(gpu):
+    """(reserved bytes, mapped bytes, physical handles) the backend holds now
+    (reserved arenas)."""
+    return gpu.reserved_bytes, gpu.mapped_bytes, gpu.handle_count
+
+
+def statm_resident():
+    """Resident memory of this process in bytes (/proc/self/statm)."""
+    import os
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGESIZE")
+
+
 class Mem:
     """Read and write arena buffers as bytes on either backend (host: numpy;
     CUDA: the backend's own copies), for sentinel tests."""
@@ -173,6 +186,18 @@ def check_placement(arena, gpu):
     total = sum(sizes.as_dict().values())
     ceil_total = sum(-(-v // 256) * 256 for v in sizes.as_dict().values())
     assert total <= arena.slab_bytes() <= ceil_total
+
+
+class HookStream:
+    """A stream whose protocol method runs `hook` (inside the operation that
+    reads the stream) and then names stream 0."""
+
+    def __init__(self, hook):
+        self.hook = hook
+
+    def __cuda_stream__(self):
+        self.hook()
+        return (0, 0)
 
 
 class ProtoStream:

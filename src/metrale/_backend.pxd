@@ -1,6 +1,6 @@
 # The backend interface the arena drives: one cdef call per device operation,
 # so no Python runs per memset, copy or free.
-from libc.stdint cimport uintptr_t
+from libc.stdint cimport uint64_t, uintptr_t
 from metrale._core cimport mt_range
 
 cdef class Backend:
@@ -30,7 +30,27 @@ cdef class Backend:
     cdef int d2h(self, void *dst, uintptr_t src, size_t n, uintptr_t stream) except -1
     cdef int h2d(self, uintptr_t dst, const void *src, size_t n, uintptr_t stream) except -1
     cdef int sync(self, uintptr_t stream) except -1
+    # Virtual memory, for reserved arenas (docs/stable-addresses.md).  The base
+    # class refuses; sizes and addresses are multiples of granularity().
+    cdef readonly unsigned long long reserved_bytes, mapped_bytes
+    cdef readonly Py_ssize_t handle_count
+    cdef size_t granularity(self) except 0
+    cdef int reserve(self, size_t n, uintptr_t *out) except -1
+    cdef int unreserve(self, uintptr_t p, size_t n) except -1
+    # A physical handle of n bytes; mapped at most once, whole.
+    cdef int create(self, size_t n, uint64_t *handle) except -1
+    cdef int release_handle(self, uint64_t handle, size_t n) except -1
+    # Map a handle at p (inside a reservation) and make it read/write; on
+    # failure nothing stays mapped.
+    cdef int map(self, uintptr_t p, size_t n, uint64_t handle) except -1
+    cdef int unmap(self, uintptr_t p, size_t n) except -1
+    # Wait for all work on the device (before memory is unmapped).
+    cdef int quiesce(self) except -1
+    # Host memory for copies (pinned on CUDA).
+    cdef int host_alloc(self, size_t n, void **out) except -1
+    cdef void host_free(self, void *p) noexcept
 
 
 cdef class HostBackend(Backend):
     cdef dict _live        # base -> bytes of every allocation it holds (for check_range)
+    cdef uint64_t _next_handle   # the last token create() handed out

@@ -2,16 +2,30 @@
 """Backend base class, stream handles and the host backend."""
 
 from libc.stdint cimport uint64_t, uintptr_t
-from libc.stdlib cimport free as c_free
+from libc.stdlib cimport free as c_free, malloc as c_malloc
 from libc.string cimport memcpy, memset as c_memset
 
 from metrale._common cimport as_stream, u64_arg
 from metrale._core cimport MT_ALIGN, MT_N_ZERO_ALL, mt_range
 
-from metrale.errors import OutOfMemoryError
+from metrale.errors import MetraleError, OutOfMemoryError
 
 cdef extern from "<stdlib.h>" nogil:
     void *aligned_alloc(size_t alignment, size_t size)
+
+cdef extern from "<sys/mman.h>" nogil:
+    void *mmap(void *addr, size_t length, int prot, int flags, int fd, long offset)
+    int munmap(void *addr, size_t length)
+    int PROT_NONE, PROT_READ, PROT_WRITE
+    int MAP_PRIVATE, MAP_ANONYMOUS, MAP_NORESERVE, MAP_FIXED
+    void *MAP_FAILED
+
+cdef extern from "<unistd.h>" nogil:
+    long sysconf(int name)
+    int _SC_PAGESIZE
+
+cdef extern from "<errno.h>" nogil:
+    int errno
 
 
 cdef int _unusable(object backend) except -1:
@@ -44,6 +58,12 @@ cdef class Backend:
         Allocations freed.
     memset_count : int
         Memsets issued.
+    reserved_bytes : int
+        Bytes of address space reserved now (reserved arenas).
+    mapped_bytes : int
+        Bytes of physical memory mapped now (reserved arenas).
+    handle_count : int
+        Physical handles alive now (reserved arenas).
     d2h_count : int
         Device-to-host copies.
     h2d_count : int
@@ -78,6 +98,27 @@ cdef class Backend:
         return _unusable(self)
     cdef int sync(self, uintptr_t stream) except -1:
         return _unusable(self)
+    cdef size_t granularity(self) except 0:
+        _unusable(self)
+        return 0
+    cdef int reserve(self, size_t n, uintptr_t *out) except -1:
+        return _unusable(self)
+    cdef int unreserve(self, uintptr_t p, size_t n) except -1:
+        return _unusable(self)
+    cdef int create(self, size_t n, uint64_t *handle) except -1:
+        return _unusable(self)
+    cdef int release_handle(self, uint64_t handle, size_t n) except -1:
+        return _unusable(self)
+    cdef int map(self, uintptr_t p, size_t n, uint64_t handle) except -1:
+        return _unusable(self)
+    cdef int unmap(self, uintptr_t p, size_t n) except -1:
+        return _unusable(self)
+    cdef int quiesce(self) except -1:
+        return _unusable(self)
+    cdef int host_alloc(self, size_t n, void **out) except -1:
+        return _unusable(self)
+    cdef void host_free(self, void *p) noexcept:
+        pass
 
     def target(self):
         """The target arenas on this backend are sized for.
@@ -249,6 +290,73 @@ Host memory, synchronous: everything the arena does, with no GPU.
     cdef int sync(self, uintptr_t stream) except -1:
         self.sync_count += 1
         return 0
+
+    # -- virtual memory: one PROT_NONE mapping reserved, pages committed by
+    # mapping read/write over it and given back by mapping PROT_NONE again.
+    cdef size_t granularity(self) except 0:
+        return <size_t>sysconf(_SC_PAGESIZE)
+
+    cdef int reserve(self, size_t n, uintptr_t *out) except -1:
+        cdef void *p
+        with nogil:
+            p = mmap(NULL, n, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0)
+        if p == MAP_FAILED:
+            raise OutOfMemoryError(f"host reservation of {n} bytes refused (errno {errno})")
+        out[0] = <uintptr_t>p
+        self.reserved_bytes += n
+        return 0
+
+    cdef int unreserve(self, uintptr_t p, size_t n) except -1:
+        cdef int rc
+        with nogil:
+            rc = munmap(<void *>p, n)
+        if rc != 0:
+            raise MetraleError(f"munmap of the {n}-byte reservation at {p:#x} failed (errno {errno})")
+        self.reserved_bytes -= n
+        return 0
+
+    cdef int create(self, size_t n, uint64_t *handle) except -1:
+        # The pages themselves come with map(): the handle is a token.
+        self._next_handle += 1
+        handle[0] = self._next_handle
+        self.handle_count += 1
+        return 0
+
+    cdef int release_handle(self, uint64_t handle, size_t n) except -1:
+        self.handle_count -= 1
+        return 0
+
+    cdef int map(self, uintptr_t p, size_t n, uint64_t handle) except -1:
+        cdef void *q
+        with nogil:
+            q = mmap(<void *>p, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0)
+        if q == MAP_FAILED:
+            raise OutOfMemoryError(f"host commit of {n} bytes at {p:#x} refused (errno {errno})")
+        self._live[p] = n
+        self.mapped_bytes += n
+        return 0
+
+    cdef int unmap(self, uintptr_t p, size_t n) except -1:
+        cdef void *q
+        with nogil:
+            q = mmap(<void *>p, n, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0)
+        if q == MAP_FAILED:
+            raise MetraleError(f"host decommit of {n} bytes at {p:#x} failed (errno {errno})")
+        self._live.pop(p, None)
+        self.mapped_bytes -= n
+        return 0
+
+    cdef int quiesce(self) except -1:
+        return 0
+
+    cdef int host_alloc(self, size_t n, void **out) except -1:
+        out[0] = c_malloc(n if n else 1)
+        if out[0] == NULL:
+            raise OutOfMemoryError(f"host copy buffer of {n} bytes refused")
+        return 0
+
+    cdef void host_free(self, void *p) noexcept:
+        c_free(p)
 
     def __repr__(self):
         return (f"HostBackend(live_alloc_count={self.live_alloc_count}, "

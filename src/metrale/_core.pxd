@@ -40,8 +40,20 @@ cdef extern from "arena_core.h" nogil:
         uint64_t max_batch_tokens
         mt_range zero_all
         mt_range zero_prefill
+        int reserved
+        uint64_t room[MT_NBUF]
 
     int mt_layout_plan(mt_layout *L, const uint64_t *sizes, uint64_t max_batch_tokens)
+    int mt_round_up(uint64_t x, uint64_t g, uint64_t *out)
+    int mt_layout_plan_reserved(mt_layout *L, const uint64_t *sizes, const uint64_t *reserve,
+                                uint64_t max_batch_tokens, uint64_t gran)
+    int mt_layout_resize(mt_layout *L, const uint64_t *sizes, uint64_t max_batch_tokens,
+                         uint64_t gran)
+    int mt_group_ranges(const mt_layout *L, unsigned group, mt_range *out)
+    int mt_commit_needed(const mt_layout *L, uint64_t gran, mt_range *out)
+    int mt_commit_gaps(const mt_range *need, int nneed, const mt_range *have, int nhave,
+                       mt_range *out)
+    int mt_chunk_needed(const mt_range *need, int nneed, uint64_t offset, uint64_t length)
     int mt_zero_rows_ranges(const mt_layout *L, uint64_t tokens, mt_range *out)
     void mt_checksum_f32(const void *data, size_t n, double *out)
 
@@ -57,6 +69,8 @@ cdef extern from "arena_core.h" nogil:
         MT_LIFE_EXPORTED
         MT_LIFE_IN_FLIGHT
         MT_LIFE_FULL
+        MT_LIFE_PAUSED
+        MT_LIFE_BUSY
     ctypedef struct mt_life:
         pass
     mt_life *mt_life_new()
@@ -70,6 +84,9 @@ cdef extern from "arena_core.h" nogil:
     int mt_life_close(mt_life *l)
     void mt_life_drain(mt_life *l)
     int mt_life_released(const mt_life *l)
+    int mt_life_reshape_begin(mt_life *l)
+    void mt_life_reshape_end(mt_life *l, int stay_paused)
+    int mt_life_paused(const mt_life *l)
 
     ctypedef struct mt_scratch:
         pass

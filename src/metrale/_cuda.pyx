@@ -7,7 +7,7 @@ torch and CuPy use, and makes it current on whichever thread calls.
 """
 
 cimport cython
-from libc.stdint cimport uintptr_t
+from libc.stdint cimport uint64_t, uintptr_t
 from libc.string cimport memset as c_memset
 
 from cuda.bindings cimport cydriver
@@ -98,6 +98,7 @@ An NVIDIA GPU through the CUDA driver.
     cdef cydriver.CUfunction _zero_fn
     cdef bint _retained
     cdef int _sm_count, _cc_major, _cc_minor
+    cdef size_t _gran
     cdef readonly Py_ssize_t launch_count
 
     def __cinit__(self, device=0):
@@ -177,11 +178,20 @@ An NVIDIA GPU through the CUDA driver.
         data[1] = &size
         data[2] = &ordinal
         data[3] = &mtype
+        cdef int mapped_first = 0, mapped_last = 0
         self._current()
         with nogil:
             err = cydriver.cuPointerGetAttributes(4, attrs, data, <cydriver.CUdeviceptr>p)
+            # Virtual-memory ranges (reserved arenas): both ends must be mapped,
+            # whatever extent the driver reports for the range.
+            if err == cydriver.CUDA_SUCCESS:
+                err = cydriver.cuPointerGetAttribute(&mapped_first, cydriver.CU_POINTER_ATTRIBUTE_MAPPED,
+                                                     <cydriver.CUdeviceptr>p)
+            if err == cydriver.CUDA_SUCCESS:
+                err = cydriver.cuPointerGetAttribute(&mapped_last, cydriver.CU_POINTER_ATTRIBUTE_MAPPED,
+                                                     <cydriver.CUdeviceptr>(p + n - 1))
         if (err != cydriver.CUDA_SUCCESS or start == 0 or ordinal != self.device_id
-                or mtype != cydriver.CU_MEMORYTYPE_DEVICE
+                or mtype != cydriver.CU_MEMORYTYPE_DEVICE or not mapped_first or not mapped_last
                 or p < start or n > size or p - start > size - n):
             raise ValueError(f"ranges: [{p:#x}, +{n}) is not inside one allocation of device "
                              f"memory on device {self.device_id}")
@@ -307,6 +317,149 @@ An NVIDIA GPU through the CUDA driver.
         _check(err, "cuStreamSynchronize")
         self.sync_count += 1
         return 0
+
+    # -- virtual memory (reserved arenas) -----------------------------------------
+    cdef inline void _prop(self, cydriver.CUmemAllocationProp *prop) noexcept:
+        c_memset(prop, 0, sizeof(prop[0]))
+        prop.type = cydriver.CU_MEM_ALLOCATION_TYPE_PINNED
+        prop.location.type = cydriver.CU_MEM_LOCATION_TYPE_DEVICE
+        prop.location.id = self.device_id
+
+    cdef size_t granularity(self) except 0:
+        cdef cydriver.CUmemAllocationProp prop
+        cdef cydriver.CUresult err
+        cdef size_t g = 0
+        if self._gran == 0:
+            self._prop(&prop)
+            with nogil:
+                err = cydriver.cuMemGetAllocationGranularity(
+                    &g, &prop, cydriver.CU_MEM_ALLOC_GRANULARITY_MINIMUM)
+            _check(err, "cuMemGetAllocationGranularity")
+            if g == 0:
+                raise MetraleError("cuMemGetAllocationGranularity: the driver reported 0")
+            self._gran = g
+        return self._gran
+
+    cdef int reserve(self, size_t n, uintptr_t *out) except -1:
+        cdef cydriver.CUdeviceptr p = 0
+        cdef cydriver.CUresult err
+        cdef size_t g = self.granularity()
+        self._current()
+        with nogil:
+            err = cydriver.cuMemAddressReserve(&p, n, g, 0, 0)
+        if err != cydriver.CUDA_SUCCESS:
+            # Whatever the driver's reason (out of memory, or no room in the
+            # address space), a refused reservation is an out-of-memory.
+            raise OutOfMemoryError(f"cuMemAddressReserve({n} bytes): {_err_name(err)}")
+        out[0] = <uintptr_t>p
+        self.reserved_bytes += n
+        return 0
+
+    cdef int unreserve(self, uintptr_t p, size_t n) except -1:
+        cdef cydriver.CUresult err
+        self._current()
+        with nogil:
+            err = cydriver.cuMemAddressFree(<cydriver.CUdeviceptr>p, n)
+        _check(err, "cuMemAddressFree")
+        self.reserved_bytes -= n
+        return 0
+
+    cdef int create(self, size_t n, uint64_t *handle) except -1:
+        cdef cydriver.CUmemAllocationProp prop
+        cdef cydriver.CUmemGenericAllocationHandle h = 0
+        cdef cydriver.CUresult err
+        self._prop(&prop)
+        self._current()
+        with nogil:
+            err = cydriver.cuMemCreate(&h, n, &prop, 0)
+        _check(err, f"cuMemCreate({n} bytes)")
+        handle[0] = <uint64_t>h
+        self.handle_count += 1
+        return 0
+
+    cdef int release_handle(self, uint64_t handle, size_t n) except -1:
+        cdef cydriver.CUresult err
+        self._current()
+        with nogil:
+            err = cydriver.cuMemRelease(<cydriver.CUmemGenericAllocationHandle>handle)
+        _check(err, "cuMemRelease")
+        self.handle_count -= 1
+        return 0
+
+    cdef int map(self, uintptr_t p, size_t n, uint64_t handle) except -1:
+        cdef cydriver.CUmemAccessDesc desc
+        cdef cydriver.CUresult err
+        cdef bint mapped = False
+        c_memset(&desc, 0, sizeof(desc))
+        desc.location.type = cydriver.CU_MEM_LOCATION_TYPE_DEVICE
+        desc.location.id = self.device_id
+        desc.flags = cydriver.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+        self._current()
+        with nogil:
+            err = cydriver.cuMemMap(<cydriver.CUdeviceptr>p, n, 0,
+                                    <cydriver.CUmemGenericAllocationHandle>handle, 0)
+            if err == cydriver.CUDA_SUCCESS:
+                mapped = True
+                err = cydriver.cuMemSetAccess(<cydriver.CUdeviceptr>p, n, &desc, 1)
+                if err != cydriver.CUDA_SUCCESS:
+                    cydriver.cuMemUnmap(<cydriver.CUdeviceptr>p, n)
+        _check(err, f"cuMemSetAccess({n} bytes)" if mapped else f"cuMemMap({n} bytes)")
+        self.mapped_bytes += n
+        return 0
+
+    cdef int unmap(self, uintptr_t p, size_t n) except -1:
+        cdef cydriver.CUresult err
+        self._current()
+        with nogil:
+            err = cydriver.cuMemUnmap(<cydriver.CUdeviceptr>p, n)
+        _check(err, "cuMemUnmap")
+        self.mapped_bytes -= n
+        return 0
+
+    cdef int quiesce(self) except -1:
+        cdef cydriver.CUresult err
+        self._current()
+        with nogil:
+            err = cydriver.cuCtxSynchronize()
+        _check(err, "cuCtxSynchronize")
+        self.sync_count += 1
+        return 0
+
+    cdef int host_alloc(self, size_t n, void **out) except -1:
+        cdef cydriver.CUresult err
+        self._current()
+        with nogil:
+            err = cydriver.cuMemAllocHost(out, n if n else 1)
+        _check(err, f"cuMemAllocHost({n} bytes)")
+        return 0
+
+    cdef void host_free(self, void *p) noexcept:
+        if mt_py_finalizing():
+            return
+        with nogil:
+            cydriver.cuCtxSetCurrent(self._ctx)
+            cydriver.cuMemFreeHost(p)
+
+    def mem_info(self):
+        """Free and total memory of the device, as the driver reports them.
+
+        Returns
+        -------
+        tuple of (int, int)
+            ``(free, total)`` bytes (``cuMemGetInfo``).
+
+        Raises
+        ------
+        MetraleError
+            The driver call failed.
+        """
+        cdef size_t free_b = 0, total_b = 0
+        cdef cydriver.CUresult err
+        self._current()
+        with nogil:
+            err = cydriver.cuMemGetInfo(&free_b, &total_b)
+        _check(err, "cuMemGetInfo")
+        return (free_b, total_b)
 
     # -- Python-level helpers ------------------------------------------------------------
     def target(self):

@@ -11,7 +11,7 @@ from libc.stdint cimport int64_t, uint64_t, uintptr_t
 from libc.stdlib cimport malloc, free
 
 from metrale._common cimport MT_MAX_NDIM, dtype_info, index_arg
-from metrale._core cimport (MT_LIFE_OK, MT_LIFE_RELEASED, mt_life, mt_life_export,
+from metrale._core cimport (MT_LIFE_OK, MT_LIFE_PAUSED, MT_LIFE_RELEASED, mt_life, mt_life_export,
                             mt_life_unexport)
 from metrale._dlpack cimport DLManagedTensor, DLManagedTensorVersioned, DLTensor
 
@@ -34,6 +34,8 @@ cdef ArenaView make_view(object arena, mt_life *life, int buf, uint64_t nbytes, 
     rc = mt_life_export(life, buf)
     if rc == MT_LIFE_RELEASED:
         raise MetraleError("the buffer arena has been released")
+    if rc == MT_LIFE_PAUSED:
+        raise MetraleError("the buffer arena is sleeping (or being resized): wake it first")
     if rc != MT_LIFE_OK:
         raise MetraleError("too many live views of this arena")
     # Counted from here: the pointer stays valid until this view is gone.

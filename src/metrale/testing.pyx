@@ -6,7 +6,7 @@ shipped backends never ask "should I fail?", the failure behaviour lives in
 this adaptor only (the way RMM keeps it in resource adaptors).
 """
 
-from libc.stdint cimport uintptr_t
+from libc.stdint cimport uint64_t, uintptr_t
 
 from metrale._backend cimport HostBackend
 from metrale._common cimport index_arg
@@ -15,7 +15,8 @@ from metrale.errors import MetraleError, OutOfMemoryError
 
 __all__ = ["FaultyBackend"]
 
-OPERATIONS = ("alloc", "free", "memset", "d2h", "h2d", "sync")
+OPERATIONS = ("alloc", "free", "memset", "d2h", "h2d", "sync", "reserve", "unreserve",
+              "create", "release_handle", "map", "set_access", "unmap", "host_alloc")
 
 
 cdef class FaultyBackend(HostBackend):
@@ -56,8 +57,15 @@ A HostBackend whose nth next operation of a kind fails, on demand.
             ``"alloc"`` (arena construction), ``"free"`` (``release()`` and
             the cleanup of a failed construction), ``"memset"`` (construction,
             the zeroing helpers, ``clear_ranges``), ``"d2h"`` (the copies of
-            ``debug_buffer_checksum``), ``"h2d"`` or ``"sync"``
-            (construction, ``debug_buffer_checksum``).
+            ``debug_buffer_checksum``, ``sleep``), ``"h2d"`` (``wake``) or
+            ``"sync"`` (construction, ``debug_buffer_checksum``); and the
+            steps of a reserved arena (construction, ``resize``, ``sleep``,
+            ``wake``, ``release``): ``"reserve"`` and ``"create"`` (raise
+            ``OutOfMemoryError``), ``"map"`` (``OutOfMemoryError``),
+            ``"set_access"`` (after mapping: the mapping is undone, then
+            ``OutOfMemoryError``), ``"unmap"``, ``"release_handle"``,
+            ``"unreserve"`` and ``"host_alloc"`` (the host copies of
+            ``sleep(keep=...)``; ``OutOfMemoryError``).
         nth : int, optional
             Which of the next operations of that kind fails: 1 (the default)
             for the very next one.
@@ -119,6 +127,45 @@ A HostBackend whose nth next operation of a kind fails, on demand.
         if self._fails("sync"):
             raise MetraleError("HOST_INJECTED_FAULT: synchronize failed")
         return HostBackend.sync(self, stream)
+
+    cdef int reserve(self, size_t n, uintptr_t *out) except -1:
+        if self._fails("reserve"):
+            raise OutOfMemoryError(f"host reservation of {n} bytes refused (injected fault)")
+        return HostBackend.reserve(self, n, out)
+
+    cdef int unreserve(self, uintptr_t p, size_t n) except -1:
+        if self._fails("unreserve"):
+            raise MetraleError("HOST_INJECTED_FAULT: unreserve failed")
+        return HostBackend.unreserve(self, p, n)
+
+    cdef int create(self, size_t n, uint64_t *handle) except -1:
+        if self._fails("create"):
+            raise OutOfMemoryError(f"physical handle of {n} bytes refused (injected fault)")
+        return HostBackend.create(self, n, handle)
+
+    cdef int release_handle(self, uint64_t handle, size_t n) except -1:
+        if self._fails("release_handle"):
+            raise MetraleError("HOST_INJECTED_FAULT: release of a physical handle failed")
+        return HostBackend.release_handle(self, handle, n)
+
+    cdef int map(self, uintptr_t p, size_t n, uint64_t handle) except -1:
+        if self._fails("map"):
+            raise OutOfMemoryError(f"mapping {n} bytes at {p:#x} refused (injected fault)")
+        HostBackend.map(self, p, n, handle)
+        if self._fails("set_access"):
+            HostBackend.unmap(self, p, n)
+            raise OutOfMemoryError(f"access to {n} bytes at {p:#x} refused (injected fault)")
+        return 0
+
+    cdef int unmap(self, uintptr_t p, size_t n) except -1:
+        if self._fails("unmap"):
+            raise MetraleError("HOST_INJECTED_FAULT: unmap failed")
+        return HostBackend.unmap(self, p, n)
+
+    cdef int host_alloc(self, size_t n, void **out) except -1:
+        if self._fails("host_alloc"):
+            raise OutOfMemoryError(f"host copy buffer of {n} bytes refused (injected fault)")
+        return HostBackend.host_alloc(self, n, out)
 
     def __repr__(self):
         return (f"FaultyBackend(live_alloc_count={self.live_alloc_count}, "

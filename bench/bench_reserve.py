@@ -1,0 +1,192 @@
+"""GPU benchmark of reserved arenas (stable addresses): sleep, wake, resize and
+the fused zeroing, with anchors measured in the same process.
+
+Qwen3-Next-80B preset, max_batch_tokens 8192 (max_seq_len 4096, kv_block_size
+16, max_batch_size 32), reserved at those limits (about 2.27 GB mapped):
+
+* sleep(keep=()) and wake() (zeroing included: wake synchronizes), host wall
+  time (perf_counter, median and min..max of N rounds), the physical handles
+  mapped, and cuMemGetInfo before / after: the share of the mapped bytes sleep
+  gives back and wake takes again;
+* anchors: cuMemFree + cuMemAlloc of the same bytes (what a new arena costs),
+  and re-capturing a torch CUDA graph of a decode-like step over the arena
+  (what a moved pointer costs an engine that captured graphs);
+* resize 1024 -> 8192 -> 1024 on an arena reserved for 8192: times, pointers
+  unchanged, mapped bytes before / after, and the peak of used device memory
+  during the growth (cuMemGetInfo, after each step of it) against the new size;
+* zero_all / zero_prefill_essentials on the reserved arena (one launch of the
+  range kernel over non-contiguous buffers) against one cuMemsetD32Async of the
+  same bytes on a plain allocation: GPU µs per operation, 20 back to back
+  between CUDA events, median of N.
+
+Run:  python bench/bench_reserve.py [--runs 30]
+"""
+
+import argparse
+import statistics
+import time
+
+import torch
+from cuda.bindings import driver
+
+from metrale import BufferArena, CudaBackend, ModelConfig
+from metrale._buffers import GROUPS
+
+LIMITS = (8192, 4096, 16, 32)
+
+
+def ok(res):
+    err = res[0] if isinstance(res, tuple) else res
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"driver call failed: {err}")
+    return res[1] if isinstance(res, tuple) and len(res) == 2 else res
+
+
+def stats(ms):
+    return f"{statistics.median(ms):8.3f} ms  ({min(ms):.3f} .. {max(ms):.3f})"
+
+
+def wall(fn):
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1e3
+
+
+def per_op_us(fn, stream, runs, k=20):
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(3):
+        fn()
+    per = []
+    for _ in range(runs):
+        torch.cuda._sleep(2_000_000)
+        start.record(stream)
+        for _ in range(k):
+            fn()
+        end.record(stream)
+        end.synchronize()
+        per.append(start.elapsed_time(end) * 1e3 / k)
+    return statistics.median(per)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=30)
+    args = ap.parse_args()
+    runs = args.runs
+    cfg = ModelConfig.preset("qwen3-next-80b")
+    gpu = CudaBackend(0)
+    torch.cuda.init()
+    stream = torch.cuda.current_stream()
+    rows = []
+
+    def row(what, value):
+        rows.append((what, value))
+        print(f"{what:<62} {value}", flush=True)
+
+    print(f"device: {torch.cuda.get_device_name(0)}; {gpu!r}")
+    # -- sleep / wake -------------------------------------------------------------
+    a = BufferArena.new(cfg, *LIMITS, gpu, reserve=LIMITS)
+    mapped = a.committed_bytes()
+    row("mapped bytes at max_batch_tokens 8192", f"{mapped:,} ({mapped / 1e9:.3f} GB)")
+    row("reserved bytes", f"{a.slab_bytes():,}")
+    row("physical handles", f"{gpu.handle_count}")
+    ptrs = [a.buffers[n].ptr for n in a.buffers]
+    sleeps, wakes, given, taken = [], [], [], []
+    for _ in range(runs):
+        torch.cuda.synchronize()
+        free0 = gpu.mem_info()[0]
+        sleeps.append(wall(a.sleep))
+        free1 = gpu.mem_info()[0]
+        wakes.append(wall(a.wake))
+        free2 = gpu.mem_info()[0]
+        given.append((free1 - free0) / mapped)
+        taken.append((free1 - free2) / mapped)
+    assert ptrs == [a.buffers[n].ptr for n in a.buffers]
+    row("sleep(keep=()) wall", stats(sleeps))
+    row("wake() wall (maps, zeroes zero_all + norm_unit_w, syncs)", stats(wakes))
+    row("given back by sleep (cuMemGetInfo / mapped), min", f"{min(given) * 100:.2f} %")
+    row("taken again by wake (cuMemGetInfo / mapped), min", f"{min(taken) * 100:.2f} %")
+    keep = ("hidden_states", "residual")
+    ks = [wall(lambda: a.sleep(keep=keep)) for _ in range(1)]
+    kw = [wall(a.wake)]
+    row(f"sleep(keep={keep}) / wake wall", f"{ks[0]:.3f} ms / {kw[0]:.3f} ms")
+
+    # -- anchors ------------------------------------------------------------------
+    fa = []
+    p = ok(driver.cuMemAlloc(mapped))
+    for _ in range(runs):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        ok(driver.cuMemFree(p))
+        p = ok(driver.cuMemAlloc(mapped))
+        fa.append((time.perf_counter() - t0) * 1e3)
+    ok(driver.cuMemFree(p))
+    row("anchor: cuMemFree + cuMemAlloc of the same bytes", stats(fa))
+
+    x = torch.zeros(4096, device="cuda")
+    side = torch.cuda.Stream()
+
+    def step(s):
+        a.zero_all_rows(stream=s, tokens=1)
+        y = x
+        for _ in range(200):
+            y = y * 1.0001 + 0.5
+        x.copy_(y)
+
+    caps = []
+    for _ in range(max(5, runs // 3)):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=side):
+            step(torch.cuda.current_stream())
+        torch.cuda.synchronize()
+        caps.append((time.perf_counter() - t0) * 1e3)
+        del g
+    row("anchor: re-capture one torch graph (zero_all_rows + 601 ops)", stats(caps))
+    a.release()
+
+    # -- resize 1024 -> 8192 -> 1024 -----------------------------------------------
+    torch.cuda.synchronize()
+    b = BufferArena.new(cfg, 1024, 4096, 16, 32, gpu, reserve=LIMITS)
+    ptrs = [b.buffers[n].ptr for n in b.buffers]
+    small = b.committed_bytes()
+    free_small = gpu.mem_info()[0]
+    up = wall(lambda: b.resize(max_batch_tokens=8192))
+    big = b.committed_bytes()
+    peak_used = free_small - gpu.mem_info()[0]
+    down = wall(lambda: b.resize(max_batch_tokens=1024))
+    assert ptrs == [b.buffers[n].ptr for n in b.buffers], "a pointer moved"
+    row("resize 1024 -> 8192 wall", f"{up:.3f} ms")
+    row("resize 8192 -> 1024 wall", f"{down:.3f} ms")
+    row("mapped at 1024 / 8192 / 1024 again",
+        f"{small:,} / {big:,} / {b.committed_bytes():,}")
+    row("device memory added by the growth (cuMemGetInfo) / (8192 - 1024 mapped)",
+        f"{peak_used:,} / {big - small:,} ({peak_used / max(1, big - small):.4f}x)")
+    row("handles at 1024 after the round trip", f"{gpu.handle_count}")
+    row("every pointer unchanged through 1024 -> 8192 -> 1024", "yes")
+    b.release()
+
+    # -- fused zeroing vs one memset ------------------------------------------------------
+    c = BufferArena.new(cfg, *LIMITS, gpu, reserve=LIMITS)
+    plain = BufferArena.new(cfg, *LIMITS, gpu)
+    sizes = c.sizes()
+    for helper, group in (("zero_all", "zero_all"), ("zero_prefill_essentials", "prefill")):
+        nbytes = sum(getattr(sizes, n) for n in GROUPS[group])
+        base = ok(driver.cuMemAlloc(nbytes))
+        cs = driver.CUstream(stream.cuda_stream)
+        t_mem = per_op_us(lambda: driver.cuMemsetD32Async(base, 0, nbytes // 4, cs), stream, runs)
+        t_res = per_op_us(lambda: getattr(c, helper)(stream=stream), stream, runs)
+        t_plain = per_op_us(lambda: getattr(plain, helper)(stream=stream), stream, runs)
+        ok(driver.cuMemFree(base))
+        row(f"{helper}: reserved arena (one range launch, {len(GROUPS[group])} buffers)",
+            f"{t_res:8.2f} us")
+        row(f"{helper}: unreserved arena (one memset incl. padding)", f"{t_plain:8.2f} us")
+        row(f"{helper}: one memset of the same {nbytes:,} bytes", f"{t_mem:8.2f} us")
+        row(f"{helper}: reserved / memset", f"{t_res / t_mem:8.3f}x (target <= 1.02x)")
+    c.release()
+    plain.release()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,590 @@
+"""Reserved arenas (docs/stable-addresses.md): pointers that never move through
+resize, sleep and wake; physical memory that follows the current limits; the
+fused zeroing over non-contiguous buffers; every failure leaves nothing mapped
+or reserved behind.  Each test runs on the host backend and, where a GPU is
+usable, on CUDA (the `backend` fixture)."""
+
+import threading
+import time
+
+import pytest
+
+import metrale
+from metrale import BufferArena, BufferSizes, MetraleError, OutOfMemoryError
+from metrale.sizes import BUFFER_NAMES
+from metrale.testing import FaultyBackend
+
+from helpers import (COMPACT, NOENV, PREFILL, ZERO_ALL, HookStream, check_zeroed, fill_all,
+                     rows_expectation, statm_resident, vm_counts)
+
+CFG = COMPACT
+LIMITS = (64, 512, 16, 8)
+TOP = (512, 1024, 16, 16)
+
+
+def reserved(gpu, limits=LIMITS, top=TOP):
+    return BufferArena.new(CFG, *limits, gpu, reserve=top)
+
+
+def pointers(arena):
+    return [arena.buffers[n].ptr for n in BUFFER_NAMES]
+
+
+def test_pointers_never_move(backend):
+    before = vm_counts(backend)
+    with reserved(backend) as a:
+        assert a.is_reserved() and not a.is_sleeping()
+        ptrs = pointers(a)
+        small = a.committed_bytes()
+        hs = a.hidden_states()
+        a.resize(max_batch_tokens=512, max_seq_len=1024, max_batch_size=16)
+        assert pointers(a) == ptrs and a.hidden_states() == hs
+        assert a.max_batch_tokens() == 512
+        assert a.sizes() == BufferSizes.from_config(CFG, *TOP, target=backend.target(), env=NOENV)
+        assert a.norm_output_bytes() == a.sizes().norm_output
+        assert a.committed_bytes() > small
+        a.resize(*LIMITS)
+        assert pointers(a) == ptrs and a.committed_bytes() == small
+        a.sleep()
+        assert a.is_sleeping() and a.committed_bytes() == 0 and pointers(a) == ptrs
+        assert backend.mapped_bytes == before[1]
+        a.wake()
+        assert pointers(a) == ptrs and a.committed_bytes() == small
+    assert vm_counts(backend) == before
+
+
+def test_physical_memory_is_the_current_sizes_rounded_to_granules(backend):
+    with reserved(backend) as a:
+        g = a.committed_bytes()
+        assert a.slab_bytes() >= g > 0
+        sizes = a.sizes()
+        # every buffer's size rounded up to the granule, which the host and
+        # CUDA report (page size, 2 MiB); no buffer shares a granule
+        gran = _granularity(a)
+        want = sum(-(-getattr(sizes, n) // gran) * gran for n in BUFFER_NAMES)
+        assert g == want
+        # few physical handles: at most one per buffer
+        assert backend.handle_count <= sum(1 for n in BUFFER_NAMES if getattr(sizes, n))
+
+
+def _granularity(a):
+    """The allocation granularity, as the gcd of the buffers' sub-range offsets
+    (each a multiple of it; with 40-odd buffers of unrelated sizes, the gcd is it)."""
+    import math
+    return math.gcd(*(a.buffers[n].offset or 0 for n in BUFFER_NAMES))
+
+
+@pytest.mark.parametrize("helper", ["zero_all", "zero_prefill_essentials", "rows1", "rows17",
+                                    "rows_all"])
+def test_zeroing_follows_the_current_limits(backend, helper):
+    with reserved(backend) as a:
+        for limits in (TOP, LIMITS):
+            a.resize(*limits)
+            m = fill_all(a, backend)
+            sizes, mbt = a.sizes(), limits[0]
+            if helper == "zero_all":
+                a.zero_all()
+                expect = {n: getattr(sizes, n) for n in ZERO_ALL}
+            elif helper == "zero_prefill_essentials":
+                a.zero_prefill_essentials()
+                expect = {n: getattr(sizes, n) for n in PREFILL}
+            else:
+                tokens = 10 ** 9 if helper == "rows_all" else int(helper[4:])
+                a.zero_all_rows(tokens=tokens)
+                expect = rows_expectation(sizes, mbt, tokens)
+            if not isinstance(backend, metrale.HostBackend):
+                backend.synchronize()
+            check_zeroed(a, m, expect)
+
+
+def test_zero_all_is_one_operation(backend):
+    with reserved(backend) as a:
+        count = lambda: (backend.memset_count, getattr(backend, "launch_count", 0))
+        before = count()
+        a.zero_all()
+        after = count()
+        if isinstance(backend, metrale.HostBackend):
+            assert after[0] - before[0] <= len(ZERO_ALL)   # host: one memset per range
+        else:
+            assert (after[0] - before[0]) + (after[1] - before[1]) == 1
+
+
+def test_sleep_keeps_and_wake_restores(backend):
+    with reserved(backend) as a:
+        m = fill_all(a, backend)
+        keep = ("hidden_states", "gate_logits_f32", "norm_unit_w")
+        kept = {n: m.read(n) for n in keep}
+        a.sleep(keep=keep)
+        with pytest.raises(MetraleError, match="sleeping"):
+            a.zero_all()
+        with pytest.raises(MetraleError, match="sleeping"):
+            a.view("logits", "uint8")
+        with pytest.raises(MetraleError, match="already sleeping"):
+            a.sleep()
+        assert a.logits() != 0
+        a.wake()
+        with pytest.raises(MetraleError, match="not sleeping"):
+            a.wake()
+        for n in keep:
+            assert (m.read(n) == kept[n]).all(), n
+        sizes = a.sizes()
+        for n in ZERO_ALL:
+            if n not in keep:
+                assert not m.read(n).any(), n
+
+
+def test_wake_zeroes_norm_unit_w(backend):
+    with reserved(backend) as a:
+        m = fill_all(a, backend)
+        a.sleep()
+        a.wake()
+        assert not m.read("norm_unit_w").any()
+
+
+def test_views_block_reshapes(backend):
+    with reserved(backend) as a:
+        v = a.view("logits", "uint8")
+        with pytest.raises(BufferError, match="logits"):
+            a.sleep()
+        with pytest.raises(BufferError, match="logits"):
+            a.resize(max_batch_tokens=128)
+        assert not a.is_sleeping()
+        del v
+        a.sleep()
+        a.wake()
+
+
+def test_limits_past_the_reservation(backend):
+    with reserved(backend) as a:
+        with pytest.raises(ValueError, match="max_batch_tokens=513 exceeds the reserved"):
+            a.resize(max_batch_tokens=513)
+        with pytest.raises(ValueError, match="max_seq_len"):
+            a.resize(max_seq_len=4096)
+    with pytest.raises(ValueError, match="max_seq_len=100 is below the current"):
+        BufferArena.new(CFG, *LIMITS, backend, reserve=(64, 100, 16, 8))
+    with pytest.raises(ValueError, match="unknown limit"):
+        BufferArena.new(CFG, *LIMITS, backend, reserve={"tokens": 9})
+    with pytest.raises(TypeError):
+        BufferArena.new(CFG, *LIMITS, backend, reserve=512)
+    with BufferArena.new(CFG, *LIMITS, backend, reserve={"max_batch_tokens": 128}) as a:
+        a.resize(max_batch_tokens=128)
+        with pytest.raises(ValueError, match="max_seq_len"):
+            a.resize(max_seq_len=1024)
+
+
+def test_from_sizes_with_reserve_sizes(backend):
+    t = backend.target()
+    s = BufferSizes.from_config(CFG, *LIMITS, target=t, env=NOENV)
+    top = BufferSizes.from_config(CFG, *TOP, target=t, env=NOENV)
+    with pytest.raises(ValueError, match="exceed its reserved"):
+        BufferArena.from_sizes(CFG, top, 512, 16, backend, reserve_sizes=s)
+    with BufferArena.from_sizes(CFG, s, 64, 8, backend, reserve_sizes=top) as a:
+        ptrs = pointers(a)
+        with pytest.raises(MetraleError, match="pass sizes="):
+            a.resize(max_batch_tokens=128)
+        a.resize(sizes=top, max_batch_tokens=512, max_batch_size=16)
+        assert a.sizes() == top and pointers(a) == ptrs
+        with pytest.raises(ValueError, match="above its reserved"):
+            a.resize(sizes=top.replace(logits=top.logits * 4))
+
+
+def test_unreserved_arenas_refuse_reshapes(backend):
+    with BufferArena.new(CFG, *LIMITS, backend) as a:
+        assert not a.is_reserved() and not a.is_sleeping()
+        for call in (lambda: a.resize(max_batch_tokens=8), a.sleep, a.wake):
+            with pytest.raises(MetraleError, match="no reservation"):
+                call()
+
+
+def test_release_of_a_sleeping_arena_frees_everything(backend):
+    before = vm_counts(backend)
+    a = reserved(backend)
+    a.sleep(keep=("hidden_states",))
+    a.release()
+    assert a.is_released() and a.hidden_states() == 0
+    assert vm_counts(backend) == before
+    with pytest.raises(MetraleError, match="released"):
+        a.wake()
+
+
+def test_host_resident_memory_follows_sleep_and_wake():
+    import os
+    # Under AddressSanitizer (CI's sanitizer stage preloads it), whose allocator
+    # does not reuse freed memory at once, the rest of the process makes pages
+    # resident between the two readings: seen once in a whole-suite run.
+    share = 0.85 if "asan" in os.environ.get("LD_PRELOAD", "") else 0.99
+    gpu = metrale.HostBackend()
+    with BufferArena.new(metrale.ModelConfig.preset("qwen3-next-80b"), 512, 4096, 16, 32, gpu,
+                         reserve=(512, 4096, 16, 32)) as a:
+        m = fill_all(a, gpu)            # touch every page
+        del m
+        committed = a.committed_bytes()
+        assert committed > 64 << 20
+        awake = statm_resident()
+        a.sleep()
+        asleep = statm_resident()
+        assert awake - asleep >= share * committed
+        a.wake()
+        fill_all(a, gpu)
+        assert statm_resident() - asleep >= share * committed
+
+
+# -- failures: nothing left mapped or reserved ----------------------------------------
+
+@pytest.mark.parametrize("op", ["reserve", "create", "map", "set_access"])
+@pytest.mark.parametrize("nth", [1, 2, 5])
+def test_construction_failures_leave_nothing(op, nth):
+    gpu = FaultyBackend()
+    gpu.inject_fault(op, nth)
+    try:
+        a = reserved(gpu)
+    except OutOfMemoryError:
+        assert vm_counts(gpu) == (0, 0, 0)
+    else:                       # fewer steps than nth: it succeeded
+        assert op == "reserve" and nth > 1
+        a.release()
+        assert vm_counts(gpu) == (0, 0, 0)
+
+
+@pytest.mark.parametrize("op", ["create", "map", "set_access"])
+@pytest.mark.parametrize("nth", [1, 3])
+def test_failed_growth_leaves_the_arena_as_it_was(op, nth):
+    gpu = FaultyBackend()
+    with reserved(gpu) as a:
+        state = (a.sizes(), a.committed_bytes(), pointers(a), vm_counts(gpu))
+        gpu.inject_fault(op, nth)
+        with pytest.raises(OutOfMemoryError):
+            a.resize(*TOP)
+        assert (a.sizes(), a.committed_bytes(), pointers(a), vm_counts(gpu)) == state
+        gpu.clear_faults()
+        a.resize(*TOP)
+        a.zero_all()
+    assert vm_counts(gpu) == (0, 0, 0)
+
+
+@pytest.mark.parametrize("op", ["create", "map", "set_access", "h2d", "memset"])
+def test_failed_wake_still_sleeps(op):
+    gpu = FaultyBackend()
+    with reserved(gpu) as a:
+        m = fill_all(a, gpu)
+        kept = m.read("hidden_states")
+        a.sleep(keep=("hidden_states",))
+        gpu.inject_fault(op)
+        with pytest.raises((OutOfMemoryError, MetraleError)):
+            a.wake()
+        assert a.is_sleeping() and gpu.mapped_bytes == 0
+        a.wake()
+        assert (m.read("hidden_states") == kept).all()
+    assert vm_counts(gpu) == (0, 0, 0)
+
+
+@pytest.mark.parametrize("op", ["host_alloc", "d2h"])
+def test_failed_sleep_copy_changes_nothing(op):
+    gpu = FaultyBackend()
+    with reserved(gpu) as a:
+        committed = a.committed_bytes()
+        gpu.inject_fault(op)
+        with pytest.raises((OutOfMemoryError, MetraleError)):
+            a.sleep(keep=("hidden_states", "logits"))
+        assert not a.is_sleeping() and a.committed_bytes() == committed
+        a.zero_all()
+    assert vm_counts(gpu) == (0, 0, 0)
+
+
+def test_a_chunk_a_failed_sleep_left_goes_at_wake_if_unneeded():
+    gpu = FaultyBackend()
+    with reserved(gpu) as a:
+        a.resize(*TOP)
+        gpu.inject_fault("unmap", 3)
+        with pytest.raises(MetraleError, match="INJECTED"):
+            a.sleep()
+        assert a.is_sleeping() and gpu.mapped_bytes > 0
+        a.resize(*LIMITS)
+        a.wake()
+        gran = _granularity(a)
+        need = sum(-(-getattr(a.sizes(), n) // gran) * gran for n in BUFFER_NAMES)
+        assert a.committed_bytes() == gpu.mapped_bytes
+        assert need <= a.committed_bytes()
+    assert vm_counts(gpu) == (0, 0, 0)
+
+
+@pytest.mark.parametrize("op", ["unmap", "release_handle"])
+def test_failed_sleep_unmap_still_sleeps_and_wakes(op):
+    gpu = FaultyBackend()
+    with reserved(gpu) as a:
+        committed = a.committed_bytes()
+        gpu.inject_fault(op, 2)
+        with pytest.raises(MetraleError, match="INJECTED"):
+            a.sleep()
+        assert a.is_sleeping()
+        a.wake()
+        assert a.committed_bytes() == committed
+    assert gpu.reserved_bytes == 0 and gpu.mapped_bytes == 0
+
+
+def test_failed_shrink_keeps_the_chunk_tracked():
+    gpu = FaultyBackend()
+    with reserved(gpu) as a:
+        a.resize(*TOP)                  # one more chunk at the tail of each grown buffer
+        gpu.inject_fault("unmap")
+        with pytest.raises(MetraleError, match="INJECTED"):
+            a.resize(*LIMITS)
+        assert a.max_batch_tokens() == LIMITS[0]    # resized; one chunk still mapped
+        a.resize(*TOP)
+        a.resize(*LIMITS)
+    assert vm_counts(gpu) == (0, 0, 0)
+
+
+def test_failed_release_can_be_retried_by_the_collector():
+    gpu = FaultyBackend()
+    a = reserved(gpu)
+    gpu.inject_fault("unreserve")
+    with pytest.raises(MetraleError, match="INJECTED"):
+        a.release()
+    assert gpu.mapped_bytes == 0 and gpu.handle_count == 0
+    del a
+    import gc
+    gc.collect()
+    assert gpu.reserved_bytes == 0
+
+
+# -- threads ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("reshape", ["resize", "sleep"])
+def test_a_reshape_waits_for_the_operation_in_flight(backend, reshape):
+    with reserved(backend) as a:
+        before = (a.sizes(), a.committed_bytes())
+        call = (lambda: a.resize(*TOP)) if reshape == "resize" else a.sleep
+        other = threading.Thread(target=call)
+        seen = {}
+
+        def hook():                         # runs inside zero_all, holding the arena
+            other.start()
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                try:
+                    a.zero_all_rows(tokens=1)
+                except MetraleError as e:   # the reshape has begun: nothing new starts
+                    seen["refused"] = str(e)
+                    break
+                time.sleep(0.001)
+            time.sleep(0.02)
+            seen["waiting"] = other.is_alive()
+            seen["unchanged"] = (a.sizes(), a.committed_bytes()) == before
+
+        a.zero_all(stream=HookStream(hook))
+        other.join()
+        assert "being resized" in seen["refused"]
+        assert seen["waiting"] and seen["unchanged"]
+        assert (a.sizes(), a.committed_bytes()) != before
+        if reshape == "sleep":
+            a.wake()
+
+
+def test_a_reshape_inside_an_operation_is_refused(backend):
+    with reserved(backend) as a:
+        refused = []
+
+        def hook():
+            for call in (lambda: a.resize(*TOP), a.sleep, a.wake):
+                with pytest.raises(MetraleError, match="inside an operation"):
+                    call()
+                refused.append(call)
+
+        a.zero_all(stream=HookStream(hook))
+        assert len(refused) == 3 and not a.is_sleeping()
+        a.resize(*TOP)
+
+
+def test_resize_waits_for_operations_and_refuses_new_ones():
+    gpu = metrale.HostBackend()
+    stop = threading.Event()
+    errors = []
+
+    with reserved(gpu) as a:
+        def worker():
+            while not stop.is_set():
+                try:
+                    a.zero_all_rows(tokens=3)
+                    a.zero_all()
+                except MetraleError as e:
+                    if "sleeping (or being resized)" not in str(e):
+                        errors.append(e)
+                time.sleep(0)           # let the reshaping thread have the GIL
+
+        t = threading.Thread(target=worker)
+        t.start()
+        try:
+            for _ in range(20):
+                a.resize(*TOP)
+                a.resize(*LIMITS)
+                a.sleep()
+                a.wake()
+        finally:
+            stop.set()
+            t.join()
+    assert not errors
+
+
+def test_refused_reshapes_keep_the_state():
+    gpu = metrale.HostBackend()
+    with reserved(gpu) as a:
+        with pytest.raises(MetraleError, match="not sleeping"):
+            a.wake()
+        a.zero_all()                    # still awake
+        a.sleep()
+        with pytest.raises(MetraleError, match="already sleeping"):
+            a.sleep()
+        with pytest.raises(MetraleError, match="sleeping"):
+            a.zero_all()                # still asleep
+        with pytest.raises(ValueError):
+            a.resize(max_batch_tokens=10 ** 6)
+        with pytest.raises(MetraleError, match="sleeping"):
+            a.zero_all()                # still asleep
+        a.wake()
+        a.zero_all()
+
+
+def test_resize_while_asleep_gives_back_what_a_shrink_cannot(backend):
+    with reserved(backend, limits=TOP) as a:
+        ptrs = pointers(a)
+        m = fill_all(a, backend)
+        kept = m.read("hidden_states")
+        a.resize(*LIMITS)               # the arena was built at TOP: its chunks stay
+        shrunk = a.committed_bytes()
+        a.sleep(keep=("hidden_states",))
+        a.resize(*LIMITS)               # asleep: only the limits change
+        assert a.committed_bytes() == 0 and a.max_batch_tokens() == LIMITS[0]
+        a.wake()
+        gran = _granularity(a)
+        sizes = a.sizes()
+        need = sum(-(-getattr(sizes, n) // gran) * gran for n in BUFFER_NAMES)
+        assert a.committed_bytes() == need <= shrunk
+        assert pointers(a) == ptrs
+        assert (m.read("hidden_states") == kept[:sizes.hidden_states]).all()
+        a.sleep(keep=("hidden_states",))
+        a.resize(*TOP)                  # grown while asleep: wake maps it all
+        a.wake()
+        assert a.sizes().hidden_states > sizes.hidden_states
+        assert (m.read("hidden_states")[:sizes.hidden_states] == kept[:sizes.hidden_states]).all()
+
+
+# -- CUDA only: graphs captured over a reserved arena -----------------------------
+
+def _cuda_torch(backend):
+    if isinstance(backend, metrale.HostBackend):
+        pytest.skip("CUDA graphs need a GPU")
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA here")
+    return torch
+
+
+@pytest.mark.parametrize("tokens", [1, 17])
+def test_graph_replays_after_wake_and_growth(backend, tokens):
+    torch = _cuda_torch(backend)
+    with reserved(backend) as a:
+        ptrs = pointers(a)
+        stream = torch.cuda.Stream()
+        g = torch.cuda.CUDAGraph()
+        torch.cuda.synchronize()
+        with torch.cuda.graph(g, stream=stream):
+            a.zero_all_rows(stream=torch.cuda.current_stream(), tokens=tokens)
+        old_sizes = a.sizes()
+        expect = rows_expectation(old_sizes, LIMITS[0], tokens)
+        torch.cuda.synchronize()
+        a.sleep()
+        a.wake()
+        assert pointers(a) == ptrs
+        for step in ("after wake", "after growth", "after shrink"):
+            if step == "after growth":
+                a.resize(*TOP)
+            elif step == "after shrink":
+                a.resize(*LIMITS)
+            m = fill_all(a, backend)
+            g.replay()
+            torch.cuda.synchronize()
+            check_zeroed(a, m, expect)
+            first = {n: m.read(n) for n in ("hidden_states", "logits")}
+            g.replay()
+            torch.cuda.synchronize()
+            for n, data in first.items():
+                assert (m.read(n) == data).all(), (step, n)     # byte-identical replays
+        del g
+
+
+def test_clear_ranges_accepts_mapped_memory(backend):
+    with reserved(backend) as a:
+        n = a.sizes().logits        # 10 granules of 2 MiB at LIMITS, 24 at TOP
+        backend.clear_ranges([(a.logits(), n)])
+        g = _granularity(a)
+        past = a.logits() + -(-n // g) * g          # reserved for growth, not mapped
+        top = BufferSizes.from_config(CFG, *TOP, target=backend.target(), env=NOENV).logits
+        assert past + 256 <= a.logits() + top
+        with pytest.raises(ValueError):
+            backend.clear_ranges([(past, 256)])
+
+
+def test_cuda_memory_given_back(backend):
+    if isinstance(backend, metrale.HostBackend):
+        pytest.skip("cuMemGetInfo: CUDA only")
+    with reserved(backend, limits=TOP) as a:
+        before = backend.mem_info()[0]
+        committed = a.committed_bytes()
+        a.sleep()
+        freed = backend.mem_info()[0] - before
+        assert freed >= 0.99 * committed
+        a.wake()
+        assert before - backend.mem_info()[0] < 0.01 * committed
+
+
+# -- any sequence of reshapes keeps the invariants ------------------------------------
+
+def test_random_reshape_sequences_keep_the_invariants():
+    hyp = pytest.importorskip("hypothesis")
+    st = pytest.importorskip("hypothesis.strategies")
+    limits = st.tuples(st.sampled_from([1, 7, 64, 300, 512]), st.sampled_from([16, 512, 1024]),
+                       st.just(16), st.sampled_from([1, 8, 16]))
+    steps = st.lists(st.one_of(limits, st.just("sleep")), min_size=1, max_size=8)
+
+    @hyp.settings(max_examples=25, deadline=None)
+    @hyp.given(steps)
+    def run(seq):
+        gpu = metrale.HostBackend()
+        with reserved(gpu) as a:
+            ptrs = pointers(a)
+            gran = _granularity(a)
+            for step in seq:
+                if step == "sleep":
+                    a.sleep()
+                    assert a.committed_bytes() == 0 == gpu.mapped_bytes
+                    a.wake()
+                else:
+                    a.resize(*step)
+                    assert a.max_batch_tokens() == step[0]
+                sizes = a.sizes()
+                need = sum(-(-getattr(sizes, n) // gran) * gran for n in BUFFER_NAMES)
+                assert pointers(a) == ptrs
+                assert a.committed_bytes() == gpu.mapped_bytes >= need
+                if step == "sleep":                 # a wake maps exactly what is needed,
+                    assert a.committed_bytes() == need  # with at most one handle per buffer
+                    assert gpu.handle_count <= sum(1 for n in BUFFER_NAMES if getattr(sizes, n))
+                a.zero_all()
+                a.zero_all_rows(tokens=5)
+        assert vm_counts(gpu) == (0, 0, 0)
+
+    run()
+
+
+def test_summary_of_a_reserved_arena(backend):
+    with reserved(backend) as a:
+        s = a.summary()
+        assert s.reserved and not s.sleeping and s.committed_bytes == a.committed_bytes()
+        assert s.slab_bytes == a.slab_bytes() and "reserved" in str(s) and "18 ranges" in str(s)
+        a.sleep()
+        s = a.summary()
+        assert s.sleeping and s.committed_bytes == 0 and "(sleeping)" in str(s)
+        a.wake()
+    with BufferArena.new(CFG, *LIMITS, backend) as b:
+        s = b.summary()
+        assert not s.reserved and s.committed_bytes == b.slab_bytes() and "one range of" in str(s)

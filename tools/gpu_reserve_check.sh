@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# On a GPU machine: build metrale, run the reserved-arena tests and the CUDA
+# tests on the GPU, the same under compute-sanitizer memcheck, and
+# bench/bench_reserve.py; logs go to $OUT (default ./gpu-reserve-out).
+#   bash tools/gpu_reserve_check.sh
+# Needs python3 with cuda-bindings 13, meson, ninja, Cython and meson-python,
+# torch for the graph tests and the benchmark, and compute-sanitizer on PATH
+# (or under /usr/local/cuda/bin) for the memcheck step.  Wheels in .whl/ are
+# installed first when present: the lent H200 image lacks meson-python, so
+# before carrying the tree there run (on a machine with an index)
+#   pip download --no-deps --only-binary=:all: -d .whl meson-python pyproject-metadata
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu-reserve-out}
+mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+site=$(mktemp -d)
+status=0
+step() {   # step NAME COMMAND...: run, log to $OUT/NAME.log, remember a failure
+    local name=$1; shift
+    echo "== $name: $*"
+    "$@" >"$OUT/$name.log" 2>&1
+    local rc=$?
+    tail -n 25 "$OUT/$name.log"
+    echo "== $name: exit $rc"
+    [ $rc -eq 0 ] || status=1
+}
+if ls .whl/*.whl >/dev/null 2>&1; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$site/deps" .whl/*.whl || exit 1
+    export PYTHONPATH="$site/deps${PYTHONPATH:+:$PYTHONPATH}"
+fi
+step build "$PY" -m pip install --no-build-isolation --no-deps --no-index --target "$site/pkg" .
+[ $status -eq 0 ] || { echo "build failed: see $OUT/build.log"; exit 1; }
+export PYTHONPATH="$site/pkg:$PYTHONPATH"
+nvidia-smi >"$OUT/nvidia-smi.log" 2>&1
+step tests "$PY" -m pytest -q -p no:cacheprovider tests/test_reserve.py tests/test_cuda.py tests/test_lifetime.py
+SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+if [ -x "$SAN" ]; then
+    step memcheck "$SAN" --tool memcheck --error-exitcode 9 "$PY" -m pytest -q -p no:cacheprovider \
+        tests/test_reserve.py -k cuda
+else
+    echo "compute-sanitizer not found: memcheck skipped" | tee "$OUT/memcheck.log"
+fi
+step bench "$PY" bench/bench_reserve.py --runs 30
+rm -rf "$site"
+exit $status
