@@ -13,7 +13,7 @@ import pytest
 
 from metrale import BufferSizes, MetraleError
 
-from helpers import PRESET, live_counts, new
+from helpers import PRESET, HookStream, live_counts, new
 
 # Each operation that touches the slab, called with a stream object so that a
 # test can run code inside it (the stream protocol is read after the call has
@@ -24,17 +24,6 @@ OPERATIONS = {
     "zero_prefill_essentials": lambda a, g, s: a.zero_prefill_essentials(g, s),
     "debug_buffer_checksum": lambda a, g, s: a.debug_buffer_checksum(g, s, "t"),
 }
-
-
-class HookStream:
-    """A stream whose protocol method runs `hook` and then names stream 0."""
-
-    def __init__(self, hook):
-        self.hook = hook
-
-    def __cuda_stream__(self):
-        self.hook()
-        return (0, 0)
 
 
 @pytest.mark.parametrize("op", sorted(OPERATIONS))
