@@ -179,20 +179,25 @@ An NVIDIA GPU through the CUDA driver.
         data[2] = &ordinal
         data[3] = &mtype
         cdef int mapped_first = 0, mapped_last = 0
+        cdef bint inside
         self._current()
         with nogil:
+            # For an address the driver does not know this succeeds with start
+            # 0; the singular query below would fail instead (an API error
+            # under compute-sanitizer), so it runs only inside a known extent.
             err = cydriver.cuPointerGetAttributes(4, attrs, data, <cydriver.CUdeviceptr>p)
+            inside = (err == cydriver.CUDA_SUCCESS and start != 0 and p >= start
+                      and n <= size and p - start <= size - n)
             # Virtual-memory ranges (reserved arenas): both ends must be mapped,
             # whatever extent the driver reports for the range.
-            if err == cydriver.CUDA_SUCCESS:
+            if inside:
                 err = cydriver.cuPointerGetAttribute(&mapped_first, cydriver.CU_POINTER_ATTRIBUTE_MAPPED,
                                                      <cydriver.CUdeviceptr>p)
-            if err == cydriver.CUDA_SUCCESS:
+            if inside and err == cydriver.CUDA_SUCCESS:
                 err = cydriver.cuPointerGetAttribute(&mapped_last, cydriver.CU_POINTER_ATTRIBUTE_MAPPED,
                                                      <cydriver.CUdeviceptr>(p + n - 1))
-        if (err != cydriver.CUDA_SUCCESS or start == 0 or ordinal != self.device_id
-                or mtype != cydriver.CU_MEMORYTYPE_DEVICE or not mapped_first or not mapped_last
-                or p < start or n > size or p - start > size - n):
+        if (not inside or err != cydriver.CUDA_SUCCESS or ordinal != self.device_id
+                or mtype != cydriver.CU_MEMORYTYPE_DEVICE or not mapped_first or not mapped_last):
             raise ValueError(f"ranges: [{p:#x}, +{n}) is not inside one allocation of device "
                              f"memory on device {self.device_id}")
         return 0
