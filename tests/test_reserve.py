@@ -513,6 +513,51 @@ def test_graph_replays_after_wake_and_growth(backend, tokens):
         del g
 
 
+def test_graph_with_a_writing_node_replays_after_wake_and_growth(backend):
+    """A graph capturing zero_all_rows and a node that writes a buffer (a
+    device-to-device copy of a pattern into hidden_states, enqueued through
+    the driver on the capturing stream), captured before sleep: after wake,
+    a growth and a shrink each replay writes the same bytes at the same
+    addresses, sentinel-checked around them."""
+    import numpy as np
+    torch = _cuda_torch(backend)
+    driver = pytest.importorskip("cuda.bindings.driver")
+    tokens, n = 2, 1024                                 # one hidden_states row of COMPACT
+    pattern = (np.arange(n) % 251).astype(np.uint8)
+    with reserved(backend) as a:
+        ptrs = pointers(a)
+        src = torch.from_numpy(pattern).cuda()
+        g = torch.cuda.CUDAGraph()
+        torch.cuda.synchronize()
+        with torch.cuda.graph(g, stream=torch.cuda.Stream()):
+            s = torch.cuda.current_stream()
+            a.zero_all_rows(stream=s, tokens=tokens)
+            (err,) = driver.cuMemcpyDtoDAsync(a.hidden_states(), src.data_ptr(), n,
+                                              driver.CUstream(s.cuda_stream))
+            assert err == driver.CUresult.CUDA_SUCCESS
+        expect = rows_expectation(a.sizes(), LIMITS[0], tokens)
+        k = expect.pop("hidden_states")
+        assert k == 2 * n
+        torch.cuda.synchronize()
+        a.sleep()
+        a.wake()
+        for step in ("after wake", "after growth", "after shrink"):
+            if step == "after growth":
+                a.resize(*TOP)
+            elif step == "after shrink":
+                a.resize(*LIMITS)
+            assert pointers(a) == ptrs, step
+            m = fill_all(a, backend)
+            g.replay()
+            torch.cuda.synchronize()
+            hs = m.read("hidden_states")
+            assert (hs[:n] == pattern).all() and not hs[n:k].any(), step
+            assert (hs[k:] == 0xAB).all(), step
+            m.fill("hidden_states", 0)      # checked above; the rest by the rows rule
+            check_zeroed(a, m, dict(expect, hidden_states=a.sizes().hidden_states))
+        del g, src
+
+
 def test_clear_ranges_accepts_mapped_memory(backend):
     with reserved(backend) as a:
         n = a.sizes().logits        # 10 granules of 2 MiB at LIMITS, 24 at TOP
