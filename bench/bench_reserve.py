@@ -32,6 +32,9 @@ from cuda.bindings import driver
 from metrale import BufferArena, CudaBackend, ModelConfig
 from metrale._buffers import GROUPS
 
+# Run as a script from bench/: its sibling holds the shared timing.
+from bench_cuda import timed_back_to_back
+
 LIMITS = (8192, 4096, 16, 32)
 
 
@@ -52,20 +55,12 @@ def wall(fn):
     return (time.perf_counter() - t0) * 1e3
 
 
-def per_op_us(fn, stream, runs, k=20):
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+def per_op_us(fn, stream, runs):
+    """GPU µs per operation, 20 back to back (bench_cuda's measurement), after
+    three warm-up calls."""
     for _ in range(3):
         fn()
-    per = []
-    for _ in range(runs):
-        torch.cuda._sleep(2_000_000)
-        start.record(stream)
-        for _ in range(k):
-            fn()
-        end.record(stream)
-        end.synchronize()
-        per.append(start.elapsed_time(end) * 1e3 / k)
-    return statistics.median(per)
+    return timed_back_to_back(fn, stream, runs)
 
 
 def main():

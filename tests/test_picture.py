@@ -7,7 +7,6 @@ import copy
 import importlib.util
 import json
 import random
-import shutil
 import struct
 import xml.etree.ElementTree as ET
 import zlib

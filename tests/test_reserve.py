@@ -61,7 +61,7 @@ def test_physical_memory_is_the_current_sizes_rounded_to_granules(backend):
         # every buffer's size rounded up to the granule, which the host and
         # CUDA report (page size, 2 MiB); no buffer shares a granule
         gran = _granularity(a)
-        want = sum(-(-getattr(sizes, n) // gran) * gran for n in BUFFER_NAMES)
+        want = _needed(a, gran)
         assert g == want
         # few physical handles: at most one per buffer
         assert backend.handle_count <= sum(1 for n in BUFFER_NAMES if getattr(sizes, n))
@@ -72,6 +72,13 @@ def _granularity(a):
     (each a multiple of it; with 40-odd buffers of unrelated sizes, the gcd is it)."""
     import math
     return math.gcd(*(a.buffers[n].offset or 0 for n in BUFFER_NAMES))
+
+
+def _needed(a, gran):
+    """Bytes the arena's current sizes need mapped: each buffer rounded up to
+    whole granules (no two buffers share one)."""
+    sizes = a.sizes()
+    return sum(-(-getattr(sizes, n) // gran) * gran for n in BUFFER_NAMES)
 
 
 @pytest.mark.parametrize("helper", ["zero_all", "zero_prefill_essentials", "rows1", "rows17",
@@ -127,7 +134,6 @@ def test_sleep_keeps_and_wake_restores(backend):
             a.wake()
         for n in keep:
             assert (m.read(n) == kept[n]).all(), n
-        sizes = a.sizes()
         for n in ZERO_ALL:
             if n not in keep:
                 assert not m.read(n).any(), n
@@ -302,7 +308,7 @@ def test_a_chunk_a_failed_sleep_left_goes_at_wake_if_unneeded():
         a.resize(*LIMITS)
         a.wake()
         gran = _granularity(a)
-        need = sum(-(-getattr(a.sizes(), n) // gran) * gran for n in BUFFER_NAMES)
+        need = _needed(a, gran)
         assert a.committed_bytes() == gpu.mapped_bytes
         assert need <= a.committed_bytes()
     assert vm_counts(gpu) == (0, 0, 0)
@@ -458,7 +464,7 @@ def test_resize_while_asleep_gives_back_what_a_shrink_cannot(backend):
         a.wake()
         gran = _granularity(a)
         sizes = a.sizes()
-        need = sum(-(-getattr(sizes, n) // gran) * gran for n in BUFFER_NAMES)
+        need = _needed(a, gran)
         assert a.committed_bytes() == need <= shrunk
         assert pointers(a) == ptrs
         assert (m.read("hidden_states") == kept[:sizes.hidden_states]).all()
@@ -608,7 +614,7 @@ def test_random_reshape_sequences_keep_the_invariants():
                     a.resize(*step)
                     assert a.max_batch_tokens() == step[0]
                 sizes = a.sizes()
-                need = sum(-(-getattr(sizes, n) // gran) * gran for n in BUFFER_NAMES)
+                need = _needed(a, gran)
                 assert pointers(a) == ptrs
                 assert a.committed_bytes() == gpu.mapped_bytes >= need
                 if step == "sleep":                 # a wake maps exactly what is needed,

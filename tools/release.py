@@ -482,10 +482,10 @@ def main(argv=None):
                 if problems:
                     raise Failure(f"{os.path.basename(whl)}:\n  " + "\n  ".join(problems))
                 say(f"{os.path.basename(whl)}: contents OK; extensions need only {', '.join(needed)}")
-            twine = run([os.path.join(tbin, "twine"), "check", "--strict",
-                         os.path.join(out, os.path.basename(sdist)), *wheels])
-            cwc = run([os.path.join(tbin, "check-wheel-contents"), "--no-config", *wheels],
-                      cwd=work)
+            run([os.path.join(tbin, "twine"), "check", "--strict",
+                 os.path.join(out, os.path.basename(sdist)), *wheels])
+            run([os.path.join(tbin, "check-wheel-contents"), "--no-config", *wheels],
+                cwd=work)
             say("twine check --strict: PASSED; check-wheel-contents: OK")
 
         results = {}

@@ -205,8 +205,8 @@ def _print(result, out):
       f"kv_block_size={result['kv_block_size']} max_batch_size={result['max_batch_size']} "
       f"target={t['sm_count']} SMs/{t['splitk']}\n")
     if t["splitk_switched"]:
-        w(f"note: --sm-count switched the split-K policy from the reference's 'legacy' to "
-          f"'auto' (pass --splitk to choose)\n")
+        w("note: --sm-count switched the split-K policy from the reference's 'legacy' to "
+          "'auto' (pass --splitk to choose)\n")
     for lv in result["levers"]:
         what = ", ".join(f"{n} {a:,} -> {b:,} bytes ({'+' if b >= a else '-'}{_mib(abs(b - a))} MiB)"
                          for n, (a, b) in lv["changed"].items()) or "no size changed"
