@@ -18,7 +18,8 @@ enum {
     MT_IN_CHECKSUM = 1 << 3,   /* probed by debug_buffer_checksum */
     MT_IN_TOTAL    = 1 << 4,   /* counted by BufferSizes.total_bytes() */
     MT_HAS_POINTER = 1 << 5,   /* pointer accessor arena.<name>() */
-    MT_HAS_BYTES   = 1 << 6    /* byte accessor arena.<name>_bytes() */
+    MT_HAS_BYTES   = 1 << 6,   /* byte accessor arena.<name>_bytes() */
+    MT_IN_STEP     = 1 << 7    /* filled from the host every step (StepInputs): placed first */
 };
 
 /* Shorthands for the table rows below. */
@@ -42,7 +43,7 @@ enum {
     X(SSM_DEINTERLEAVED,     ssm_deinterleaved,     MT_ZWC_T | MT_PB) \
     X(SSM_GATES,             ssm_gates,             MT_ZWC_T | MT_HAS_POINTER) \
     X(SSM_CONV_OUT_F32,      ssm_conv_out_f32,      MT_ZWC_T | MT_HAS_POINTER) \
-    X(SCRATCH,               scratch,               MT_IN_ZERO_ALL | MT_IN_TOTAL | MT_PB) \
+    X(SCRATCH,               scratch,               MT_IN_ZERO_ALL | MT_IN_TOTAL | MT_IN_STEP | MT_PB) \
     X(EXPERT_GATE_OUT,       expert_gate_out,       MT_ZWPC_T | MT_PB) \
     X(EXPERT_UP_OUT,         expert_up_out,         MT_ZWPC_T | MT_HAS_POINTER) \
     X(EXPERT_DOWN_OUT,       expert_down_out,       MT_ZWPC_T | MT_PB) \
@@ -56,7 +57,7 @@ enum {
     X(QSA_SELECT_SCRATCH,    qsa_select_scratch,    MT_IN_TOTAL | MT_HAS_POINTER) \
     X(SSD_SCRATCH,           ssd_scratch,           MT_IN_TOTAL | MT_HAS_POINTER) \
     X(GDN_FLA_SCRATCH,       gdn_fla_scratch,       MT_IN_TOTAL | MT_HAS_POINTER) \
-    X(TOKEN_IDS,             token_ids,             MT_IN_TOTAL | MT_HAS_POINTER) \
+    X(TOKEN_IDS,             token_ids,             MT_IN_TOTAL | MT_IN_STEP | MT_HAS_POINTER) \
     X(FFN_ACT_Q8,            ffn_act_q8,            MT_IN_TOTAL | MT_HAS_POINTER) \
     X(FFN_ACT_A,             ffn_act_a,             MT_IN_TOTAL | MT_PB) \
     X(FFN_ACT_SCALE,         ffn_act_scale,         MT_IN_TOTAL | MT_PB) \

@@ -1,6 +1,7 @@
 /* metrale C core: the buffer table's arrays, slab layout, zero ranges and the
  * checksum lanes.  See arena_core.h for the contract of each function. */
 #include "arena_core.h"
+#include "metrale/kernels/zero_ranges.h"
 
 #include <math.h>
 #include <string.h>
@@ -38,24 +39,35 @@ static mt_range group_range(const mt_layout *L, unsigned group)
     return r;
 }
 
-/* The part of the slab a buffer goes to (see mt_layout). */
+/* The part of the slab a buffer goes to (see mt_layout): the step inputs
+ * first (token_ids, then scratch, so that one copy reaches both), then the
+ * zero_prefill_essentials buffers, the other row-trimmed ones, the rest of
+ * zero_all and everything else. */
+enum { MT_NPARTS = 6 };
 static int slab_part(unsigned flags)
 {
-    if (flags & MT_IN_PREFILL) return 0;
-    if (flags & MT_IN_ROWS) return 1;
-    if (flags & MT_IN_ZERO_ALL) return 2;
-    return 3;
+    if ((flags & MT_IN_STEP) && !(flags & MT_IN_ZERO_ALL)) return 0;
+    if (flags & MT_IN_STEP) return 1;
+    if (flags & MT_IN_PREFILL) return 2;
+    if (flags & MT_IN_ROWS) return 3;
+    if (flags & MT_IN_ZERO_ALL) return 4;
+    return 5;
+}
+
+static void slab_order(mt_layout *L)
+{
+    int k = 0;
+    for (int part = 0; part < MT_NPARTS; part++)
+        for (int b = 0; b < MT_NBUF; b++)
+            if (slab_part(mt_buffer_flags[b]) == part) L->order[k++] = b;
 }
 
 int mt_layout_plan(mt_layout *L, const uint64_t sizes[MT_NBUF], uint64_t max_batch_tokens)
 {
     uint64_t cur = 0;
-    int k = 0;
     memset(L, 0, sizeof(*L));
     L->max_batch_tokens = max_batch_tokens;
-    for (int part = 0; part < 4; part++)
-        for (int b = 0; b < MT_NBUF; b++)
-            if (slab_part(mt_buffer_flags[b]) == part) L->order[k++] = b;
+    slab_order(L);
     for (int i = 0; i < MT_NBUF; i++) {
         int b = L->order[i];
         uint64_t n = sizes[b];
@@ -72,55 +84,64 @@ int mt_layout_plan(mt_layout *L, const uint64_t sizes[MT_NBUF], uint64_t max_bat
 
 static uint64_t ceil16(uint64_t x) { return (x + 15) / 16 * 16; }
 
-/* The bytes zero_all_rows(tokens) clears of one token-major buffer of n
- * bytes: tokens rows when n is whole rows of max_batch_tokens, tokens
- * rounded up to 16 when n is whole rows of ceil16(max_batch_tokens) (the
- * GEMM-tiled buffers), else all n. */
-static uint64_t rows_length(uint64_t n, uint64_t m, uint64_t tokens)
+/* One entry per zero_all buffer; the row-trimmed ones get the kind their size
+ * says (ARENA §5.2): whole rows of max_batch_tokens, else whole rows of
+ * ceil16(max_batch_tokens) (the GEMM-tiled buffers), else whole. */
+int mt_rows_args_init(const mt_layout *L, uint64_t hole_lo, uint64_t hole_hi, mt_rows_args *a)
 {
-    uint64_t m16 = ceil16(m);
-    if (n % m == 0) return n / m * tokens;
-    if (n % m16 == 0) {
-        uint64_t t16 = ceil16(tokens);
-        return n / m16 * (t16 < m16 ? t16 : m16);
+    uint64_t m = L->max_batch_tokens ? L->max_batch_tokens : 1, m16 = ceil16(m), end;
+    int n = 0;
+    memset(a, 0, sizeof(*a));
+    a->m = m;
+    a->m16 = m16;
+    for (int i = 0; i < MT_NBUF; i++) {
+        int b = L->order[i];
+        uint64_t size = L->size[b];
+        mt_rows_entry e;
+        if (!(mt_buffer_flags[b] & MT_IN_ZERO_ALL) || size == 0) continue;
+        memset(&e, 0, sizeof e);
+        e.offset = L->offset[b];
+        e.size = size;
+        e.hi = size;
+        e.pad_to = e.offset + size;
+        e.kind = MT_ROWS_WHOLE;
+        if (mt_buffer_flags[b] & MT_IN_ROWS) {
+            if (size % m == 0) { e.kind = MT_ROWS_M; e.row = size / m; }
+            else if (size % m16 == 0) { e.kind = MT_ROWS_M16; e.row = size / m16; }
+        }
+        if (hole_lo < hole_hi && hole_lo < e.offset + size && e.offset < hole_hi) {
+            uint64_t cut_lo = hole_lo > e.offset ? hole_lo - e.offset : 0;
+            uint64_t cut_hi = hole_hi - e.offset < size ? hole_hi - e.offset : size;
+            if (cut_lo > 0) { a->e[n] = e; a->e[n].hi = cut_lo; n++; }
+            if (cut_hi < size) { a->e[n] = e; a->e[n].lo = cut_hi; n++; }
+        } else {
+            a->e[n++] = e;
+        }
     }
+    for (int i = 0; i + 1 < n; i++)
+        if (align_up(a->e[i].offset + a->e[i].size, &end) == MT_OK && end == a->e[i + 1].offset)
+            a->e[i].pad_to = end;
+    a->n = n;
     return n;
 }
 
 int mt_zero_rows_ranges(const mt_layout *L, uint64_t tokens, mt_range *out)
 {
-    uint64_t m = L->max_batch_tokens ? L->max_batch_tokens : 1;
+    mt_rows_args a;
+    uint64_t s, e, t;
     int count = 0;
-    int prev_whole = 0;
-    if (tokens >= m) {
-        if (L->reserved) return mt_group_ranges(L, MT_IN_ZERO_ALL, out);
-        if (L->zero_all.length == 0) return 0;
-        out[0] = L->zero_all;
-        return 1;
-    }
-    /* Walk the Z buffers, the first MT_N_ZERO_ALL in slab order: merging is
-     * then a look at the previous range. */
-    for (int i = 0; i < MT_N_ZERO_ALL; i++) {
-        int b = L->order[i];
-        uint64_t n = L->size[b], len;
-        if (n == 0) continue;
-        len = (mt_buffer_flags[b] & MT_IN_ROWS) ? rows_length(n, m, tokens) : n;
-        if (len == 0) { prev_whole = 0; continue; }
-        /* Only a range that ends at its buffer's end may absorb the padding up
-         * to the next buffer; a trimmed range's tail belongs to its buffer. */
-        if (count > 0 && prev_whole) {
-            mt_range *p = &out[count - 1];
-            uint64_t end = p->offset + p->length, next;
-            if (align_up(end, &next) == MT_OK && next == L->offset[b]) {
-                p->length = L->offset[b] + len - p->offset;
-                prev_whole = (len == n);
-                continue;
-            }
+    mt_rows_args_init(L, 0, 0, &a);
+    t = tokens < a.m ? tokens : a.m;
+    for (int i = 0; i < a.n; i++) {
+        mt_rows_segment(&a, i, t, &s, &e);
+        if (e == s) continue;
+        if (count > 0 && out[count - 1].offset + out[count - 1].length == s) {
+            out[count - 1].length = e - out[count - 1].offset;
+            continue;
         }
-        out[count].offset = L->offset[b];
-        out[count].length = len;
+        out[count].offset = s;
+        out[count].length = e - s;
         count++;
-        prev_whole = (len == n);
     }
     return count;
 }
@@ -163,23 +184,28 @@ int mt_layout_plan_reserved(mt_layout *L, const uint64_t sizes[MT_NBUF],
                             const uint64_t reserve[MT_NBUF], uint64_t max_batch_tokens,
                             uint64_t gran)
 {
-    uint64_t cur = 0, room;
-    int k = 0, rc;
+    uint64_t cur = 0, end;
+    int rc;
     if (!good_granularity(gran)) return MT_ERR_LIMIT;
     memset(L, 0, sizeof(*L));
     L->reserved = 1;
-    for (int part = 0; part < 4; part++)
-        for (int b = 0; b < MT_NBUF; b++)
-            if (slab_part(mt_buffer_flags[b]) == part) L->order[k++] = b;
+    slab_order(L);
     for (int i = 0; i < MT_NBUF; i++) {
         int b = L->order[i];
         if (sizes[b] > reserve[b]) return MT_ERR_LIMIT;
         if (reserve[b] == 0) continue;      /* never anything: no sub-range */
         L->offset[b] = cur;
-        if ((rc = mt_round_up(reserve[b], gran, &room)) != MT_OK) return rc;
-        if (room > UINT64_MAX - cur) return MT_ERR_OVERFLOW;
-        L->room[b] = room;
-        cur += room;
+        if (reserve[b] > UINT64_MAX - cur) return MT_ERR_OVERFLOW;
+        /* Each sub-range ends on a granule so that it grows alone, except
+         * token_ids': scratch follows it at once (one upload reaches both) and
+         * the two share the granule between them. */
+        if (slab_part(mt_buffer_flags[b]) == 0)
+            rc = align_up(cur + reserve[b], &end);
+        else
+            rc = mt_round_up(cur + reserve[b], gran, &end);
+        if (rc != MT_OK) return rc;
+        L->room[b] = end - cur;
+        cur = end;
     }
     L->slab_bytes = cur;
     return mt_layout_resize(L, sizes, max_batch_tokens, gran);
@@ -188,11 +214,9 @@ int mt_layout_plan_reserved(mt_layout *L, const uint64_t sizes[MT_NBUF],
 int mt_layout_resize(mt_layout *L, const uint64_t sizes[MT_NBUF], uint64_t max_batch_tokens,
                      uint64_t gran)
 {
-    uint64_t rounded;
     if (!L->reserved || !good_granularity(gran)) return MT_ERR_LIMIT;
     for (int b = 0; b < MT_NBUF; b++)
-        if (sizes[b] && (mt_round_up(sizes[b], gran, &rounded) != MT_OK || rounded > L->room[b]))
-            return MT_ERR_LIMIT;
+        if (sizes[b] > L->room[b]) return MT_ERR_LIMIT;
     for (int b = 0; b < MT_NBUF; b++) L->size[b] = sizes[b];
     L->max_batch_tokens = max_batch_tokens;
     L->zero_all = group_range(L, MT_IN_ZERO_ALL);
@@ -231,11 +255,25 @@ int mt_group_ranges(const mt_layout *L, unsigned group, mt_range *out)
 int mt_commit_needed(const mt_layout *L, uint64_t gran, mt_range *out)
 {
     int count = 0;
-    uint64_t len;
+    uint64_t lo, hi;
     for (int i = 0; i < MT_NBUF; i++) {
         int b = L->order[i];
-        if (L->size[b] == 0 || mt_round_up(L->size[b], gran, &len) != MT_OK) continue;
-        count = append_merged(out, count, L->offset[b], len, 1);
+        uint64_t n = L->size[b];
+        if (n == 0) continue;
+        /* token_ids keeps its whole room: a step's upload runs from it into
+         * scratch in one copy, padding included */
+        if (slab_part(mt_buffer_flags[b]) == 0) n = L->room[b];
+        /* the granules the buffer touches (token_ids and scratch may share one) */
+        lo = L->offset[b] & ~(gran - 1);
+        if (mt_round_up(L->offset[b] + n, gran, &hi) != MT_OK) continue;
+        if (count > 0 && out[count - 1].offset + out[count - 1].length >= lo) {
+            mt_range *p = &out[count - 1];
+            if (hi > p->offset + p->length) p->length = hi - p->offset;
+            continue;
+        }
+        out[count].offset = lo;
+        out[count].length = hi - lo;
+        count++;
     }
     return count;
 }

@@ -115,6 +115,11 @@ def ptr_of(arena, name):
     return getattr(arena, name)()
 
 
+def slab_base(arena):
+    """Where the slab starts: its lowest buffer (the layout puts one at offset 0)."""
+    return min(p for p in (ptr_of(arena, n) for n in BUFFER_NAMES) if p)
+
+
 def fill_all(arena, gpu, value=0xAB):
     m = Mem(arena, gpu)
     for name in BUFFER_NAMES:

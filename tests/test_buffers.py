@@ -29,9 +29,10 @@ def test_groups_are_the_spec_counts_and_members():
     # ARENA.md §2.1: 18 Z, 15 W, 7 P, 16 C, 44 T; 44 pointer and 24 byte accessors (§8.5)
     assert {g: len(m) for g, m in GROUPS.items()} == {
         "zero_all": 18, "rows": 15, "prefill": 7, "checksum": 16, "total": 44,
-        "pointer": 44, "bytes": 24}
+        "pointer": 44, "bytes": 24, "step": 2}
     assert set(GROUPS["zero_all"]) == set(ZERO_ALL) and set(GROUPS["prefill"]) == set(PREFILL)
     assert GROUPS["rows"] == ROWS and GROUPS["checksum"] == CHECKSUM
+    assert GROUPS["step"] == ("scratch", "token_ids")     # what StepInputs uploads into
     assert set(BUFFER_NAMES) - set(GROUPS["total"]) == {"o_latent", "norm_unit_w"}
     assert set(BUFFER_NAMES) - set(GROUPS["pointer"]) == {"moe_fp8_scratch", "ssm_rowwise_w_bf16"}
     for name, flags in zip(BUFFER_NAMES, BUFFER_FLAGS):

@@ -7,7 +7,7 @@ import metrale
 from metrale import BufferArena, BufferSizes, MetraleError, OutOfMemoryError
 
 from helpers import (PREFILL, PRESET, ZERO_ALL, Mem, check_zeroed, cuda_backend, cuda_reason,
-                     expected_rows_length, fill_all, rows_expectation)
+                     expected_rows_length, fill_all, rows_expectation, slab_base)
 
 
 @pytest.fixture
@@ -145,7 +145,7 @@ def test_clear_ranges_only_in_device_memory(gpu):
     host = np.zeros(4096, dtype=np.uint8)
     other = torch.zeros(4096, dtype=torch.uint8, device="cuda")
     with BufferArena.new(PRESET, 16, 4096, 16, 32, gpu) as arena:
-        end = arena.hidden_states() + arena.slab_bytes()
+        end = slab_base(arena) + arena.slab_bytes()
         for bad in [(host.ctypes.data // 16 * 16 + 16, 16), (16, 16), (end - 16, 2**31),
                     (2**64 - 16, 16)]:
             with pytest.raises(ValueError, match="not inside one allocation of device memory"):

@@ -29,7 +29,11 @@ def test_every_preset_one_slab(preset, m):
     p = [(offs[n], offs[n] + getattr(arena.sizes(), n)) for n in PREFILL if offs[n] is not None]
     assert (za_lo, za_lo + za_len) == (min(a for a, _ in z), max(b for _, b in z))
     assert (zp_lo, zp_lo + zp_len) == (min(a for a, _ in p), max(b for _, b in p))
-    assert zp_lo == za_lo
+    # the step inputs first: token_ids at 0, then scratch, the first of zero_all
+    # and right before the zero_prefill_essentials buffers
+    assert offs["token_ids"] == 0 and offs["scratch"] == za_lo
+    assert za_lo == -(-arena.sizes().token_ids // 256) * 256
+    assert zp_lo == -(-(za_lo + arena.sizes().scratch) // 256) * 256
     others = [(offs[n], offs[n] + getattr(arena.sizes(), n)) for n in BUFFER_NAMES
               if n not in ZERO_ALL and offs[n] is not None]
     for a, b in others:
@@ -100,7 +104,9 @@ def test_slab_plan_object():
     last = placed[-1][1]
     assert plan.slab_bytes == -(-(offsets[last] + getattr(sizes, last)) // 256) * 256
     za, zp = plan.zero_all, plan.zero_prefill
-    assert za[0] == 0 and zp[0] == 0 and zp[1] <= za[1]       # prefill first, inside zero_all
+    # token_ids first, then zero_all from scratch, the prefill buffers inside it
+    assert offsets["token_ids"] == 0 and za[0] == offsets["scratch"] > 0
+    assert za[0] < zp[0] and zp[0] + zp[1] <= za[0] + za[1]
     assert plan.rows_ranges(128) == [za] and plan.rows_ranges(1) == zero_rows_ranges(sizes, 128, 1)
     with pytest.raises(TypeError, match="sizes"):
         plan_layout({}, 128)

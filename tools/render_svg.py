@@ -380,9 +380,10 @@ def check_screenshot(svg_path, png_path, tolerance=4):
         seen = near(colour)
         seen_sum += seen
         exp_sum += area
-        # Below ~300 px the pixel snapping of thin rectangles and the table
-        # swatches' edges dominate; those colours count in the total only.
-        if area < 300:
+        # Below ~1000 px the pixel snapping of thin rectangles (a buffer under
+        # a pixel tall still paints a row) and the table swatches' edges
+        # dominate; those colours count in the total only.
+        if area < 1000:
             continue
         ratio = seen / area
         # Labels written over a fill hide part of it (down to about 0.6 for

@@ -10,6 +10,7 @@ _LAZY = {
     "ModelConfig": "metrale.config",
     "BufferSizes": "metrale.sizes",
     "BufferArena": "metrale._arena",
+    "StepInputs": "metrale._arena",
     "DecodeMetaLayout": "metrale.sizes",
     "MoeFp8Scratch": "metrale.moe",
     "Target": "metrale.sizes",

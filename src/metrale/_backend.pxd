@@ -1,7 +1,7 @@
 # The backend interface the arena drives: one cdef call per device operation,
 # so no Python runs per memset, copy or free.
 from libc.stdint cimport uint64_t, uintptr_t
-from metrale._core cimport mt_range
+from metrale._core cimport mt_range, mt_rows_args
 
 cdef class Backend:
     # DLPack device type of the memory (1 = CPU, 2 = CUDA) and its ordinal.
@@ -27,6 +27,20 @@ cdef class Backend:
     cdef void free_quiet(self, uintptr_t p, size_t n) noexcept
     cdef int memset(self, uintptr_t p, size_t n, uintptr_t stream) except -1
     cdef int zero_ranges(self, uintptr_t base, const mt_range *r, int n, uintptr_t stream) except -1
+    # zero_all_rows with the token count read, when the work runs, from the
+    # int32 at a.count_at (kernels/zero_ranges.h); the base class reads it with
+    # d2h and clears with zero_ranges.
+    cdef int zero_rows_at(self, const mt_rows_args *a, uintptr_t stream) except -1
+    # Host -> device copy in stream order, not waited for (capturable on CUDA):
+    # src must stay unchanged until the copy has run (see the events below).
+    cdef int copy_h2d(self, uintptr_t dst, const void *src, size_t n, uintptr_t stream) except -1
+    # Events that say when queued work has run: record in stream order (a node
+    # of its own in a captured graph), wait on the host.  Host backends run
+    # everything at the call, so their events are always complete.
+    cdef int event_create(self, uintptr_t *out) except -1
+    cdef int event_record(self, uintptr_t event, uintptr_t stream) except -1
+    cdef int event_wait(self, uintptr_t event) except -1
+    cdef void event_destroy(self, uintptr_t event) noexcept
     cdef int d2h(self, void *dst, uintptr_t src, size_t n, uintptr_t stream) except -1
     cdef int h2d(self, uintptr_t dst, const void *src, size_t n, uintptr_t stream) except -1
     cdef int sync(self, uintptr_t stream) except -1

@@ -1,12 +1,13 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, binding=False
 """Backend base class, stream handles and the host backend."""
 
-from libc.stdint cimport uint64_t, uintptr_t
+from libc.stdint cimport int32_t, uint64_t, uintptr_t
 from libc.stdlib cimport free as c_free, malloc as c_malloc
 from libc.string cimport memcpy, memset as c_memset
 
 from metrale._common cimport as_stream, u64_arg
-from metrale._core cimport MT_ALIGN, MT_N_ZERO_ALL, mt_range
+from metrale._core cimport (MT_ALIGN, MT_MAX_ROWS_ENTRIES, MT_N_ZERO_ALL, mt_range, mt_rows_args,
+                            mt_rows_count, mt_rows_segment)
 
 from metrale.errors import MetraleError, OutOfMemoryError
 
@@ -92,6 +93,34 @@ cdef class Backend:
         for i in range(n):
             self.memset(base + r[i].offset, r[i].length, stream)
         return 0
+    cdef int zero_rows_at(self, const mt_rows_args *a, uintptr_t stream) except -1:
+        # Read the count when the call runs (d2h waits for the stream's work
+        # before it), then clear what the table gives for it.
+        cdef int32_t count = 0
+        cdef mt_range r[MT_MAX_ROWS_ENTRIES]
+        cdef unsigned long long t, lo, hi
+        cdef int i, n = 0
+        self.d2h(&count, a.count_at, 4, stream)
+        t = mt_rows_count(a, count)
+        for i in range(a.n):
+            mt_rows_segment(a, i, t, &lo, &hi)
+            if hi > lo:
+                r[n].offset = lo
+                r[n].length = hi - lo
+                n += 1
+        if n:
+            self.zero_ranges(a.base, r, n, stream)
+        return 0
+    cdef int copy_h2d(self, uintptr_t dst, const void *src, size_t n, uintptr_t stream) except -1:
+        return _unusable(self)
+    cdef int event_create(self, uintptr_t *out) except -1:
+        return _unusable(self)
+    cdef int event_record(self, uintptr_t event, uintptr_t stream) except -1:
+        return _unusable(self)
+    cdef int event_wait(self, uintptr_t event) except -1:
+        return _unusable(self)
+    cdef void event_destroy(self, uintptr_t event) noexcept:
+        pass
     cdef int d2h(self, void *dst, uintptr_t src, size_t n, uintptr_t stream) except -1:
         return _unusable(self)
     cdef int h2d(self, uintptr_t dst, const void *src, size_t n, uintptr_t stream) except -1:
@@ -289,6 +318,23 @@ Host memory, synchronous: everything the arena does, with no GPU.
 
     cdef int sync(self, uintptr_t stream) except -1:
         self.sync_count += 1
+        return 0
+
+    cdef int copy_h2d(self, uintptr_t dst, const void *src, size_t n, uintptr_t stream) except -1:
+        with nogil:
+            memcpy(<void *>dst, src, n)
+        self.h2d_count += 1
+        return 0
+
+    # Work runs at the call: an event is complete once recorded.
+    cdef int event_create(self, uintptr_t *out) except -1:
+        out[0] = 1
+        return 0
+
+    cdef int event_record(self, uintptr_t event, uintptr_t stream) except -1:
+        return 0
+
+    cdef int event_wait(self, uintptr_t event) except -1:
         return 0
 
     # -- virtual memory: one PROT_NONE mapping reserved, pages committed by

@@ -18,6 +18,7 @@ cdef extern from "arena_core.h" nogil:
         MT_IN_TOTAL
         MT_HAS_POINTER
         MT_HAS_BYTES
+        MT_IN_STEP
 
     enum:
         MT_OK
@@ -117,3 +118,38 @@ cdef extern from "arena_core.h" nogil:
     void mt_scratch_get_stats(const mt_scratch *s, mt_scratch_stats *out)
     void mt_scratch_reset_peaks(mt_scratch *s)
     uint64_t mt_thread_id()
+
+
+# Declarations of src/metrale/kernels/zero_ranges.h: the parameter blocks of
+# the zeroing kernels and the one evaluation of zero_all_rows' table.
+cdef extern from "metrale/kernels/zero_ranges.h" nogil:
+    enum:
+        MT_MAX_RANGES
+        MT_MAX_ROWS_ENTRIES
+    ctypedef struct mt_zero_args:
+        unsigned long long base
+        unsigned long long offset[MT_MAX_RANGES]
+        unsigned long long length[MT_MAX_RANGES]
+        unsigned int first[MT_MAX_RANGES + 1]
+        unsigned int per
+        int count
+    ctypedef struct mt_rows_entry:
+        unsigned long long offset
+        unsigned long long size
+        unsigned long long row
+        unsigned long long lo
+        unsigned long long hi
+        unsigned long long pad_to
+        int kind
+    ctypedef struct mt_rows_args:
+        unsigned long long base
+        unsigned long long count_at
+        unsigned long long m
+        unsigned long long m16
+        mt_rows_entry e[MT_MAX_ROWS_ENTRIES]
+        unsigned int per
+        int n
+    int mt_rows_args_init(const mt_layout *L, uint64_t hole_lo, uint64_t hole_hi, mt_rows_args *a)
+    unsigned long long mt_rows_count(const mt_rows_args *a, long long t)
+    void mt_rows_segment(const mt_rows_args *a, int i, unsigned long long t,
+                         unsigned long long *start, unsigned long long *end)

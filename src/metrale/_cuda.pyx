@@ -11,30 +11,22 @@ from libc.stdint cimport uint64_t, uintptr_t
 from libc.string cimport memset as c_memset
 
 from cuda.bindings cimport cydriver
-from metrale._core cimport mt_range
+from metrale._core cimport (MT_MAX_RANGES, mt_range, mt_rows_args, mt_rows_count, mt_rows_segment,
+                            mt_zero_args)
 from metrale._backend cimport Backend
 from metrale._common cimport as_stream, index_arg, u64_arg, mt_py_finalizing
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 
 from metrale.errors import MetraleError, OutOfMemoryError
 
-# The kernel's parameter block, declared once in kernels/zero_ranges.h.
-cdef extern from "metrale/kernels/zero_ranges.h":
-    enum:
-        MT_MAX_RANGES
-    ctypedef struct mt_zero_args:
-        unsigned long long base
-        unsigned long long offset[MT_MAX_RANGES]
-        unsigned long long length[MT_MAX_RANGES]
-        unsigned int first[MT_MAX_RANGES + 1]
-        unsigned int per
-        int count
-
 # 16-byte chunks per block of the zeroing kernel: 8 KiB, two stores per thread
 # of a 256-thread block.  Measured on the H200 against 256..8192 (RESULTS.md).
 cdef enum:
     ZERO_THREADS = 256
     ZERO_PER = 512
+    # metrale_zero_rows_at: its grid is fixed at capture, whatever the count
+    # read later, so a few resident blocks per SM take the tiles in turn.
+    ROWS_AT_BLOCKS_PER_SM = 8
 
 
 cdef str _err_name(cydriver.CUresult err):
@@ -95,7 +87,8 @@ An NVIDIA GPU through the CUDA driver.
     cdef cydriver.CUdevice _dev
     cdef cydriver.CUcontext _ctx
     cdef cydriver.CUmodule _mod
-    cdef cydriver.CUfunction _zero_fn
+    cdef cydriver.CUfunction _zero_fn, _rows_at_fn
+    cdef public int _rows_at_blocks_per_sm   # grid of zero_rows_at, per SM (tuning)
     cdef bint _retained
     cdef int _sm_count, _cc_major, _cc_minor
     cdef size_t _gran
@@ -142,6 +135,9 @@ An NVIDIA GPU through the CUDA driver.
         _check(err, "cuModuleLoadData(zero_ranges.ptx)")
         _check(cydriver.cuModuleGetFunction(&self._zero_fn, self._mod, b"metrale_zero_ranges"),
                "cuModuleGetFunction")
+        _check(cydriver.cuModuleGetFunction(&self._rows_at_fn, self._mod, b"metrale_zero_rows_at"),
+               "cuModuleGetFunction")
+        self._rows_at_blocks_per_sm = ROWS_AT_BLOCKS_PER_SM
         return 0
 
     def __dealloc__(self):
@@ -289,6 +285,81 @@ An NVIDIA GPU through the CUDA driver.
         _check(err, "cuLaunchKernel(metrale_zero_ranges)")
         self.launch_count += 1
         return 0
+
+    cdef int zero_rows_at(self, const mt_rows_args *a, uintptr_t stream) except -1:
+        cdef mt_rows_args args = a[0]
+        cdef void *params[1]
+        cdef unsigned long long lo, hi, tiles = 0, tile = ZERO_PER * 16
+        cdef unsigned long long blocks
+        cdef int i
+        cdef cydriver.CUresult err
+        cdef cydriver.CUstream s = <cydriver.CUstream>stream
+        # The grid covers the most the kernel can find to clear (every buffer
+        # whole), capped at a few blocks per SM.
+        for i in range(args.n):
+            mt_rows_segment(&args, i, args.m, &lo, &hi)
+            tiles += (hi - lo + tile - 1) // tile
+        if tiles == 0:
+            return 0
+        blocks = <unsigned long long>self._sm_count * max(self._rows_at_blocks_per_sm, 1)
+        if tiles < blocks:
+            blocks = tiles
+        args.per = ZERO_PER
+        params[0] = &args
+        self._current()
+        with nogil:
+            err = cydriver.cuLaunchKernel(self._rows_at_fn, <unsigned int>blocks, 1, 1, ZERO_THREADS,
+                                          1, 1, 0, s, params, NULL)
+        _check(err, "cuLaunchKernel(metrale_zero_rows_at)")
+        self.launch_count += 1
+        return 0
+
+    cdef int copy_h2d(self, uintptr_t dst, const void *src, size_t n, uintptr_t stream) except -1:
+        cdef cydriver.CUresult err
+        cdef cydriver.CUstream s = <cydriver.CUstream>stream
+        self._current()
+        with nogil:
+            err = cydriver.cuMemcpyHtoDAsync(<cydriver.CUdeviceptr>dst, src, n, s)
+        _check(err, "cuMemcpyHtoDAsync")
+        self.h2d_count += 1
+        return 0
+
+    cdef int event_create(self, uintptr_t *out) except -1:
+        cdef cydriver.CUevent ev = NULL
+        cdef cydriver.CUresult err
+        self._current()
+        with nogil:
+            err = cydriver.cuEventCreate(&ev, cydriver.CU_EVENT_DISABLE_TIMING)
+        _check(err, "cuEventCreate")
+        out[0] = <uintptr_t>ev
+        return 0
+
+    cdef int event_record(self, uintptr_t event, uintptr_t stream) except -1:
+        # EXTERNAL: inside a stream capture the record becomes a node of the
+        # graph, so each replay records the event (a plain record would only
+        # order the capture).
+        cdef cydriver.CUresult err
+        self._current()
+        with nogil:
+            err = cydriver.cuEventRecordWithFlags(<cydriver.CUevent>event, <cydriver.CUstream>stream,
+                                                  cydriver.CU_EVENT_RECORD_EXTERNAL)
+        _check(err, "cuEventRecordWithFlags")
+        return 0
+
+    cdef int event_wait(self, uintptr_t event) except -1:
+        cdef cydriver.CUresult err
+        self._current()
+        with nogil:
+            err = cydriver.cuEventSynchronize(<cydriver.CUevent>event)
+        _check(err, "cuEventSynchronize")
+        return 0
+
+    cdef void event_destroy(self, uintptr_t event) noexcept:
+        if mt_py_finalizing():
+            return
+        with nogil:
+            cydriver.cuCtxSetCurrent(self._ctx)
+            cydriver.cuEventDestroy(<cydriver.CUevent>event)
 
     cdef int d2h(self, void *dst, uintptr_t src, size_t n, uintptr_t stream) except -1:
         cdef cydriver.CUresult err

@@ -19,6 +19,7 @@ __all__ = [
     "BUFFER_NAMES", "BufferSizes", "DecodeMetaLayout", "Target",
     "GATEUP_FUSED_MAX_M", "DECODE_META_MIN_ROWS", "DECODE_META_MAX_ROWS",
     "Q12_SIZING_STREAMS", "VERIFY_ROW_CAP", "SPLITK_POLICIES", "resolve_splitk",
+    "kv_blocks_per_seq",
 ]
 
 GATEUP_FUSED_MAX_M = 16
@@ -28,6 +29,9 @@ Q12_SIZING_STREAMS = 8
 VERIFY_ROW_CAP = 160
 
 _DECODE_META_OFFSET = 32_768   # batched decode / verify metadata inside `scratch`
+# The int32 token count StepInputs uploads: the last 16 bytes before the decode
+# metadata, inside the 32 KiB the sizing reserves ahead of it.
+_STEP_COUNT_OFFSET = _DECODE_META_OFFSET - 16
 _SCRATCH_FLOOR = 65_536
 _FLOOR = 256
 _Q8_SLACK = 1 << 20
@@ -338,6 +342,24 @@ class DecodeMetaLayout:
 
     def __repr__(self):
         return f"DecodeMetaLayout(rows={self._rows})"
+
+
+def kv_blocks_per_seq(max_seq_len, kv_block_size):
+    """KV blocks per sequence in the block tables (B).
+
+    Parameters
+    ----------
+    max_seq_len : int
+        Longest sequence the KV cache serves.
+    kv_block_size : int
+        Tokens per paged-KV block; 0 means 256 blocks.
+
+    Returns
+    -------
+    int
+        ``max_seq_len // kv_block_size + 1``, or 256 when `kv_block_size` is 0.
+    """
+    return 256 if kv_block_size == 0 else max_seq_len // kv_block_size + 1
 
 
 # -- scratch -----------------------------------------------------------------------
@@ -667,7 +689,7 @@ def _compute(c, M, max_seq_len, kv_block_size, max_batch_size, target, env):
     Mp = ceil_to(M, 16)
     Kx = ceil_to(max(M, 3), 16)
     R = max(DECODE_META_MIN_ROWS, max_batch_size)
-    B = 256 if kv_block_size == 0 else max_seq_len // kv_block_size + 1
+    B = kv_blocks_per_seq(max_seq_len, kv_block_size)
     H, I, V = c.hidden_size, c.intermediate_size, c.vocab_size
     Hq, Hkv, D = c.num_attention_heads, c.num_key_value_heads, c.head_dim
     g = 2 if c.attn_gated else 1

@@ -6,7 +6,7 @@ from metrale.config import ModelConfig
 __all__ = [
     'BUFFER_NAMES', 'BufferSizes', 'DecodeMetaLayout', 'Target', 'GATEUP_FUSED_MAX_M',
     'DECODE_META_MIN_ROWS', 'DECODE_META_MAX_ROWS', 'Q12_SIZING_STREAMS', 'VERIFY_ROW_CAP',
-    'SPLITK_POLICIES', 'resolve_splitk',
+    'SPLITK_POLICIES', 'resolve_splitk', 'kv_blocks_per_seq',
 ]
 
 GATEUP_FUSED_MAX_M: int
@@ -27,6 +27,7 @@ class Target(Record):
     def reference(cls) -> Target: ...
 
 def resolve_splitk(target: Target, env: Mapping[str, str]) -> tuple[str, int]: ...
+def kv_blocks_per_seq(max_seq_len: int, kv_block_size: int) -> int: ...
 def splitk_slots(target: Target, env: Mapping[str, str], num_heads: int, rows: int) -> int: ...
 def scratch_terms(config: ModelConfig, M: int, B: int, R: int) -> tuple[int, int, int]: ...
 

@@ -57,7 +57,9 @@ A HostBackend whose nth next operation of a kind fails, on demand.
             ``"alloc"`` (arena construction), ``"free"`` (``release()`` and
             the cleanup of a failed construction), ``"memset"`` (construction,
             the zeroing helpers, ``clear_ranges``), ``"d2h"`` (the copies of
-            ``debug_buffer_checksum``, ``sleep``), ``"h2d"`` (``wake``) or
+            ``debug_buffer_checksum``, ``sleep``, the count read of
+            ``zero_all_rows(tokens_at=...)``), ``"h2d"`` (``wake``,
+            ``StepInputs.upload``) or
             ``"sync"`` (construction, ``debug_buffer_checksum``); and the
             steps of a reserved arena (construction, ``resize``, ``sleep``,
             ``wake``, ``release``): ``"reserve"`` and ``"create"`` (raise
@@ -122,6 +124,11 @@ A HostBackend whose nth next operation of a kind fails, on demand.
         if self._fails("h2d"):
             raise MetraleError("HOST_INJECTED_FAULT: copy failed")
         return HostBackend.h2d(self, dst, src, n, stream)
+
+    cdef int copy_h2d(self, uintptr_t dst, const void *src, size_t n, uintptr_t stream) except -1:
+        if self._fails("h2d"):
+            raise MetraleError("HOST_INJECTED_FAULT: copy failed")
+        return HostBackend.copy_h2d(self, dst, src, n, stream)
 
     cdef int sync(self, uintptr_t stream) except -1:
         if self._fails("sync"):
