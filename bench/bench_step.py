@@ -117,10 +117,10 @@ def main():
     # -- 1. device count against host count ---------------------------------------------
     print("\n1. zero_all_rows: GPU µs, median (min..max) of", args.runs,
           "alone / per op over 20 back to back")
-    print(f"{'n':>6} {'grid/SM':>7} {'host count':>22} {'device count':>22} {'x alone':>8} {'x b2b':>7}")
+    print(f"{'n':>6} {'grid/SM':>7} {'tile':>5} {'spread':>6} {'host count':>22} {'device count':>22} {'x alone':>8} {'x b2b':>7}")
     cell = torch.zeros(1, dtype=torch.int32, device="cuda")
-    for per_sm in (4, 8, 16, 32):
-        gpu._rows_at_blocks_per_sm = per_sm
+    for per_sm, per, spread in ((4, 512, 8), (8, 512, 8), (4, 256, 32), (8, 256, 32), (4, 256, 4)):
+        gpu._rows_at_blocks_per_sm, gpu._rows_at_per, gpu._rows_at_spread = per_sm, per, spread
         for n in (1, 16, 4096):
             cell.fill_(n)
             torch.cuda.synchronize()
@@ -131,9 +131,9 @@ def main():
             rd = timed(dev, s, args.runs)
             bh = timed_back_to_back(host, s, max(args.runs // 3, 5))
             bd = timed_back_to_back(dev, s, max(args.runs // 3, 5))
-            print(f"{n:>6} {per_sm:>7} {rh[0]:>8.1f} ({rh[1]:.1f}..{rh[2]:.1f}) "
+            print(f"{n:>6} {per_sm:>7} {per:>5} {spread:>6} {rh[0]:>8.1f} ({rh[1]:.1f}..{rh[2]:.1f}) "
                   f"{rd[0]:>8.1f} ({rd[1]:.1f}..{rd[2]:.1f}) {rd[0] / rh[0]:>8.3f} {bd / bh:>7.3f}")
-    gpu._rows_at_blocks_per_sm = 8
+    gpu._rows_at_blocks_per_sm, gpu._rows_at_per, gpu._rows_at_spread = 8, 512, 8
 
     # -- 2. decode prologue host cost ---------------------------------------------------
     rng = np.random.default_rng(0)
@@ -183,15 +183,16 @@ def main():
         st.tokens = BATCH
         g_one.replay()
 
+    # zeroing first: it clears scratch, where the metadata goes
     def t_eager():
         fill(pinned_np, inputs)
-        torch_copies()
         torch_zero()
+        torch_copies()
 
     def t_graph():
         fill(pinned_np, inputs)
-        torch_copies()
         g_torch.replay()
+        torch_copies()
 
     def only_fill():
         fill(views, inputs)
@@ -199,8 +200,8 @@ def main():
     drain = torch.cuda.synchronize
     paths = [("numpy fill alone", only_fill), ("metrale: fill + upload (copy + zeroing)", m_eager),
              ("metrale: fill + graph replay (copy + zeroing)", m_graph),
-             ("torch eager: fill + 6 copy_ + 18 zero_()", t_eager),
-             ("torch: fill + 6 copy_ + graph replay of the zeroing", t_graph)]
+             ("torch eager: fill + 18 zero_() + 6 copy_", t_eager),
+             ("torch: fill + graph replay of the zeroing + 6 copy_", t_graph)]
     for _, fn in paths:
         for _ in range(200):
             fn()

@@ -473,6 +473,6 @@ def test_one_graph_replays_every_batch_size(preset):
                     continue
                 assert not v[:k].any(), f"{preset}: {name}: first {k} bytes not zero at n={n}"
                 assert (v[k:] == SENTINEL).all(), f"{preset}: {name}: bytes past {k} at n={n}"
-        del views, snap, host, g
+        del views, snap, host, g, v
         torch.cuda.synchronize()
         st.release()

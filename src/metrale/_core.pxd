@@ -148,6 +148,7 @@ cdef extern from "metrale/kernels/zero_ranges.h" nogil:
         unsigned long long m16
         mt_rows_entry e[MT_MAX_ROWS_ENTRIES]
         unsigned int per
+        unsigned int spread
         int n
     int mt_rows_args_init(const mt_layout *L, uint64_t hole_lo, uint64_t hole_hi, mt_rows_args *a)
     unsigned long long mt_rows_count(const mt_rows_args *a, long long t)

@@ -27,6 +27,7 @@ cdef enum:
     # metrale_zero_rows_at: its grid is fixed at capture, whatever the count
     # read later, so a few resident blocks per SM take the tiles in turn.
     ROWS_AT_BLOCKS_PER_SM = 8
+    ROWS_AT_SPREAD = 8
 
 
 cdef str _err_name(cydriver.CUresult err):
@@ -89,6 +90,8 @@ An NVIDIA GPU through the CUDA driver.
     cdef cydriver.CUmodule _mod
     cdef cydriver.CUfunction _zero_fn, _rows_at_fn
     cdef public int _rows_at_blocks_per_sm   # grid of zero_rows_at, per SM (tuning)
+    cdef public unsigned int _rows_at_per    # its tile in 16-byte chunks, a power of two (tuning)
+    cdef public unsigned int _rows_at_spread # tiles a block aims at (tuning)
     cdef bint _retained
     cdef int _sm_count, _cc_major, _cc_minor
     cdef size_t _gran
@@ -138,6 +141,8 @@ An NVIDIA GPU through the CUDA driver.
         _check(cydriver.cuModuleGetFunction(&self._rows_at_fn, self._mod, b"metrale_zero_rows_at"),
                "cuModuleGetFunction")
         self._rows_at_blocks_per_sm = ROWS_AT_BLOCKS_PER_SM
+        self._rows_at_per = ZERO_PER
+        self._rows_at_spread = ROWS_AT_SPREAD
         return 0
 
     def __dealloc__(self):
@@ -289,11 +294,15 @@ An NVIDIA GPU through the CUDA driver.
     cdef int zero_rows_at(self, const mt_rows_args *a, uintptr_t stream) except -1:
         cdef mt_rows_args args = a[0]
         cdef void *params[1]
-        cdef unsigned long long lo, hi, tiles = 0, tile = ZERO_PER * 16
+        cdef unsigned int per = self._rows_at_per
+        cdef unsigned long long lo, hi, tiles = 0, tile
         cdef unsigned long long blocks
         cdef int i
         cdef cydriver.CUresult err
         cdef cydriver.CUstream s = <cydriver.CUstream>stream
+        if per == 0 or per & (per - 1):
+            raise ValueError(f"_rows_at_per must be a power of two, got {per}")
+        tile = <unsigned long long>per * 16
         # The grid covers the most the kernel can find to clear (every buffer
         # whole), capped at a few blocks per SM.
         for i in range(args.n):
@@ -304,7 +313,8 @@ An NVIDIA GPU through the CUDA driver.
         blocks = <unsigned long long>self._sm_count * max(self._rows_at_blocks_per_sm, 1)
         if tiles < blocks:
             blocks = tiles
-        args.per = ZERO_PER
+        args.per = per
+        args.spread = max(self._rows_at_spread, 1)
         params[0] = &args
         self._current()
         with nogil:
@@ -335,15 +345,22 @@ An NVIDIA GPU through the CUDA driver.
         return 0
 
     cdef int event_record(self, uintptr_t event, uintptr_t stream) except -1:
-        # EXTERNAL: inside a stream capture the record becomes a node of the
-        # graph, so each replay records the event (a plain record would only
-        # order the capture).
+        # Inside a stream capture the record is made EXTERNAL, a node of the
+        # graph, so that each replay records the event (a plain record would
+        # only order the capture); the driver refuses that flag outside one.
         cdef cydriver.CUresult err
+        cdef cydriver.CUstreamCaptureStatus status = cydriver.CU_STREAM_CAPTURE_STATUS_NONE
+        cdef cydriver.CUstream s = <cydriver.CUstream>stream
         self._current()
         with nogil:
-            err = cydriver.cuEventRecordWithFlags(<cydriver.CUevent>event, <cydriver.CUstream>stream,
-                                                  cydriver.CU_EVENT_RECORD_EXTERNAL)
-        _check(err, "cuEventRecordWithFlags")
+            err = cydriver.cuStreamIsCapturing(s, &status)
+            if err == cydriver.CUDA_SUCCESS:
+                if status == cydriver.CU_STREAM_CAPTURE_STATUS_ACTIVE:
+                    err = cydriver.cuEventRecordWithFlags(<cydriver.CUevent>event, s,
+                                                          cydriver.CU_EVENT_RECORD_EXTERNAL)
+                else:
+                    err = cydriver.cuEventRecord(<cydriver.CUevent>event, s)
+        _check(err, "cuEventRecord")
         return 0
 
     cdef int event_wait(self, uintptr_t event) except -1:

@@ -54,44 +54,76 @@ __device__ __forceinline__ void clear_bytes(unsigned long long base, unsigned lo
     const unsigned long long n16 = (b - a) >> 4;
     const unsigned step = blockDim.x;
     unsigned long long i = threadIdx.x;
-    for (; i + step < n16; i += 2 * step) {
+    for (; i + 3 * step < n16; i += 4 * step) {          // four stores in flight
         q[i] = make_uint4(0, 0, 0, 0);
         q[i + step] = make_uint4(0, 0, 0, 0);
+        q[i + 2 * step] = make_uint4(0, 0, 0, 0);
+        q[i + 3 * step] = make_uint4(0, 0, 0, 0);
     }
-    if (i < n16)
+    for (; i < n16; i += step)
         q[i] = make_uint4(0, 0, 0, 0);
 }
 
 // zero_all_rows with the token count read here, when the kernel runs, from
 // the int32 at a.count_at: the grid is fixed at capture, so one CUDA graph
-// serves every batch size.  Every block evaluates the table (mt_rows_segment,
-// the rule the host uses too), cuts the live ranges into tiles of `per`
-// 16-byte chunks and takes tiles blockIdx.x, blockIdx.x + gridDim.x, ...: the
-// tiles of every range are spread over all blocks, so a grid of a few blocks
-// per SM balances whatever the count.
+// serves every batch size.  The first warp evaluates the table (lane i entry
+// i, with mt_rows_segment, the rule the host uses too), sizes the tiles from
+// the bytes it found (at least `per` 16-byte chunks, at most 64 KiB, about
+// `spread` tiles a block: few tiles of a small count balance badly, many small
+// tiles of a large one cost more than their stores) and numbers them with a
+// warp scan; then block b takes tiles b, b + gridDim.x, ...: every range is
+// spread over all blocks.  No division anywhere: at a few microseconds a
+// launch, 64-bit divisions cost more than the stores of a small count.
+static_assert(MT_MAX_ROWS_ENTRIES < 32, "one warp evaluates the table");
+
+__device__ __forceinline__ unsigned long long warp_inclusive_sum(unsigned long long v, int lane)
+{
+    for (int d = 1; d < 32; d <<= 1) {
+        const unsigned long long y = __shfl_up_sync(0xffffffffu, v, d);
+        if (lane >= d)
+            v += y;
+    }
+    return v;
+}
+
 extern "C" __global__ void metrale_zero_rows_at(const mt_rows_args a)
 {
     __shared__ unsigned long long start[MT_MAX_ROWS_ENTRIES], end[MT_MAX_ROWS_ENTRIES];
     __shared__ unsigned long long first[MT_MAX_ROWS_ENTRIES + 1];
-    const unsigned long long t = mt_rows_count(&a, *(const volatile int *)a.count_at);
-    const unsigned long long tile = (unsigned long long)a.per << 4;
-    if (threadIdx.x < (unsigned)a.n)
-        mt_rows_segment(&a, threadIdx.x, t, &start[threadIdx.x], &end[threadIdx.x]);
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        unsigned long long f = 0;
-        for (int r = 0; r < a.n; r++) {
-            first[r] = f;
-            f += (end[r] - start[r] + tile - 1) / tile;
+    __shared__ unsigned tile_shift;
+    if (threadIdx.x < 32) {
+        const int lane = threadIdx.x;
+        unsigned long long s = 0, e = 0;
+        if (lane < a.n) {
+            const unsigned long long t = mt_rows_count(&a, *(const volatile int *)a.count_at);
+            mt_rows_segment(&a, lane, t, &s, &e);
         }
-        first[a.n] = f;
+        // bytes of the whole launch, in every lane: the tile is a power of two
+        // between per * 16 and 64 KiB near total / (spread * gridDim.x)
+        const unsigned long long total = __shfl_sync(0xffffffffu, warp_inclusive_sum(e - s, lane), 31);
+        const unsigned long long want = total / ((unsigned long long)a.spread * gridDim.x);
+        unsigned shift = 4 + __ffs(a.per) - 1;
+        while (shift < 16 && (1ULL << shift) < want)
+            shift++;
+        const unsigned long long tiles = warp_inclusive_sum((e - s + (1ULL << shift) - 1) >> shift, lane);
+        if (lane < a.n) {
+            start[lane] = s;
+            end[lane] = e;
+            first[lane + 1] = tiles;
+        }
+        if (lane == 0) {
+            first[0] = 0;
+            tile_shift = shift;
+        }
     }
     __syncthreads();
+    const unsigned shift = tile_shift;
+    const unsigned long long count = first[a.n];
     int r = 0;
-    for (unsigned long long g = blockIdx.x; g < first[a.n]; g += gridDim.x) {
+    for (unsigned long long g = blockIdx.x; g < count; g += gridDim.x) {
         while (g >= first[r + 1])
             r++;
-        const unsigned long long lo = start[r] + (g - first[r]) * tile;
-        clear_bytes(a.base, lo, min(lo + tile, end[r]));
+        const unsigned long long lo = start[r] + ((g - first[r]) << shift);
+        clear_bytes(a.base, lo, min(lo + (1ULL << shift), end[r]));
     }
 }

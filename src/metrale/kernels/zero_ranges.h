@@ -46,7 +46,8 @@ typedef struct mt_rows_args {
     unsigned long long count_at; /* address of the int32 token count (device path) */
     unsigned long long m, m16;   /* max(max_batch_tokens, 1) and ceil16 of it */
     mt_rows_entry e[MT_MAX_ROWS_ENTRIES];
-    unsigned int per;            /* 16-byte chunks per tile (kernel) */
+    unsigned int per;            /* 16-byte chunks of the smallest tile, a power of two */
+    unsigned int spread;         /* tiles a block aims at (kernel) */
     int n;                       /* entries used */
 } mt_rows_args;
 
