@@ -25,6 +25,16 @@ static int align_up(uint64_t x, uint64_t *out)
     return MT_OK;
 }
 
+/* The bytes a live buffer of n bytes spans with its guard band: up to the
+ * next MT_ALIGN boundary plus L->guard (debug layouts); just n without one. */
+static int with_guard(const mt_layout *L, uint64_t n, uint64_t *out)
+{
+    if (L->guard == 0) { *out = n; return MT_OK; }
+    if (align_up(n, out) != MT_OK || *out > UINT64_MAX - L->guard) return MT_ERR_OVERFLOW;
+    *out += L->guard;
+    return MT_OK;
+}
+
 static mt_range group_range(const mt_layout *L, unsigned group)
 {
     mt_range r = {0, 0};
@@ -47,11 +57,14 @@ static int slab_part(unsigned flags)
     return 3;
 }
 
-int mt_layout_plan(mt_layout *L, const uint64_t sizes[MT_NBUF], uint64_t max_batch_tokens)
+int mt_layout_plan(mt_layout *L, const uint64_t sizes[MT_NBUF], uint64_t max_batch_tokens,
+                   uint64_t guard)
 {
     uint64_t cur = 0;
     int k = 0;
     memset(L, 0, sizeof(*L));
+    if (guard % MT_ALIGN) return MT_ERR_LIMIT;
+    L->guard = guard;
     L->max_batch_tokens = max_batch_tokens;
     for (int part = 0; part < 4; part++)
         for (int b = 0; b < MT_NBUF; b++)
@@ -63,6 +76,8 @@ int mt_layout_plan(mt_layout *L, const uint64_t sizes[MT_NBUF], uint64_t max_bat
         if (n == 0) continue;   /* an empty buffer is NULL: no range */
         L->offset[b] = cur;
         if (n > UINT64_MAX - cur || align_up(cur + n, &cur) != MT_OK) return MT_ERR_OVERFLOW;
+        if (guard > UINT64_MAX - cur) return MT_ERR_OVERFLOW;
+        cur += guard;
     }
     L->slab_bytes = cur;
     L->zero_all = group_range(L, MT_IN_ZERO_ALL);
@@ -93,7 +108,7 @@ int mt_zero_rows_ranges(const mt_layout *L, uint64_t tokens, mt_range *out)
     int count = 0;
     int prev_whole = 0;
     if (tokens >= m) {
-        if (L->reserved) return mt_group_ranges(L, MT_IN_ZERO_ALL, out);
+        if (L->reserved || L->guard) return mt_group_ranges(L, MT_IN_ZERO_ALL, out);
         if (L->zero_all.length == 0) return 0;
         out[0] = L->zero_all;
         return 1;
@@ -161,13 +176,14 @@ static int good_granularity(uint64_t g) { return g >= MT_ALIGN && (g & (g - 1)) 
 
 int mt_layout_plan_reserved(mt_layout *L, const uint64_t sizes[MT_NBUF],
                             const uint64_t reserve[MT_NBUF], uint64_t max_batch_tokens,
-                            uint64_t gran)
+                            uint64_t gran, uint64_t guard)
 {
     uint64_t cur = 0, room;
     int k = 0, rc;
-    if (!good_granularity(gran)) return MT_ERR_LIMIT;
+    if (!good_granularity(gran) || guard % MT_ALIGN) return MT_ERR_LIMIT;
     memset(L, 0, sizeof(*L));
     L->reserved = 1;
+    L->guard = guard;
     for (int part = 0; part < 4; part++)
         for (int b = 0; b < MT_NBUF; b++)
             if (slab_part(mt_buffer_flags[b]) == part) L->order[k++] = b;
@@ -176,7 +192,8 @@ int mt_layout_plan_reserved(mt_layout *L, const uint64_t sizes[MT_NBUF],
         if (sizes[b] > reserve[b]) return MT_ERR_LIMIT;
         if (reserve[b] == 0) continue;      /* never anything: no sub-range */
         L->offset[b] = cur;
-        if ((rc = mt_round_up(reserve[b], gran, &room)) != MT_OK) return rc;
+        if ((rc = with_guard(L, reserve[b], &room)) != MT_OK ||
+            (rc = mt_round_up(room, gran, &room)) != MT_OK) return rc;
         if (room > UINT64_MAX - cur) return MT_ERR_OVERFLOW;
         L->room[b] = room;
         cur += room;
@@ -191,7 +208,8 @@ int mt_layout_resize(mt_layout *L, const uint64_t sizes[MT_NBUF], uint64_t max_b
     uint64_t rounded;
     if (!L->reserved || !good_granularity(gran)) return MT_ERR_LIMIT;
     for (int b = 0; b < MT_NBUF; b++)
-        if (sizes[b] && (mt_round_up(sizes[b], gran, &rounded) != MT_OK || rounded > L->room[b]))
+        if (sizes[b] && (with_guard(L, sizes[b], &rounded) != MT_OK ||
+                         mt_round_up(rounded, gran, &rounded) != MT_OK || rounded > L->room[b]))
             return MT_ERR_LIMIT;
     for (int b = 0; b < MT_NBUF; b++) L->size[b] = sizes[b];
     L->max_batch_tokens = max_batch_tokens;
@@ -234,7 +252,8 @@ int mt_commit_needed(const mt_layout *L, uint64_t gran, mt_range *out)
     uint64_t len;
     for (int i = 0; i < MT_NBUF; i++) {
         int b = L->order[i];
-        if (L->size[b] == 0 || mt_round_up(L->size[b], gran, &len) != MT_OK) continue;
+        if (L->size[b] == 0 || with_guard(L, L->size[b], &len) != MT_OK ||
+            mt_round_up(len, gran, &len) != MT_OK) continue;
         count = append_merged(out, count, L->offset[b], len, 1);
     }
     return count;
@@ -268,4 +287,11 @@ int mt_commit_gaps(const mt_range *need, int nneed, const mt_range *have, int nh
         }
     }
     return count;
+}
+
+uint64_t mt_rows_length(const mt_layout *L, int buf, uint64_t tokens)
+{
+    uint64_t m = L->max_batch_tokens ? L->max_batch_tokens : 1, n = L->size[buf];
+    if (tokens >= m || !(mt_buffer_flags[buf] & MT_IN_ROWS)) return n;
+    return rows_length(n, m, tokens);
 }
