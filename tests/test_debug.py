@@ -143,7 +143,7 @@ def test_guard_layout(guard):
     assert arena.slab_bytes() == sum(-(-getattr(sizes, n) // ALIGN) * ALIGN + guard for n in live)
     spans = []
     for n in live:
-        p, nbytes = ptr_of(arena, n), getattr(sizes, n)
+        p = ptr_of(arena, n)
         assert p % ALIGN == 0, n
         start, length = band_of(arena, n, guard)
         assert length >= guard
@@ -467,3 +467,92 @@ def test_element_types_on_the_buffer_mapping():
         for n in ROWS:                                     # poisoned and scanned: floats
             assert arena.buffers[n].dtype in POISON, n
     assert metrale.DebugOptions is DebugOptions
+
+
+# -- GPU only: the kernels against the host's C, torch kernels, graph capture ----------
+@pytest.fixture
+def gpu():
+    from helpers import cuda_backend, cuda_reason
+    g = cuda_backend()
+    if g is None:
+        pytest.skip(cuda_reason())
+    return g
+
+
+def _torch():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA here")
+    return torch
+
+
+@pytest.mark.parametrize("cfg,m", [(COMPACT, 13), (PRESET, 100)])
+def test_gpu_and_host_agree_byte_for_byte(gpu, cfg, m):
+    """The same bytes in a CUDA arena and a host arena of the same sizes give
+    the same fingerprints (more than one block per buffer at PRESET, M = 100),
+    NaN counts and guard reports."""
+    host = HostBackend()
+    sizes = BufferSizes.from_config(cfg, m, 256, 16, 8, env={})
+    arenas = [BufferArena.from_sizes(cfg, sizes, m, 8, g, debug=True) for g in (gpu, host)]
+    rng = np.random.default_rng(11)
+    for name in live_names(arenas[0]):
+        data = rng.integers(0, 256, getattr(sizes, name), dtype=np.uint8)
+        for arena, g in zip(arenas, (gpu, host)):
+            Mem(arena, g).write(name, data)
+    assert arenas[0].fingerprint() == arenas[1].fingerprint()
+    for tokens in (0, 1, 7, m, m + 5):
+        assert arenas[0].find_nonfinite(tokens=tokens) == arenas[1].find_nonfinite(tokens=tokens)
+    for arena, g in zip(arenas, (gpu, host)):
+        arena.poison_rows(tokens=2)
+        for name in ("residual", "logits", "moe_fp8_scratch"):
+            end = ptr_of(arena, name) + getattr(sizes, name)
+            poke(g, end + 3, b"\x00" * 5)
+    gpu.synchronize()
+    assert arenas[0].check_guards() == arenas[1].check_guards() != []
+    assert arenas[0].fingerprint() == arenas[1].fingerprint()
+    assert arenas[0].find_nonfinite(tokens=2) == arenas[1].find_nonfinite(tokens=2)
+    for arena in arenas:
+        arena.release()
+
+
+def test_torch_kernel_reading_a_padding_row(gpu):
+    torch = _torch()
+    tokens, hidden = 3, PRESET.hidden_size
+    with BufferArena.new(PRESET, 64, 4096, 16, 32, gpu, debug=True) as arena:
+        s = torch.cuda.current_stream()
+        arena.zero_all(stream=s)
+        arena.poison_rows(stream=s, tokens=tokens)
+        hs = torch.from_dlpack(arena.view("hidden_states", torch.bfloat16, (64, hidden)))
+        out = torch.from_dlpack(arena.view("norm_output", torch.bfloat16,
+                                           (64, arena.sizes().norm_output // 128)))
+        hs[:tokens].normal_()
+        out[:tokens, :hidden] = hs[:tokens] * 2            # a clean step
+        assert arena.find_nonfinite(stream=s, tokens=tokens) == []
+        out[1, :hidden] = hs[1:tokens + 1].sum(dim=0)     # reads padding row `tokens`
+        found = arena.find_nonfinite(stream=s, tokens=tokens)
+        assert [(f.buffer, f.nan, f.first_row) for f in found] == [("norm_output", hidden, 1)]
+        assert arena.check_guards(stream=s) == []
+        del hs, out
+
+
+def test_poison_rows_in_a_cuda_graph(gpu):
+    torch = _torch()
+    m_tokens, tokens = 100, 17
+    with BufferArena.new(PRESET, m_tokens, 4096, 16, 32, gpu, debug=True) as arena:
+        stream = torch.cuda.Stream()
+        g = torch.cuda.CUDAGraph()
+        torch.cuda.synchronize()
+        with torch.cuda.graph(g, stream=stream):
+            s = torch.cuda.current_stream()
+            arena.zero_all_rows(stream=s, tokens=tokens)
+            arena.poison_rows(stream=s, tokens=tokens)
+        m = fill_all(arena, gpu)
+        g.replay()
+        torch.cuda.synchronize()
+        for n in ROWS:
+            data = m.read(n).tobytes()
+            k = expected_rows_length(getattr(arena.sizes(), n), m_tokens, tokens)
+            pat = POISON[CATALOGUE[n].dtype]
+            assert data[:k] == bytes(k) and data[k:] == pat * ((len(data) - k) // len(pat)), n
+        assert arena.check_guards() == []
+        del g
