@@ -66,11 +66,16 @@ typedef struct mt_layout {
     mt_range zero_prefill;      /* the 7 P buffers, whole */
     int reserved;               /* 1: placed by mt_layout_plan_reserved */
     uint64_t room[MT_NBUF];     /* reserved: bytes of each buffer's sub-range (0: none) */
+    uint64_t guard;             /* debug arenas: guard bytes after each live buffer (0: none) */
 } mt_layout;
 
-/* Place the buffers.  Returns MT_OK, or MT_ERR_OVERFLOW if the slab size
- * does not fit 64 bits. */
-int mt_layout_plan(mt_layout *L, const uint64_t sizes[MT_NBUF], uint64_t max_batch_tokens);
+/* Place the buffers.  `guard` (0, or a multiple of MT_ALIGN: debug arenas,
+ * src/debug.c) puts a guard band after every live buffer: from its end to
+ * the next MT_ALIGN boundary plus `guard` bytes; no zero range covers it.
+ * Returns MT_OK, MT_ERR_OVERFLOW if the slab size does not fit 64 bits, or
+ * MT_ERR_LIMIT for a `guard` that is not a multiple of MT_ALIGN. */
+int mt_layout_plan(mt_layout *L, const uint64_t sizes[MT_NBUF], uint64_t max_batch_tokens,
+                   uint64_t guard);
 
 /* ---- reserved layouts (stable addresses) ----------------------------------------
  * A reserved arena owns one virtual reservation; each buffer has its own
@@ -89,12 +94,14 @@ int mt_round_up(uint64_t x, uint64_t g, uint64_t *out);
 
 /* Place the buffers of `reserve` (sizes at the reserved limits) in one
  * reservation at granularity `gran` (a power of two >= MT_ALIGN), in slab order;
- * then record the current `sizes` (each <= its reserved size).  MT_ERR_OVERFLOW
- * if the reservation does not fit 64 bits, MT_ERR_LIMIT if a size exceeds its
- * reserved size or `gran` is not a power of two >= MT_ALIGN. */
+ * then record the current `sizes` (each <= its reserved size).  `guard` as for
+ * mt_layout_plan: each sub-range, and what mt_commit_needed maps of it, then
+ * holds the buffer's guard band too.  MT_ERR_OVERFLOW if the reservation does
+ * not fit 64 bits, MT_ERR_LIMIT if a size exceeds its reserved size, `gran` is
+ * not a power of two >= MT_ALIGN or `guard` not a multiple of MT_ALIGN. */
 int mt_layout_plan_reserved(mt_layout *L, const uint64_t sizes[MT_NBUF],
                             const uint64_t reserve[MT_NBUF], uint64_t max_batch_tokens,
-                            uint64_t gran);
+                            uint64_t gran, uint64_t guard);
 
 /* Replace the current sizes of a reserved layout (offsets unchanged):
  * MT_OK, or MT_ERR_LIMIT if a size exceeds the room its sub-range has. */
@@ -127,6 +134,11 @@ int mt_chunk_needed(const mt_range *need, int nneed, uint64_t offset, uint64_t l
  * with adjacent ones merged.  `out` holds MT_N_ZERO_ALL entries; returns the
  * count (0 when every range is empty). */
 int mt_zero_rows_ranges(const mt_layout *L, uint64_t tokens, mt_range *out);
+
+/* The bytes of buffer `buf` that zero_all_rows(tokens) clears, from its
+ * start: the same rule per buffer (its whole size when it is not row-trimmed
+ * or tokens >= max_batch_tokens).  Debug arenas poison the rest. */
+uint64_t mt_rows_length(const mt_layout *L, int buf, uint64_t tokens);
 
 /* Sum, sum of squares and sum of |x| over the finite little-endian binary32
  * lanes of n bytes (a trailing 1-3 bytes ignored), in lane order, in double. */

@@ -26,6 +26,16 @@ static int align_up(uint64_t x, uint64_t *out)
     return MT_OK;
 }
 
+/* The bytes a live buffer of n bytes spans with its guard band: up to the
+ * next MT_ALIGN boundary plus L->guard (debug layouts); just n without one. */
+static int with_guard(const mt_layout *L, uint64_t n, uint64_t *out)
+{
+    if (L->guard == 0) { *out = n; return MT_OK; }
+    if (align_up(n, out) != MT_OK || *out > UINT64_MAX - L->guard) return MT_ERR_OVERFLOW;
+    *out += L->guard;
+    return MT_OK;
+}
+
 static mt_range group_range(const mt_layout *L, unsigned group)
 {
     mt_range r = {0, 0};
@@ -62,10 +72,13 @@ static void slab_order(mt_layout *L)
             if (slab_part(mt_buffer_flags[b]) == part) L->order[k++] = b;
 }
 
-int mt_layout_plan(mt_layout *L, const uint64_t sizes[MT_NBUF], uint64_t max_batch_tokens)
+int mt_layout_plan(mt_layout *L, const uint64_t sizes[MT_NBUF], uint64_t max_batch_tokens,
+                   uint64_t guard)
 {
     uint64_t cur = 0;
     memset(L, 0, sizeof(*L));
+    if (guard % MT_ALIGN) return MT_ERR_LIMIT;
+    L->guard = guard;
     L->max_batch_tokens = max_batch_tokens;
     slab_order(L);
     for (int i = 0; i < MT_NBUF; i++) {
@@ -75,6 +88,8 @@ int mt_layout_plan(mt_layout *L, const uint64_t sizes[MT_NBUF], uint64_t max_bat
         if (n == 0) continue;   /* an empty buffer is NULL: no range */
         L->offset[b] = cur;
         if (n > UINT64_MAX - cur || align_up(cur + n, &cur) != MT_OK) return MT_ERR_OVERFLOW;
+        if (guard > UINT64_MAX - cur) return MT_ERR_OVERFLOW;
+        cur += guard;
     }
     L->slab_bytes = cur;
     L->zero_all = group_range(L, MT_IN_ZERO_ALL);
@@ -87,28 +102,34 @@ static uint64_t ceil16(uint64_t x) { return (x + 15) / 16 * 16; }
 /* One entry per zero_all buffer; the row-trimmed ones get the kind their size
  * says (ARENA §5.2): whole rows of max_batch_tokens, else whole rows of
  * ceil16(max_batch_tokens) (the GEMM-tiled buffers), else whole. */
+static void rows_entry(const mt_layout *L, int b, uint64_t m, mt_rows_entry *e)
+{
+    uint64_t size = L->size[b], m16 = ceil16(m);
+    memset(e, 0, sizeof *e);
+    e->offset = L->offset[b];
+    e->size = size;
+    e->hi = size;
+    e->pad_to = e->offset + size;
+    e->kind = MT_ROWS_WHOLE;
+    if (mt_buffer_flags[b] & MT_IN_ROWS) {
+        if (size % m == 0) { e->kind = MT_ROWS_M; e->row = size / m; }
+        else if (size % m16 == 0) { e->kind = MT_ROWS_M16; e->row = size / m16; }
+    }
+}
+
 int mt_rows_args_init(const mt_layout *L, uint64_t hole_lo, uint64_t hole_hi, mt_rows_args *a)
 {
-    uint64_t m = L->max_batch_tokens ? L->max_batch_tokens : 1, m16 = ceil16(m), end;
+    uint64_t m = L->max_batch_tokens ? L->max_batch_tokens : 1, end;
     int n = 0;
     memset(a, 0, sizeof(*a));
     a->m = m;
-    a->m16 = m16;
+    a->m16 = ceil16(m);
     for (int i = 0; i < MT_NBUF; i++) {
         int b = L->order[i];
         uint64_t size = L->size[b];
         mt_rows_entry e;
         if (!(mt_buffer_flags[b] & MT_IN_ZERO_ALL) || size == 0) continue;
-        memset(&e, 0, sizeof e);
-        e.offset = L->offset[b];
-        e.size = size;
-        e.hi = size;
-        e.pad_to = e.offset + size;
-        e.kind = MT_ROWS_WHOLE;
-        if (mt_buffer_flags[b] & MT_IN_ROWS) {
-            if (size % m == 0) { e.kind = MT_ROWS_M; e.row = size / m; }
-            else if (size % m16 == 0) { e.kind = MT_ROWS_M16; e.row = size / m16; }
-        }
+        rows_entry(L, b, m, &e);
         if (hole_lo < hole_hi && hole_lo < e.offset + size && e.offset < hole_hi) {
             uint64_t cut_lo = hole_lo > e.offset ? hole_lo - e.offset : 0;
             uint64_t cut_hi = hole_hi - e.offset < size ? hole_hi - e.offset : size;
@@ -144,6 +165,14 @@ int mt_zero_rows_ranges(const mt_layout *L, uint64_t tokens, mt_range *out)
         count++;
     }
     return count;
+}
+
+uint64_t mt_rows_length(const mt_layout *L, int buf, uint64_t tokens)
+{
+    uint64_t m = L->max_batch_tokens ? L->max_batch_tokens : 1;
+    mt_rows_entry e;
+    rows_entry(L, buf, m, &e);
+    return mt_rows_live(&e, ceil16(m), tokens < m ? tokens : m);
 }
 
 void mt_checksum_f32(const void *data, size_t n, double out[3])
@@ -182,27 +211,29 @@ static int good_granularity(uint64_t g) { return g >= MT_ALIGN && (g & (g - 1)) 
 
 int mt_layout_plan_reserved(mt_layout *L, const uint64_t sizes[MT_NBUF],
                             const uint64_t reserve[MT_NBUF], uint64_t max_batch_tokens,
-                            uint64_t gran)
+                            uint64_t gran, uint64_t guard)
 {
-    uint64_t cur = 0, end;
+    uint64_t cur = 0, end, span;
     int rc;
-    if (!good_granularity(gran)) return MT_ERR_LIMIT;
+    if (!good_granularity(gran) || guard % MT_ALIGN) return MT_ERR_LIMIT;
     memset(L, 0, sizeof(*L));
     L->reserved = 1;
+    L->guard = guard;
     slab_order(L);
     for (int i = 0; i < MT_NBUF; i++) {
         int b = L->order[i];
         if (sizes[b] > reserve[b]) return MT_ERR_LIMIT;
         if (reserve[b] == 0) continue;      /* never anything: no sub-range */
         L->offset[b] = cur;
-        if (reserve[b] > UINT64_MAX - cur) return MT_ERR_OVERFLOW;
-        /* Each sub-range ends on a granule so that it grows alone, except
-         * token_ids': scratch follows it at once (one upload reaches both) and
-         * the two share the granule between them. */
+        if ((rc = with_guard(L, reserve[b], &span)) != MT_OK) return rc;
+        if (span > UINT64_MAX - cur) return MT_ERR_OVERFLOW;
+        /* Each sub-range (with its guard band) ends on a granule so that it
+         * grows alone, except token_ids': scratch follows it at once (one
+         * upload reaches both) and the two share the granule between them. */
         if (slab_part(mt_buffer_flags[b]) == 0)
-            rc = align_up(cur + reserve[b], &end);
+            rc = align_up(cur + span, &end);
         else
-            rc = mt_round_up(cur + reserve[b], gran, &end);
+            rc = mt_round_up(cur + span, gran, &end);
         if (rc != MT_OK) return rc;
         L->room[b] = end - cur;
         cur = end;
@@ -214,9 +245,11 @@ int mt_layout_plan_reserved(mt_layout *L, const uint64_t sizes[MT_NBUF],
 int mt_layout_resize(mt_layout *L, const uint64_t sizes[MT_NBUF], uint64_t max_batch_tokens,
                      uint64_t gran)
 {
+    uint64_t span;
     if (!L->reserved || !good_granularity(gran)) return MT_ERR_LIMIT;
     for (int b = 0; b < MT_NBUF; b++)
-        if (sizes[b] > L->room[b]) return MT_ERR_LIMIT;
+        if (sizes[b] && (with_guard(L, sizes[b], &span) != MT_OK || span > L->room[b]))
+            return MT_ERR_LIMIT;
     for (int b = 0; b < MT_NBUF; b++) L->size[b] = sizes[b];
     L->max_batch_tokens = max_batch_tokens;
     L->zero_all = group_range(L, MT_IN_ZERO_ALL);
@@ -258,10 +291,10 @@ int mt_commit_needed(const mt_layout *L, uint64_t gran, mt_range *out)
     uint64_t lo, hi;
     for (int i = 0; i < MT_NBUF; i++) {
         int b = L->order[i];
-        uint64_t n = L->size[b];
-        if (n == 0) continue;
+        uint64_t n;
+        if (L->size[b] == 0 || with_guard(L, L->size[b], &n) != MT_OK) continue;
         /* token_ids keeps its whole room: a step's upload runs from it into
-         * scratch in one copy, padding included */
+         * scratch in one copy, padding (and guard band) included */
         if (slab_part(mt_buffer_flags[b]) == 0) n = L->room[b];
         /* the granules the buffer touches (token_ids and scratch may share one) */
         lo = L->offset[b] & ~(gran - 1);

@@ -476,3 +476,16 @@ def test_one_graph_replays_every_batch_size(preset):
         del views, snap, host, g, v
         torch.cuda.synchronize()
         st.release()
+
+
+def test_uploads_leave_a_debug_arenas_guard_bands_intact(backend):
+    """The span crosses token_ids' guard band; the staging carries its pattern."""
+    with BufferArena.new(COMPACT, 64, 512, 16, 32, backend, debug=True) as arena:
+        with arena.step_inputs() as st:
+            assert st.device_span[1] > arena.scratch() - arena.token_ids() > arena.sizes().token_ids
+            st.fill(np.arange(64) + 1)
+            st.upload()
+            st.wait()
+            assert arena.check_guards() == []
+            arena.zero_all_rows(tokens_at=st.count_at)
+            assert arena.check_guards() == []

@@ -85,6 +85,7 @@ def render_buffers():
     sizes = _preset_sizes()
     out = [_header("The buffers of a forward pass")]
     w = out.append
+    untyped = ", ".join(f"`{n}`" for n, e in CATALOGUE.items() if not e.dtype)
     w("""
 This is the catalogue of the 46 buffers a `BufferArena` owns: what each holds, its element
 type and shape, how its size is computed, which helpers clear it, and how big it is for the
@@ -112,13 +113,20 @@ pointer is never NULL; kernels never read a placeholder.
 Mp = Kx = ceil16(M) rows for the buffers a cuBLASLt block-scaled GEMM touches, because
 those GEMMs read and write rows padded to a multiple of 16.
 
+**Element types.** The element column is the type the reference engine gives each buffer,
+and what `arena.buffers[name].dtype` reports (numpy / torch names). Debug arenas use it
+([debug.md](debug.md)): `poison_rows` fills the padding rows of the row-trimmed buffers with
+a NaN of their type and `find_nonfinite` decodes their live rows as it. The reference leaves
+these buffers untyped (dtype None: raw bytes, several element types in regions or overlapping
+layouts, or q8_1 blocks; the entry's element row says what they hold): UNTYPED.
+
 Each formula below is a Python expression over the symbols of the next section; the test
 suite evaluates it and compares it with `BufferSizes.from_config` for every bundled preset
 over a grid of limits, targets and levers. Which helpers zero a buffer comes from the buffer
 table (`src/buffers.h`). `metrale plan --explain NAME` prints one entry, evaluated for a
 model.
 
-""")
+""".replace("UNTYPED", untyped))
     w("## At a glance\n\n")
     w("Helpers: `zero_all` clears the buffer whole; `zero_all_rows(tokens)` clears the same "
       "buffers, trimming the token-major ones (\"trimmed\") to the live rows and clearing the "

@@ -26,6 +26,7 @@ _LAZY = {
     "DECODE_META_MAX_ROWS": "metrale.sizes",
     "Q12_SIZING_STREAMS": "metrale.sizes",
     "VERIFY_ROW_CAP": "metrale.sizes",
+    "DebugOptions": "metrale.debug",
 }
 
 __all__ = list(_LAZY)

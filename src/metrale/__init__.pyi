@@ -4,6 +4,7 @@ from metrale._scratch import (ScratchSpace as ScratchSpace,
                               ScratchSpaceManager as ScratchSpaceManager,
                               ScratchStats as ScratchStats)
 from metrale.config import ModelConfig as ModelConfig
+from metrale.debug import DebugOptions as DebugOptions
 from metrale.cuda import CudaBackend as CudaBackend
 from metrale.errors import MetraleError as MetraleError, OutOfMemoryError as OutOfMemoryError
 from metrale.moe import MoeFp8Scratch as MoeFp8Scratch
@@ -14,7 +15,7 @@ __all__ = [
     'ModelConfig', 'BufferSizes', 'BufferArena', 'DecodeMetaLayout', 'MoeFp8Scratch', 'Target',
     'HostBackend', 'CudaBackend', 'ScratchSpaceManager', 'ScratchSpace', 'ScratchStats',
     'MetraleError', 'OutOfMemoryError', 'GATEUP_FUSED_MAX_M', 'DECODE_META_MIN_ROWS',
-    'DECODE_META_MAX_ROWS', 'Q12_SIZING_STREAMS', 'VERIFY_ROW_CAP',
+    'DECODE_META_MAX_ROWS', 'Q12_SIZING_STREAMS', 'VERIFY_ROW_CAP', 'DebugOptions',
 ]
 
 GATEUP_FUSED_MAX_M: int

@@ -2,6 +2,7 @@
 # so no Python runs per memset, copy or free.
 from libc.stdint cimport uint64_t, uintptr_t
 from metrale._core cimport mt_range, mt_rows_args
+from metrale._debug_core cimport mt_debug_args, mt_debug_result
 
 cdef class Backend:
     # DLPack device type of the memory (1 = CPU, 2 = CUDA) and its ordinal.
@@ -63,6 +64,11 @@ cdef class Backend:
     # Host memory for copies (pinned on CUDA).
     cdef int host_alloc(self, size_t n, void **out) except -1
     cdef void host_free(self, void *p) noexcept
+    # Debug arenas (docs/debug.md): run debug operation `op` (MT_DBG_*) over
+    # the items of `a`; out[0 .. a.count) holds the results when it returns.
+    # FILL is only enqueued on `stream`; the others wait for their results.
+    cdef int debug_run(self, int op, mt_debug_args *a, mt_debug_result *out,
+                       uintptr_t stream) except -1
 
 
 cdef class HostBackend(Backend):

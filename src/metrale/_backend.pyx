@@ -8,6 +8,7 @@ from libc.string cimport memcpy, memset as c_memset
 from metrale._common cimport as_stream, u64_arg
 from metrale._core cimport (MT_ALIGN, MT_MAX_ROWS_ENTRIES, MT_N_ZERO_ALL, mt_range, mt_rows_args,
                             mt_rows_count, mt_rows_segment)
+from metrale._debug_core cimport mt_debug_args, mt_debug_host, mt_debug_result
 
 from metrale.errors import MetraleError, OutOfMemoryError
 
@@ -148,6 +149,9 @@ cdef class Backend:
         return _unusable(self)
     cdef void host_free(self, void *p) noexcept:
         pass
+    cdef int debug_run(self, int op, mt_debug_args *a, mt_debug_result *out,
+                       uintptr_t stream) except -1:
+        return _unusable(self)
 
     def target(self):
         """The target arenas on this backend are sized for.
@@ -403,6 +407,12 @@ Host memory, synchronous: everything the arena does, with no GPU.
 
     cdef void host_free(self, void *p) noexcept:
         c_free(p)
+
+    cdef int debug_run(self, int op, mt_debug_args *a, mt_debug_result *out,
+                       uintptr_t stream) except -1:
+        with nogil:
+            mt_debug_host(op, a, out)
+        return 0
 
     def __repr__(self):
         return (f"HostBackend(live_alloc_count={self.live_alloc_count}, "

@@ -43,11 +43,13 @@ cdef extern from "arena_core.h" nogil:
         mt_range zero_prefill
         int reserved
         uint64_t room[MT_NBUF]
+        uint64_t guard
 
-    int mt_layout_plan(mt_layout *L, const uint64_t *sizes, uint64_t max_batch_tokens)
+    int mt_layout_plan(mt_layout *L, const uint64_t *sizes, uint64_t max_batch_tokens,
+                       uint64_t guard)
     int mt_round_up(uint64_t x, uint64_t g, uint64_t *out)
     int mt_layout_plan_reserved(mt_layout *L, const uint64_t *sizes, const uint64_t *reserve,
-                                uint64_t max_batch_tokens, uint64_t gran)
+                                uint64_t max_batch_tokens, uint64_t gran, uint64_t guard)
     int mt_layout_resize(mt_layout *L, const uint64_t *sizes, uint64_t max_batch_tokens,
                          uint64_t gran)
     int mt_group_ranges(const mt_layout *L, unsigned group, mt_range *out)
@@ -56,6 +58,7 @@ cdef extern from "arena_core.h" nogil:
                        mt_range *out)
     int mt_chunk_needed(const mt_range *need, int nneed, uint64_t offset, uint64_t length)
     int mt_zero_rows_ranges(const mt_layout *L, uint64_t tokens, mt_range *out)
+    uint64_t mt_rows_length(const mt_layout *L, int buf, uint64_t tokens)
     void mt_checksum_f32(const void *data, size_t n, double *out)
 
     ctypedef struct mt_cursor:

@@ -8,14 +8,18 @@ torch and CuPy use, and makes it current on whichever thread calls.
 
 cimport cython
 from libc.stdint cimport uint64_t, uintptr_t
-from libc.string cimport memset as c_memset
+from libc.string cimport memcpy, memset as c_memset
 
 from cuda.bindings cimport cydriver
 from metrale._core cimport (MT_MAX_RANGES, mt_range, mt_rows_args, mt_rows_count, mt_rows_segment,
                             mt_zero_args)
 from metrale._backend cimport Backend
+from metrale._debug_core cimport (MT_DBG_FILL, MT_DBG_MAX_ITEMS, mt_debug_args,
+                                  mt_debug_result)
 from metrale._common cimport as_stream, index_arg, u64_arg, mt_py_finalizing
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+
+from threading import Lock as _Lock
 
 from metrale.errors import MetraleError, OutOfMemoryError
 
@@ -28,6 +32,18 @@ cdef enum:
     # read later, so a few resident blocks per SM take the tiles in turn.
     ROWS_AT_BLOCKS_PER_SM = 8
     ROWS_AT_SPREAD = 8
+
+# The debug kernels (kernels/debug_ops.cu, docs/debug.md): 256 threads a block,
+# each block 2,048 16-byte chunks (32 KiB) of one item; one entry per MT_DBG_* op.
+cdef enum:
+    DBG_THREADS = 256
+    DBG_PER = 2048
+    DBG_OPS = 4
+cdef const char *_DBG_NAMES[4]
+_DBG_NAMES[0] = b"metrale_debug_fill"
+_DBG_NAMES[1] = b"metrale_debug_check"
+_DBG_NAMES[2] = b"metrale_debug_nonfinite"
+_DBG_NAMES[3] = b"metrale_debug_fingerprint"
 
 
 cdef str _err_name(cydriver.CUresult err):
@@ -96,12 +112,22 @@ An NVIDIA GPU through the CUDA driver.
     cdef int _sm_count, _cc_major, _cc_minor
     cdef size_t _gran
     cdef readonly Py_ssize_t launch_count
+    # Debug kernels, loaded by the first debug operation (a debug arena's
+    # construction): their module and entry points, the device results of one
+    # call and their pinned host copy, and the lock that serializes the calls
+    # that use those results.
+    cdef cydriver.CUmodule _dbg_mod
+    cdef cydriver.CUfunction _dbg_fn[4]
+    cdef cydriver.CUdeviceptr _dbg_dev
+    cdef void *_dbg_host
+    cdef object _dbg_lock
 
     def __cinit__(self, device=0):
         cdef cydriver.CUresult err
         cdef int ordinal = <int>u64_arg(device, "device", 0, 0x7FFFFFFF)
         self.device_type = 2
         self.device_id = ordinal
+        self._dbg_lock = _Lock()
         try:
             with nogil:
                 err = cydriver.cuInit(0)
@@ -151,6 +177,12 @@ An NVIDIA GPU through the CUDA driver.
         with nogil:
             if self._mod != NULL:
                 cydriver.cuModuleUnload(self._mod)
+            if self._dbg_mod != NULL:
+                cydriver.cuModuleUnload(self._dbg_mod)
+            if self._dbg_dev != 0:
+                cydriver.cuMemFree(self._dbg_dev)
+            if self._dbg_host != NULL:
+                cydriver.cuMemFreeHost(self._dbg_host)
             cydriver.cuDevicePrimaryCtxRelease(self._dev)
 
     cdef inline int _current(self) except -1:
@@ -532,6 +564,92 @@ An NVIDIA GPU through the CUDA driver.
         with nogil:
             cydriver.cuCtxSetCurrent(self._ctx)
             cydriver.cuMemFreeHost(p)
+
+    # -- debug arenas (docs/debug.md) ---------------------------------------------
+    cdef int _debug_load(self) except -1:
+        """Load the debug kernels and their result buffers, once."""
+        cdef cydriver.CUresult err
+        cdef cydriver.CUmodule mod = NULL
+        cdef const char *image
+        cdef int i
+        if self._dbg_host != NULL:
+            return 0
+        from importlib.resources import files
+        ptx = (files("metrale") / "kernels" / "debug_ops.ptx").read_bytes() + b"\0"
+        image = ptx
+        self._current()
+        with nogil:
+            err = cydriver.cuModuleLoadData(&mod, image)
+        _check(err, "cuModuleLoadData(debug_ops.ptx)")
+        try:
+            for i in range(DBG_OPS):
+                _check(cydriver.cuModuleGetFunction(&self._dbg_fn[i], mod, _DBG_NAMES[i]),
+                       "cuModuleGetFunction(" + _DBG_NAMES[i].decode() + ")")
+            with nogil:
+                err = cydriver.cuMemAlloc(&self._dbg_dev, MT_DBG_MAX_ITEMS * sizeof(mt_debug_result))
+            _check(err, "cuMemAlloc(debug results)")
+            with nogil:
+                err = cydriver.cuMemAllocHost(&self._dbg_host, MT_DBG_MAX_ITEMS * sizeof(mt_debug_result))
+            _check(err, "cuMemAllocHost(debug results)")
+        except BaseException:
+            with nogil:
+                if self._dbg_dev != 0:
+                    cydriver.cuMemFree(self._dbg_dev)
+                cydriver.cuModuleUnload(mod)
+            self._dbg_dev = 0
+            raise
+        self._dbg_mod = mod
+        return 0
+
+    cdef int debug_run(self, int op, mt_debug_args *a, mt_debug_result *out,
+                       uintptr_t stream) except -1:
+        cdef unsigned long long blocks = 0, chunks = 0, per = DBG_PER, nb, total = 0
+        cdef size_t nres = <size_t>a.count * sizeof(mt_debug_result)
+        cdef void *params[1]
+        cdef int i
+        cdef cydriver.CUresult err
+        cdef cydriver.CUstream s = <cydriver.CUstream>stream
+        c_memset(out, 0, nres)
+        if a.count == 0:
+            return 0
+        if a.count > MT_DBG_MAX_ITEMS:
+            raise MetraleError(f"debug operation: {a.count} items, at most {MT_DBG_MAX_ITEMS}")
+        with self._dbg_lock:
+            self._debug_load()
+            # The grid: each item its 16-byte chunks (from the one holding its
+            # first byte to the one holding its last), `per` a block.
+            for i in range(a.count):
+                total += ((a.offset[i] + a.length[i] + 15) >> 4) - (a.offset[i] >> 4)
+            if total // per > 0x3FFFFFFF:          # keep the grid within 2^30 blocks
+                per = total // 0x3FFFFFFF + 1
+            for i in range(a.count):
+                chunks = ((a.offset[i] + a.length[i] + 15) >> 4) - (a.offset[i] >> 4)
+                a.first[i] = <unsigned int>blocks
+                nb = (chunks + per - 1) // per
+                blocks += nb if nb else 1
+            a.first[a.count] = <unsigned int>blocks
+            a.per = <unsigned int>per
+            a.results = <unsigned long long>self._dbg_dev
+            params[0] = a
+            self._current()
+            with nogil:
+                err = cydriver.CUDA_SUCCESS
+                if op != MT_DBG_FILL:
+                    err = cydriver.cuMemsetD32Async(self._dbg_dev, 0, nres // 4, s)
+                if err == cydriver.CUDA_SUCCESS:
+                    err = cydriver.cuLaunchKernel(self._dbg_fn[op], <unsigned int>blocks, 1, 1,
+                                                  DBG_THREADS, 1, 1, 0, s, params, NULL)
+            _check(err, "cuLaunchKernel(" + _DBG_NAMES[op].decode() + ")")
+            self.launch_count += 1
+            if op == MT_DBG_FILL:
+                return 0
+            with nogil:
+                err = cydriver.cuMemcpyDtoHAsync(self._dbg_host, self._dbg_dev, nres, s)
+                if err == cydriver.CUDA_SUCCESS:
+                    err = cydriver.cuStreamSynchronize(s)
+            _check(err, "debug results: cuMemcpyDtoH")
+            memcpy(out, self._dbg_host, nres)
+        return 0
 
     def mem_info(self):
         """Free and total memory of the device, as the driver reports them.

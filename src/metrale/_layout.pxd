@@ -1,8 +1,11 @@
 # The slab plan (see _layout.pyx), for the arena to place its buffers with.
+from libc.stdint cimport uint64_t
 from metrale._core cimport mt_layout
 
-# Fill *L for `sizes` (a BufferSizes); ValueError when the slab does not fit 64 bits.
-cdef int plan_into(mt_layout *L, object sizes, object max_batch_tokens) except -1
+# Fill *L for `sizes` (a BufferSizes), with `guard` bytes of guard band after
+# each live buffer (debug arenas; 0: none); ValueError when the slab does not
+# fit 64 bits.
+cdef int plan_into(mt_layout *L, object sizes, object max_batch_tokens, uint64_t guard=*) except -1
 
 cdef class SlabPlan:
     cdef mt_layout L

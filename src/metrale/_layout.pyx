@@ -17,7 +17,7 @@ from metrale.sizes import BufferSizes
 cdef object _TOKEN = object()
 
 
-cdef int plan_into(mt_layout *L, object sizes, object max_batch_tokens) except -1:
+cdef int plan_into(mt_layout *L, object sizes, object max_batch_tokens, uint64_t guard=0) except -1:
     cdef uint64_t raw[MT_NBUF]
     cdef uint64_t m
     cdef int i
@@ -27,7 +27,7 @@ cdef int plan_into(mt_layout *L, object sizes, object max_batch_tokens) except -
     values = sizes.as_tuple()
     for i in range(MT_NBUF):
         raw[i] = values[i]
-    if mt_layout_plan(L, raw, m) != MT_OK:
+    if mt_layout_plan(L, raw, m, guard) != MT_OK:
         raise ValueError(f"the slab of these sizes exceeds 2^64 - 1 bytes (max_batch_tokens={m})")
     return 0
 

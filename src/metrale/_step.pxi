@@ -9,6 +9,9 @@
 from libc.stdint cimport int32_t
 from libc.string cimport memcpy, memset as c_memset
 
+cdef extern from "metrale/kernels/debug_ops.h" nogil:
+    unsigned char MT_GUARD_BYTE(uint64_t offset)
+
 from metrale.sizes import _DECODE_META_OFFSET, _STEP_COUNT_OFFSET, kv_blocks_per_seq
 
 # region -> (numpy dtype name, offset method of DecodeMetaLayout or None)
@@ -112,6 +115,11 @@ Pinned host staging for one step's inputs, uploaded with one copy.
         self._gpu.host_alloc(span, <void **>&self._host)
         self.nbytes = span
         c_memset(self._host, 0, span)
+        # A debug arena's guard band after token_ids lies in the span: the
+        # staging carries its pattern, so an upload leaves it intact.
+        if arena._L.guard:
+            for i in range(arena._L.size[MT_TOKEN_IDS], scr - tok):
+                self._host[i] = MT_GUARD_BYTE(tok + i)
         self._gpu.event_create(&self._event)
         self._has_event = True
         # The zeroing upload() enqueues spares the span: it was just written.
