@@ -21,6 +21,17 @@ def export_chunks(Backend gpu, list chunks):
 
     On failure the descriptors already made are closed and the error
     propagates.  The caller closes the descriptors it gets.
+
+    Parameters
+    ----------
+    gpu : Backend
+        The backend that created the chunks' handles (exportable).
+    chunks : list of (int, int, int)
+        The arena's mapped chunks.
+
+    Returns
+    -------
+    list of int
     """
     cdef int fd = -1
     fds = []
@@ -104,7 +115,17 @@ cdef class PeerSlabs:
         return base
 
     def base(self, rank):
-        """The base address of `rank`'s slab here, or None when not mapped."""
+        """The base address of `rank`'s slab here, or None when not mapped.
+
+        Parameters
+        ----------
+        rank : int
+            The peer's rank.
+
+        Returns
+        -------
+        int or None
+        """
         entry = self._slabs.get(rank)
         return None if entry is None else entry[0]
 
