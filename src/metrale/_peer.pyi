@@ -1,7 +1,10 @@
+from typing import final
+
 from metrale._backend import Backend
 
 def export_chunks(gpu: Backend, chunks: list[tuple[int, int, int]]) -> list[int]: ...
 
+@final
 class PeerSlabs:
     def __init__(self, gpu: Backend) -> None: ...
     def map_peer(self, rank: int, nbytes: int, chunks: list[tuple[int, int]],

@@ -51,10 +51,18 @@ def export_chunks(Backend gpu, list chunks):
 @cython.no_gc_clear
 @cython.final
 cdef class PeerSlabs:
-    """The peers' slabs mapped into this process, each in its own reservation.
+    """PeerSlabs(gpu)
+--
+
+The peers' slabs mapped into this process, each in its own reservation.
 
     Built by metrale.tp while an arena is shared; `close` (from the arena's
     release) and the finalizer unmap and release everything.
+
+    Parameters
+    ----------
+    gpu : Backend
+        The backend that maps the peers' slabs (the arena's).
     """
     cdef Backend _gpu
     # rank -> [base, reserved bytes, [(offset, length, handle), ...] mapped]:
@@ -62,7 +70,7 @@ cdef class PeerSlabs:
     # reservation freed, so a failed close can be retried.
     cdef dict _slabs
 
-    def __cinit__(self, Backend gpu):
+    def __init__(self, Backend gpu):
         self._gpu = gpu
         self._slabs = {}
 
