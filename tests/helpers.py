@@ -220,3 +220,102 @@ class AttrStream:
 
     def __init__(self, **attrs):
         self.__dict__.update(attrs)
+
+
+class FileGroup:
+    """A process group for tests: `all_gather_object` through files in a
+    directory every rank shares (each round: write mine, wait for all).
+
+    `timeouts` maps a round number to its timeout (default `timeout`), so a
+    test can make one round fail fast; `die_after` ends the process (as a
+    crash would) right after that round; `skip` makes a round return
+    without writing (a rank that never calls)."""
+
+    def __init__(self, path, rank, size, timeout=60.0, timeouts=None, die_after=None):
+        self.path, self._rank, self._size = str(path), rank, size
+        self.timeout, self.timeouts, self.die_after = timeout, timeouts or {}, die_after
+        self.round = 0
+
+    def rank(self):
+        return self._rank
+
+    def size(self):
+        return self._size
+
+    def all_gather_object(self, object_list, obj):
+        import os
+        import pickle
+        import time
+        k = self.round
+        self.round += 1
+        mine = os.path.join(self.path, f"{k}.{self._rank}")
+        with open(mine + ".tmp", "wb") as f:
+            pickle.dump(obj, f)
+        os.replace(mine + ".tmp", mine)
+        deadline = time.monotonic() + self.timeouts.get(k, self.timeout)
+        names = [os.path.join(self.path, f"{k}.{r}") for r in range(self._size)]
+        while not all(os.path.exists(n) for n in names):
+            if time.monotonic() > deadline:
+                missing = [r for r, n in enumerate(names) if not os.path.exists(n)]
+                raise TimeoutError(f"round {k}: rank(s) {missing} did not arrive")
+            time.sleep(0.002)
+        for r, n in enumerate(names):
+            with open(n, "rb") as f:
+                object_list[r] = pickle.load(f)
+        if self.die_after == k:
+            os._exit(3)
+
+
+def run_ranks(fn, size=2, timeout=120.0, args=(), dead=()):
+    """Run fn(rank, size, *args) in `size` fresh processes (spawn); return
+    their results in rank order (None for the ranks in `dead`, which are
+    expected to exit without one).  A rank that raises, exits or outlives
+    `timeout` makes this raise AssertionError naming it."""
+    import multiprocessing
+    import queue
+    import time
+    ctx = multiprocessing.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_rank_main, args=(q, fn, r, size, args), daemon=True)
+             for r in range(size)]
+    for p in procs:
+        p.start()
+    results, deadline = {}, time.monotonic() + timeout
+    try:
+        while len(results) < size - len(dead):
+            try:
+                r, ok, value = q.get(timeout=max(deadline - time.monotonic(), 0.01))
+            except queue.Empty:
+                dead = [r for r, p in enumerate(procs) if r not in results and not p.is_alive()]
+                raise AssertionError(f"ranks {sorted(set(range(size)) - set(results))} gave no "
+                                     f"result within {timeout} s (exited: {dead})") from None
+            if not ok:
+                raise AssertionError(f"rank {r} raised:\n{value}")
+            results[r] = value
+    finally:
+        for p in procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        q.close()
+    return [results.get(r) for r in range(size)]
+
+
+def _rank_main(q, fn, rank, size, args):
+    import traceback
+    try:
+        value = fn(rank, size, *args)
+    except BaseException:
+        q.put((rank, False, traceback.format_exc()))
+    else:
+        q.put((rank, True, value))
+
+
+def process_resources():
+    """(open descriptors, mappings, memfd mappings) of this process, from /proc."""
+    import os
+    fds = len(os.listdir("/proc/self/fd"))
+    with open("/proc/self/maps") as f:
+        maps = f.read().splitlines()
+    return fds, len(maps), sum("memfd:metrale" in m for m in maps)

@@ -69,8 +69,17 @@ cdef class Backend:
     # FILL is only enqueued on `stream`; the others wait for their results.
     cdef int debug_run(self, int op, mt_debug_args *a, mt_debug_result *out,
                        uintptr_t stream) except -1
+    # Peer sharing, for tensor-parallel arenas (docs/tensor-parallel.md).  A
+    # physical handle another process can map; export gives a new file
+    # descriptor for it (the caller closes it); import makes a handle of a
+    # peer's descriptor (the caller still closes the descriptor).
+    cdef readonly Py_ssize_t export_count, import_count
+    cdef int create_exportable(self, size_t n, uint64_t *handle) except -1
+    cdef int export_handle(self, uint64_t handle, size_t n, int *fd) except -1
+    cdef int import_handle(self, int fd, size_t n, uint64_t *handle) except -1
 
 
 cdef class HostBackend(Backend):
     cdef dict _live        # base -> bytes of every allocation it holds (for check_range)
     cdef uint64_t _next_handle   # the last token create() handed out
+    cdef dict _memfds      # handle -> memfd of an exportable or imported handle (shared pages)

@@ -10,6 +10,9 @@ from metrale._core cimport (MT_ALIGN, MT_MAX_ROWS_ENTRIES, MT_N_ZERO_ALL, mt_ran
                             mt_rows_count, mt_rows_segment)
 from metrale._debug_core cimport mt_debug_args, mt_debug_host, mt_debug_result
 
+import fcntl
+import os
+
 from metrale.errors import MetraleError, OutOfMemoryError
 
 cdef extern from "<stdlib.h>" nogil:
@@ -19,7 +22,7 @@ cdef extern from "<sys/mman.h>" nogil:
     void *mmap(void *addr, size_t length, int prot, int flags, int fd, long offset)
     int munmap(void *addr, size_t length)
     int PROT_NONE, PROT_READ, PROT_WRITE
-    int MAP_PRIVATE, MAP_ANONYMOUS, MAP_NORESERVE, MAP_FIXED
+    int MAP_PRIVATE, MAP_SHARED, MAP_ANONYMOUS, MAP_NORESERVE, MAP_FIXED
     void *MAP_FAILED
 
 cdef extern from "<unistd.h>" nogil:
@@ -66,6 +69,10 @@ cdef class Backend:
         Bytes of physical memory mapped now (reserved arenas).
     handle_count : int
         Physical handles alive now (reserved arenas).
+    export_count : int
+        Physical handles exported to peer processes (tensor-parallel arenas).
+    import_count : int
+        Peer handles imported (tensor-parallel arenas).
     d2h_count : int
         Device-to-host copies.
     h2d_count : int
@@ -151,6 +158,12 @@ cdef class Backend:
         pass
     cdef int debug_run(self, int op, mt_debug_args *a, mt_debug_result *out,
                        uintptr_t stream) except -1:
+        return _unusable(self)
+    cdef int create_exportable(self, size_t n, uint64_t *handle) except -1:
+        return _unusable(self)
+    cdef int export_handle(self, uint64_t handle, size_t n, int *fd) except -1:
+        return _unusable(self)
+    cdef int import_handle(self, int fd, size_t n, uint64_t *handle) except -1:
         return _unusable(self)
 
     def target(self):
@@ -256,6 +269,7 @@ Host memory, synchronous: everything the arena does, with no GPU.
         self.device_type = 1
         self.device_id = 0
         self._live = {}
+        self._memfds = {}
 
     def target(self):
         """The reference target, whatever the machine.
@@ -373,13 +387,20 @@ Host memory, synchronous: everything the arena does, with no GPU.
         return 0
 
     cdef int release_handle(self, uint64_t handle, size_t n) except -1:
+        fd = self._memfds.pop(handle, None)
+        if fd is not None:
+            os.close(fd)
         self.handle_count -= 1
         return 0
 
     cdef int map(self, uintptr_t p, size_t n, uint64_t handle) except -1:
         cdef void *q
+        cdef int fd = self._memfds.get(handle, -1)
         with nogil:
-            q = mmap(<void *>p, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0)
+            if fd >= 0:     # a shareable handle: its memfd's pages, shared with the peers
+                q = mmap(<void *>p, n, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0)
+            else:
+                q = mmap(<void *>p, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0)
         if q == MAP_FAILED:
             raise OutOfMemoryError(f"host commit of {n} bytes at {p:#x} refused (errno {errno})")
         self._live[p] = n
@@ -412,6 +433,51 @@ Host memory, synchronous: everything the arena does, with no GPU.
                        uintptr_t stream) except -1:
         with nogil:
             mt_debug_host(op, a, out)
+        return 0
+
+    # -- peer sharing: a memfd per exportable handle, passed as a descriptor and
+    # mapped MAP_SHARED by map() in both processes (docs/tensor-parallel.md).
+    cdef int create_exportable(self, size_t n, uint64_t *handle) except -1:
+        try:
+            fd = os.memfd_create("metrale", os.MFD_CLOEXEC)
+        except OSError as e:
+            raise OutOfMemoryError(f"shareable host memory of {n} bytes refused: {e}") from e
+        try:
+            os.ftruncate(fd, n)
+        except OSError as e:
+            os.close(fd)
+            raise OutOfMemoryError(f"shareable host memory of {n} bytes refused: {e}") from e
+        self._next_handle += 1
+        handle[0] = self._next_handle
+        self._memfds[self._next_handle] = fd
+        self.handle_count += 1
+        return 0
+
+    cdef int export_handle(self, uint64_t handle, size_t n, int *fd) except -1:
+        own = self._memfds.get(handle)
+        if own is None:
+            raise MetraleError(f"export of handle {handle}: not a shareable handle of this backend")
+        try:
+            fd[0] = fcntl.fcntl(own, fcntl.F_DUPFD_CLOEXEC, 0)
+        except OSError as e:
+            raise MetraleError(f"export of handle {handle}: {e}") from e
+        self.export_count += 1
+        return 0
+
+    cdef int import_handle(self, int fd, size_t n, uint64_t *handle) except -1:
+        try:
+            size = os.fstat(fd).st_size
+            if size < n:
+                raise MetraleError(f"import of descriptor {fd}: it holds {size} bytes, "
+                                   f"fewer than the {n} expected")
+            own = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 0)
+        except OSError as e:
+            raise MetraleError(f"import of descriptor {fd}: {e}") from e
+        self._next_handle += 1
+        handle[0] = self._next_handle
+        self._memfds[self._next_handle] = own
+        self.handle_count += 1
+        self.import_count += 1
         return 0
 
     def __repr__(self):

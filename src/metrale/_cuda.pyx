@@ -649,6 +649,46 @@ An NVIDIA GPU through the CUDA driver.
                     err = cydriver.cuStreamSynchronize(s)
             _check(err, "debug results: cuMemcpyDtoH")
             memcpy(out, self._dbg_host, nres)
+    # -- peer sharing (tensor-parallel arenas, docs/tensor-parallel.md) -------------
+    cdef int create_exportable(self, size_t n, uint64_t *handle) except -1:
+        cdef cydriver.CUmemAllocationProp prop
+        cdef cydriver.CUmemGenericAllocationHandle h = 0
+        cdef cydriver.CUresult err
+        self._prop(&prop)
+        # Requested at creation: only such a handle can be exported as an fd.
+        prop.requestedHandleTypes = cydriver.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        self._current()
+        with nogil:
+            err = cydriver.cuMemCreate(&h, n, &prop, 0)
+        _check(err, f"cuMemCreate({n} bytes, POSIX file descriptor handle)")
+        handle[0] = <uint64_t>h
+        self.handle_count += 1
+        return 0
+
+    cdef int export_handle(self, uint64_t handle, size_t n, int *fd) except -1:
+        cdef cydriver.CUresult err
+        cdef int out = -1
+        self._current()
+        with nogil:
+            err = cydriver.cuMemExportToShareableHandle(
+                <void *>&out, <cydriver.CUmemGenericAllocationHandle>handle,
+                cydriver.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0)
+        _check(err, "cuMemExportToShareableHandle")
+        fd[0] = out
+        self.export_count += 1
+        return 0
+
+    cdef int import_handle(self, int fd, size_t n, uint64_t *handle) except -1:
+        cdef cydriver.CUresult err
+        cdef cydriver.CUmemGenericAllocationHandle h = 0
+        self._current()
+        with nogil:
+            err = cydriver.cuMemImportFromShareableHandle(
+                &h, <void *><uintptr_t>fd, cydriver.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+        _check(err, "cuMemImportFromShareableHandle")
+        handle[0] = <uint64_t>h
+        self.handle_count += 1
+        self.import_count += 1
         return 0
 
     def mem_info(self):

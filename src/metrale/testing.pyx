@@ -16,7 +16,8 @@ from metrale.errors import MetraleError, OutOfMemoryError
 __all__ = ["FaultyBackend"]
 
 OPERATIONS = ("alloc", "free", "memset", "d2h", "h2d", "sync", "reserve", "unreserve",
-              "create", "release_handle", "map", "set_access", "unmap", "host_alloc")
+              "create", "release_handle", "map", "set_access", "unmap", "host_alloc",
+              "export", "import")
 
 
 cdef class FaultyBackend(HostBackend):
@@ -67,7 +68,10 @@ A HostBackend whose nth next operation of a kind fails, on demand.
             ``"set_access"`` (after mapping: the mapping is undone, then
             ``OutOfMemoryError``), ``"unmap"``, ``"release_handle"``,
             ``"unreserve"`` and ``"host_alloc"`` (the host copies of
-            ``sleep(keep=...)``; ``OutOfMemoryError``).
+            ``sleep(keep=...)``; ``OutOfMemoryError``); and the peer
+            sharing of a tensor-parallel arena: ``"export"`` and
+            ``"import"`` (``MetraleError``; ``"create"`` fails its
+            shareable handles too).
         nth : int, optional
             Which of the next operations of that kind fails: 1 (the default)
             for the very next one.
@@ -173,6 +177,21 @@ A HostBackend whose nth next operation of a kind fails, on demand.
         if self._fails("host_alloc"):
             raise OutOfMemoryError(f"host copy buffer of {n} bytes refused (injected fault)")
         return HostBackend.host_alloc(self, n, out)
+
+    cdef int create_exportable(self, size_t n, uint64_t *handle) except -1:
+        if self._fails("create"):
+            raise OutOfMemoryError(f"shareable handle of {n} bytes refused (injected fault)")
+        return HostBackend.create_exportable(self, n, handle)
+
+    cdef int export_handle(self, uint64_t handle, size_t n, int *fd) except -1:
+        if self._fails("export"):
+            raise MetraleError("HOST_INJECTED_FAULT: export of a physical handle failed")
+        return HostBackend.export_handle(self, handle, n, fd)
+
+    cdef int import_handle(self, int fd, size_t n, uint64_t *handle) except -1:
+        if self._fails("import"):
+            raise MetraleError("HOST_INJECTED_FAULT: import of a peer's handle failed")
+        return HostBackend.import_handle(self, fd, n, handle)
 
     def __repr__(self):
         return (f"FaultyBackend(live_alloc_count={self.live_alloc_count}, "

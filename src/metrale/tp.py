@@ -1,0 +1,512 @@
+"""Tensor-parallel arenas: one layout on every rank, the peers' slabs mapped once.
+
+``BufferArena.new(..., group=g)`` builds a reserved arena whose physical
+memory can be exported, checks collectively that every rank of `g` laid it
+out identically, and maps the slab of every rank on the same host into this
+process, once.  ``arena.peer(r)`` then gives rank r's buffers at addresses
+this process (and its device) can use: the peer's base plus the same offsets.
+Nothing more happens per step or at graph capture.  See
+docs/tensor-parallel.md.
+
+The protocol, run by every rank at construction:
+
+1. every rank listens on a Unix socket with a random abstract name, then
+   all-gathers what the others must check or know: the layout (each
+   buffer's offset, size and room), the granularity, the physical chunks,
+   its host and its socket's name (the group is the rendezvous: no store,
+   no port);
+2. every rank checks the gathered list the same way, so that either all
+   go on or all raise the same MetraleError (a rank whose construction
+   failed sends its error instead of a layout);
+3. every rank exports each chunk once (a file descriptor), sends the
+   descriptors to each local peer over that peer's socket (SCM_RIGHTS),
+   closes them, then receives each peer's, imports and maps them into a
+   reservation of its own, and closes them;
+4. a second all-gather of every rank's outcome: one failure anywhere and
+   every rank raises, having unmapped what it mapped.
+
+Socket waits are bounded by `PeerGroup`'s timeout; all-gathers by the
+group's own (torch.distributed's process-group timeout).
+"""
+
+import json
+import os
+import secrets
+import socket
+import struct
+import sys
+import time
+
+from metrale._buffers import BUFFER_INDEX, BUFFER_NAMES, GROUPS
+from metrale.errors import MetraleError
+
+__all__ = ["PeerGroup", "PeerBuffers"]
+
+#: Seconds a rank waits for a peer's descriptors (PeerGroup's default).
+DEFAULT_TIMEOUT = 60.0
+_HEADER_MAX = 1 << 20
+
+
+class PeerGroup:
+    """The ranks an arena is shared among, and how long to wait for them.
+
+    ``BufferArena.new(..., group=g)`` wraps `g` in a PeerGroup itself; build
+    one to set the timeout.  The group is only used at construction, for
+    two all-gathers of small Python objects.
+
+    Parameters
+    ----------
+    group : object
+        A ``torch.distributed`` process group (torch's
+        ``all_gather_object(..., group=group)`` is used, so an NCCL group
+        needs ``torch.cuda.set_device`` first, as always); the
+        ``torch.distributed`` module itself (its default group); or any
+        object with ``all_gather_object(object_list, obj)`` (filling
+        ``object_list`` with every rank's `obj`, in rank order) and
+        ``rank()`` / ``size()`` (or ``get_rank()`` / ``get_world_size()``).
+        A PeerGroup gives its group (with this `timeout`); `new` takes a
+        PeerGroup as it is.
+    timeout : float, optional
+        Seconds a rank waits for each peer's descriptors (default 60).
+        All-gathers wait as long as the group's own timeout.
+
+    Attributes
+    ----------
+    group : object
+        The group as given.
+    timeout : float
+        Seconds a rank waits for each peer's descriptors.
+
+    Raises
+    ------
+    TypeError
+        `group` has neither interface, or `timeout` is not a number.
+    ValueError
+        `timeout` is not positive and finite, or the group's rank is not in
+        ``[0, size)``.
+    """
+
+    __slots__ = ("group", "timeout", "_gather", "_rank", "_size")
+
+    def __init__(self, group, *, timeout=DEFAULT_TIMEOUT):
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+            raise TypeError(f"timeout must be a number of seconds, got {type(timeout).__name__}")
+        if not 0 < timeout < float("inf"):
+            raise ValueError(f"timeout must be positive and finite, got {timeout!r}")
+        if isinstance(group, PeerGroup):
+            group = group.group
+        self.group = group
+        self.timeout = float(timeout)
+        gather = getattr(group, "all_gather_object", None)
+        dist = sys.modules.get("torch.distributed")
+        if gather is None and dist is not None and type(group).__module__.startswith("torch"):
+            # A ProcessGroup: torch's collective takes it as an argument.
+            def gather(out, obj, _dist=dist, _group=group):
+                return _dist.all_gather_object(out, obj, group=_group)
+            rank, size = dist.get_rank(group), dist.get_world_size(group)
+        elif callable(gather):
+            rank = _call_first(group, ("rank", "get_rank"))
+            size = _call_first(group, ("size", "get_world_size"))
+        else:
+            raise TypeError(f"group must be a torch.distributed process group or have "
+                            f"all_gather_object(object_list, obj), got {type(group).__name__}")
+        if isinstance(rank, bool) or isinstance(size, bool):
+            raise TypeError("group: rank() and size() must return ints")
+        rank, size = _index(rank, "group: rank()"), _index(size, "group: size()")
+        if not 0 <= rank < size:
+            raise ValueError(f"group: rank {rank} is not in [0, {size})")
+        self._gather, self._rank, self._size = gather, rank, size
+
+    def rank(self):
+        """This process's rank in the group.
+
+        Returns
+        -------
+        int
+        """
+        return self._rank
+
+    def size(self):
+        """The number of ranks in the group.
+
+        Returns
+        -------
+        int
+        """
+        return self._size
+
+    def all_gather(self, obj):
+        """Every rank's `obj`, in rank order (a collective call).
+
+        Parameters
+        ----------
+        obj : object
+            What this rank contributes (picklable).
+
+        Returns
+        -------
+        list
+
+        Raises
+        ------
+        MetraleError
+            The group's all-gather failed (a rank died, the group timed out)
+            or returned a list of the wrong length.
+        """
+        out = [None] * self._size
+        try:
+            self._gather(out, obj)
+        except Exception as e:
+            raise MetraleError(f"tensor-parallel arena: all_gather_object over the group failed "
+                               f"on rank {self._rank}: {type(e).__name__}: {e}") from e
+        if len(out) != self._size:
+            raise MetraleError(f"tensor-parallel arena: all_gather_object gave {len(out)} "
+                               f"objects for {self._size} ranks")
+        return list(out)
+
+    def __repr__(self):
+        return (f"PeerGroup({type(self.group).__name__}, rank={self._rank}, size={self._size}, "
+                f"timeout={self.timeout})")
+
+
+def _call_first(obj, names):
+    for name in names:
+        fn = getattr(obj, name, None)
+        if callable(fn):
+            return fn()
+    raise TypeError(f"group: {type(obj).__name__} has all_gather_object but no "
+                    f"{' / '.join(n + '()' for n in names)}")
+
+
+def _index(v, what):
+    try:
+        return v.__index__()
+    except AttributeError:
+        raise TypeError(f"{what} must return an int, got {type(v).__name__}") from None
+
+
+class PeerBuffers:
+    """One rank's buffers at the addresses this process uses for them.
+
+    Got from ``arena.peer(rank)``: the same pointer accessors as
+    `BufferArena` (``hidden_states()``, ``logits()`` ...), each returning
+    that rank's buffer as mapped here, the peer's base plus the buffer's
+    offset; 0 for an empty buffer, and 0 for every buffer once the arena is
+    released.  Valid on this process's device for kernels, copies and
+    graph capture.  For this process's own rank it gives the arena's own
+    pointers.
+
+    Parameters
+    ----------
+    rank : int
+        The rank whose buffers these are.
+    cell : list
+        A one-element list holding the 46 pointers by buffer id (the arena
+        replaces it with zeros at release).
+
+    Attributes
+    ----------
+    rank : int
+        The rank whose buffers these are.
+    """
+
+    __slots__ = ("rank", "_cell")
+
+    def __init__(self, rank, cell):
+        self.rank = rank
+        self._cell = cell
+
+    def ptr(self, name):
+        """The pointer of any of the 46 buffers by name.
+
+        Parameters
+        ----------
+        name : str
+            A buffer name (the ones without an accessor included).
+
+        Returns
+        -------
+        int
+
+        Raises
+        ------
+        TypeError, ValueError
+            `name` is not a str, or not a buffer name.
+        """
+        if not isinstance(name, str):
+            raise TypeError(f"name must be a str, got {type(name).__name__}")
+        i = BUFFER_INDEX.get(name)
+        if i is None:
+            raise ValueError(f"name: unknown buffer name {name!r}")
+        return self._cell[0][i]
+
+    def __repr__(self):
+        return f"PeerBuffers(rank={self.rank}, hidden_states={self._cell[0][0]:#x})"
+
+
+def _accessor(i, name):
+    def accessor(self):
+        return self._cell[0][i]
+    accessor.__name__ = name
+    accessor.__qualname__ = f"PeerBuffers.{name}"
+    accessor.__doc__ = (f"This rank's ``{name}`` as mapped here (0 when empty or released).\n\n"
+                        "Returns\n-------\nint\n")
+    return accessor
+
+
+# The accessors, derived from the buffer table (tests/test_tp.py checks them
+# against BufferArena's and the stub).
+for _i, _name in enumerate(BUFFER_NAMES):
+    if _name in GROUPS["pointer"]:
+        setattr(PeerBuffers, _name, _accessor(_i, _name))
+del _i, _name
+
+
+class _Sharing:
+    """What a shared arena keeps: the group's shape, the peers' mappings and
+    the pointer cells handed out through PeerBuffers."""
+
+    __slots__ = ("rank", "size", "local", "_slabs", "_cells", "_peers")
+
+    def __init__(self, rank, size, local, slabs, cells):
+        self.rank, self.size, self.local = rank, size, local
+        self._slabs, self._cells = slabs, cells
+        self._peers = {}
+
+    def peer(self, rank):
+        if isinstance(rank, bool):
+            raise TypeError("rank must be an int, got bool")
+        try:
+            r = rank.__index__()
+        except AttributeError:
+            raise TypeError(f"rank must be an int, got {type(rank).__name__}") from None
+        if not 0 <= r < self.size:
+            raise ValueError(f"rank must be in [0, {self.size}), got {r}")
+        cell = self._cells.get(r)
+        if cell is None:
+            raise MetraleError(f"peer: rank {r} runs on another host (or network namespace); "
+                               f"only ranks {self.local} share memory with rank {self.rank}")
+        p = self._peers.get(r)
+        if p is None:
+            p = self._peers[r] = PeerBuffers(r, cell)
+        return p
+
+    def close(self):
+        zeros = (0,) * len(BUFFER_NAMES)
+        for cell in self._cells.values():
+            cell[0] = zeros
+        self._slabs.close()
+
+
+def _read(path):
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _ns(kind):
+    try:
+        return os.readlink(f"/proc/self/ns/{kind}")
+    except OSError:
+        return ""
+
+
+def _host_key():
+    """Ranks with the same key can pass descriptors over an abstract socket:
+    the same boot of the same machine and the same network namespace."""
+    return f"{_read('/proc/sys/kernel/random/boot_id') or socket.gethostname()}/{_ns('net')}"
+
+
+def _version():
+    try:
+        from metrale._version import __version__
+        return __version__
+    except ImportError:
+        return "unknown"
+
+
+def _abort(group, exc):
+    """A rank whose construction failed: take part in the first all-gather
+    with its error, so that the others raise instead of waiting."""
+    try:
+        group.all_gather({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
+    except Exception:
+        pass
+
+
+def _check_agreement(infos):
+    """Raise MetraleError unless every rank's info agrees with rank 0's; the
+    same message on every rank (computed from the same gathered list)."""
+    for r, info in enumerate(infos):
+        if not isinstance(info, dict) or "ok" not in info:
+            raise MetraleError(f"tensor-parallel arena: rank {r} sent {type(info).__name__}, "
+                               "not a metrale arena description")
+        if not info["ok"]:
+            raise MetraleError(f"tensor-parallel arena: rank {r} failed to build its arena "
+                               f"({info['error']}); nothing is shared")
+    ref = infos[0]
+    for r, info in enumerate(infos[1:], 1):
+        for key, what in (("version", "the metrale version"),
+                          ("device_type", "the backend's device type"),
+                          ("granularity", "the allocation granularity")):
+            if info[key] != ref[key]:
+                raise MetraleError(f"tensor-parallel arena: rank {r} and rank 0 disagree on "
+                                   f"{what}: {info[key]!r} vs {ref[key]!r}")
+        if info["layout"] != ref["layout"]:
+            order = sorted(range(len(BUFFER_NAMES)), key=lambda i: (ref["layout"][i][0], i))
+            for i in order:
+                a, b = ref["layout"][i], info["layout"][i]
+                if a != b:
+                    raise MetraleError(
+                        f"tensor-parallel arena: rank {r} and rank 0 disagree on buffer "
+                        f"{BUFFER_NAMES[i]!r}: rank 0 has {a[1]} bytes at offset {a[0]:#x} "
+                        f"(room {a[2]}), rank {r} {b[1]} bytes at offset {b[0]:#x} (room {b[2]}); "
+                        "build every rank's arena from the same config, limits and levers")
+        for key, what in (("max_batch_tokens", "max_batch_tokens"), ("slab", "the slab size"),
+                          ("chunks", "the physical chunks")):
+            if info[key] != ref[key]:
+                raise MetraleError(f"tensor-parallel arena: rank {r} and rank 0 disagree on "
+                                   f"{what}: {info[key]!r} vs {ref[key]!r}")
+
+
+def _share(gpu, group, base, nbytes, chunks, layout, ptrs, granularity, max_batch_tokens):
+    """The collective setup (module docstring): returns a _Sharing, or raises
+    MetraleError on every rank with nothing of the peers left mapped."""
+    from metrale._peer import PeerSlabs
+    me, size, timeout = group.rank(), group.size(), group.timeout
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+    slabs = PeerSlabs(gpu)
+    try:
+        name = f"\0metrale-tp-{os.getpid()}-{secrets.token_hex(8)}"
+        srv.bind(name)
+        srv.listen(max(size, 1))
+        info = {"ok": True, "version": _version(), "device_type": gpu.device_type,
+                "device": gpu.device_id, "host": _host_key(), "pidns": _ns("pid"),
+                "pid": os.getpid(), "socket": name, "granularity": granularity,
+                "slab": nbytes, "max_batch_tokens": max_batch_tokens, "layout": layout,
+                "chunks": [[c[0], c[1]] for c in chunks]}
+        infos = group.all_gather(info)
+        _check_agreement(infos)
+        local = tuple(r for r in range(size) if infos[r]["host"] == info["host"])
+        errors = []
+        bases = {}
+        if nbytes and len(local) > 1:
+            errors = _exchange(gpu, slabs, me, infos, local, chunks, srv, timeout, bases)
+        try:
+            outcome = group.all_gather({"errors": errors})
+        except MetraleError as e:
+            if not errors:
+                raise
+            raise MetraleError(f"{e}; before that, on rank {me}: {'; '.join(errors)}") from e
+        failed = list(dict.fromkeys(e for o in outcome for e in o["errors"]))   # each once
+        if failed:
+            raise MetraleError("tensor-parallel arena: setup failed: " + "; ".join(failed))
+    except BaseException:
+        try:
+            slabs.close()
+        except Exception:
+            pass        # PeerSlabs' finalizer retries
+        raise
+    finally:
+        srv.close()
+    cells = {me: [tuple(ptrs)]}
+    for r, b in bases.items():
+        cells[r] = [tuple(p - base + b if p else 0 for p in ptrs)]
+    return _Sharing(me, size, local, slabs, cells)
+
+
+def _exchange(gpu, slabs, me, infos, local, chunks, srv, timeout, bases):
+    """Send this rank's chunks to each local peer, receive and map theirs;
+    returns the errors seen here (the caller all-gathers them)."""
+    from metrale._peer import export_chunks
+    errors = []
+    header = {"rank": me, "chunks": [[c[0], c[1]] for c in chunks], "error": None}
+    fds = []
+    try:
+        fds = export_chunks(gpu, chunks)
+    except Exception as e:
+        header["error"] = f"rank {me} could not export its slab: {type(e).__name__}: {e}"
+        errors.append(header["error"])
+    try:
+        for q in local:
+            if q == me:
+                continue
+            try:
+                with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC) as c:
+                    c.settimeout(timeout)
+                    c.connect(infos[q]["socket"])
+                    c.send(json.dumps(dict(header, to=q)).encode())
+                    if header["error"] is None:
+                        for fd in fds:
+                            socket.send_fds(c, [b"c"], [fd])
+            except OSError as e:
+                errors.append(f"rank {me} could not send its slab to rank {q}: {e}")
+    finally:
+        for fd in fds:
+            os.close(fd)
+    pending = set(local) - {me}
+    deadline = time.monotonic() + timeout
+    while pending:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            errors.append(f"rank {me} got no slab from rank(s) {sorted(pending)} within "
+                          f"{timeout:g} s (did they die?)")
+            break
+        srv.settimeout(left)
+        try:
+            conn, _ = srv.accept()
+        except OSError:         # socket.timeout is an OSError
+            continue
+        with conn:
+            conn.settimeout(max(deadline - time.monotonic(), 0.001))
+            try:
+                r = _receive(conn, slabs, me, infos, pending, bases)
+            except (OSError, ValueError, MetraleError) as e:
+                errors.append(f"rank {me} failed to map a peer's slab: {type(e).__name__}: {e}")
+                break
+            if r is None:
+                continue        # not one of the group's ranks: ignored
+            pending.discard(r[0])
+            if r[1]:
+                errors.append(r[1])
+    return errors
+
+
+def _receive(conn, slabs, me, infos, pending, bases):
+    """One peer's header and descriptors: (rank, its error or None), or None
+    for a connection that is not from a pending rank of the group."""
+    try:
+        pid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                  struct.calcsize("3i")))[0]
+    except OSError:
+        pid = None
+    try:
+        header = json.loads(conn.recv(_HEADER_MAX))
+        r = header["rank"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(r, int) or r not in pending or header.get("to") != me:
+        return None
+    peer = infos[r]
+    if pid is not None and peer["pidns"] == _ns("pid") and pid != peer["pid"]:
+        return None             # someone else on this host speaking for rank r
+    if header.get("error"):
+        return r, header["error"]
+    chunks = [tuple(c) for c in header["chunks"]]
+    if [list(c) for c in chunks] != peer["chunks"]:
+        raise ValueError(f"rank {r} sent chunks {chunks}, not the ones it announced")
+    fds = []
+    try:
+        for _ in chunks:
+            _msg, got, flags, _addr = socket.recv_fds(conn, 16, 1)
+            fds.extend(got)
+            if flags & socket.MSG_CTRUNC or len(got) != 1:
+                raise OSError(f"a descriptor from rank {r} did not arrive (flags {flags:#x}, "
+                              f"{len(got)} descriptors; out of descriptors?)")
+        bases[r] = slabs.map_peer(r, peer["slab"], chunks, fds)
+    finally:
+        for fd in fds:
+            os.close(fd)
+    return r, None
