@@ -358,7 +358,7 @@ def test_padding_row_read_is_caught(backend):
     found = arena.find_nonfinite(tokens=tokens)
     assert found == [NonFinite("norm_output", hidden, 0, 0, 0)]
     # and an Inf planted in row 2 of an FP32 buffer
-    gates = m.read("ssm_gates")
+    gates = m.read("ssm_gates").copy()
     row_f32 = arena.sizes().ssm_gates // 13
     gates[2 * row_f32 + 4:2 * row_f32 + 8] = np.array([np.inf], "<f4").view(np.uint8)
     m.write("ssm_gates", gates)
