@@ -147,7 +147,7 @@ def main():
     checks = check(1, "eager")
 
     # -- the same kernel in a CUDA graph, replayed after the peers rewrote -----------
-    graph = torch.cuda.Graph()
+    graph = torch.cuda.CUDAGraph()
     reduce_peer()                   # warm (module load) outside the capture
     torch.cuda.synchronize()
     with torch.cuda.graph(graph):

@@ -51,11 +51,12 @@ extern const unsigned mt_buffer_flags[MT_NBUF];
 typedef struct mt_range { uint64_t offset; uint64_t length; } mt_range;
 
 /* Where each buffer sits in the one slab.  Zero-size buffers have offset 0 and
- * no range.  Slab order (`order`): the zero_prefill_essentials buffers, then
- * the other zero_all_rows candidates, then the rest of zero_all (zeroed
+ * no range.  Slab order (`order`): token_ids, then scratch (the step inputs,
+ * MT_IN_STEP: one upload reaches both), then the zero_prefill_essentials
+ * buffers, the other zero_all_rows candidates, the rest of zero_all (zeroed
  * whole), then everything else, each part in canonical order: so each of
- * zero_all and zero_prefill_essentials is one contiguous range, and the
- * ranges zero_all_rows keeps whole merge into one. */
+ * zero_all (from scratch on) and zero_prefill_essentials is one contiguous
+ * range. */
 typedef struct mt_layout {
     uint64_t size[MT_NBUF];
     uint64_t offset[MT_NBUF];
@@ -80,7 +81,9 @@ int mt_layout_plan(mt_layout *L, const uint64_t sizes[MT_NBUF], uint64_t max_bat
 /* ---- reserved layouts (stable addresses) ----------------------------------------
  * A reserved arena owns one virtual reservation; each buffer has its own
  * sub-range sized for the reserved limits, rounded up to the backend's
- * allocation granularity, so a buffer can grow in place.  `offset` is where
+ * allocation granularity, so a buffer can grow in place (token_ids' sub-range
+ * ends at the next 256 bytes instead: scratch follows it in the same granule,
+ * which stays mapped, so a step's upload reaches both).  `offset` is where
  * the buffer's sub-range starts, `size` its bytes at the current limits
  * (<= the reserved bytes), `slab_bytes` the whole reservation.  zero_all and
  * zero_prefill are then no longer one range each: mt_group_ranges gives one
@@ -130,7 +133,7 @@ int mt_commit_gaps(const mt_range *need, int nneed, const mt_range *have, int nh
  * chunk that overlaps none may be unmapped and released. */
 int mt_chunk_needed(const mt_range *need, int nneed, uint64_t offset, uint64_t length);
 
-/* The ranges zero_all_rows(tokens) clears (see rows_length in layout.c), in slab order,
+/* The ranges zero_all_rows(tokens) clears (the table of kernels/zero_ranges.h), in slab order,
  * with adjacent ones merged.  `out` holds MT_N_ZERO_ALL entries; returns the
  * count (0 when every range is empty). */
 int mt_zero_rows_ranges(const mt_layout *L, uint64_t tokens, mt_range *out);

@@ -1,4 +1,4 @@
-from metrale._arena import BufferArena as BufferArena
+from metrale._arena import BufferArena as BufferArena, StepInputs as StepInputs
 from metrale._backend import HostBackend as HostBackend
 from metrale._scratch import (ScratchSpace as ScratchSpace,
                               ScratchSpaceManager as ScratchSpaceManager,
@@ -12,7 +12,8 @@ from metrale.sizes import (BufferSizes as BufferSizes, DecodeMetaLayout as Decod
                            Target as Target)
 
 __all__ = [
-    'ModelConfig', 'BufferSizes', 'BufferArena', 'DecodeMetaLayout', 'MoeFp8Scratch', 'Target',
+    'ModelConfig', 'BufferSizes', 'BufferArena', 'StepInputs', 'DecodeMetaLayout', 'MoeFp8Scratch',
+    'Target',
     'HostBackend', 'CudaBackend', 'ScratchSpaceManager', 'ScratchSpace', 'ScratchStats',
     'MetraleError', 'OutOfMemoryError', 'GATEUP_FUSED_MAX_M', 'DECODE_META_MIN_ROWS',
     'DECODE_META_MAX_ROWS', 'Q12_SIZING_STREAMS', 'VERIFY_ROW_CAP', 'DebugOptions',
