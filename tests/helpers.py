@@ -312,6 +312,12 @@ def _rank_main(q, fn, rank, size, args):
         q.put((rank, True, value))
 
 
+def under_asan():
+    """Whether AddressSanitizer is preloaded (.ci/run's sanitizer stage)."""
+    import os
+    return "libasan" in os.environ.get("LD_PRELOAD", "")
+
+
 def process_resources():
     """(open descriptors, mappings, memfd mappings) of this process, from /proc.
 
@@ -322,5 +328,5 @@ def process_resources():
     fds = len(os.listdir("/proc/self/fd"))
     with open("/proc/self/maps") as f:
         maps = f.read().splitlines()
-    every = 0 if "libasan" in os.environ.get("LD_PRELOAD", "") else len(maps)
+    every = 0 if under_asan() else len(maps)
     return fds, every, sum("memfd:metrale" in m for m in maps)

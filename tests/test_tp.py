@@ -17,7 +17,7 @@ from metrale._buffers import BUFFER_NAMES, GROUPS
 from metrale.testing import FaultyBackend
 from metrale.tp import PeerBuffers, PeerGroup
 
-from helpers import COMPACT, FileGroup, process_resources, run_ranks, vm_counts
+from helpers import COMPACT, FileGroup, process_resources, run_ranks, under_asan, vm_counts
 
 CFG = COMPACT
 LIMITS = (64, 512, 16, 8)
@@ -262,7 +262,9 @@ def test_create_destroy_cycles_leak_nothing(tmp_path):
         assert after[2] == 0
         assert counts == (0, 0, 0, 0)
         assert (exports, imports) == (101, 101)
-        assert rss_growth < 4 << 20             # the slabs are a few MiB each: none kept
+        # the slabs are a few MiB each: none kept (ASan's quarantine keeps
+        # freed memory resident by design, so not measured under it)
+        assert under_asan() or rss_growth < 4 << 20
 
 
 # -- one process -------------------------------------------------------------------
