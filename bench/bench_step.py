@@ -32,23 +32,12 @@ import torch
 
 from metrale import BufferArena, CudaBackend, ModelConfig
 from metrale._buffers import GROUPS
+from metrale._layout import plan_layout
 
 from bench_cuda import timed, timed_back_to_back, warm_up
 
 BUCKETS = [1, 2, 4] + list(range(8, 257, 8))      # vLLM's default capture sizes (35)
 BATCH = 32
-
-
-def rows_len(n, m, tokens):
-    """ARENA §5.2 for one buffer (the torch path trims the same way)."""
-    if tokens >= m:
-        return n
-    if n % m == 0:
-        return n // m * tokens
-    m16 = -(-m // 16) * 16
-    if n % m16 == 0:
-        return n // m16 * min(-(-tokens // 16) * 16, m16)
-    return n
 
 
 def numpy_inputs(rng, B):
@@ -154,8 +143,8 @@ def main():
     targets = {n: dev[off:off + nb] for n, (dev, off, nb) in regions.items()}
     zero_views = {n: torch.from_dlpack(arena.view(n, "uint8")) for n in GROUPS["zero_all"]
                   if getattr(sizes, n)}
-    trimmed = [v[:rows_len(v.numel(), M, BATCH) if n in GROUPS["rows"] else v.numel()]
-               for n, v in zero_views.items()]
+    plan = plan_layout(sizes, M)                   # the torch path trims as zero_all_rows does
+    trimmed = [v[:plan.rows_length(n, BATCH)] for n, v in zero_views.items()]
 
     def torch_copies():
         for n, t in targets.items():

@@ -257,15 +257,16 @@ int mt_layout_resize(mt_layout *L, const uint64_t sizes[MT_NBUF], uint64_t max_b
     return MT_OK;
 }
 
-/* Append [offset, offset + length) to out[0..count), merging it with the last
- * range when that one ends where this starts after rounding up to `align`. */
+/* Append [offset, offset + length) (offset >= the last range's offset) to
+ * out[0..count), merging it with the last range when that one, its end
+ * rounded up to `align`, reaches where this starts (touching or overlapping). */
 static int append_merged(mt_range *out, int count, uint64_t offset, uint64_t length, uint64_t align)
 {
     if (count > 0) {
         mt_range *p = &out[count - 1];
         uint64_t end;
-        if (mt_round_up(p->offset + p->length, align, &end) == MT_OK && end == offset) {
-            p->length = offset + length - p->offset;
+        if (mt_round_up(p->offset + p->length, align, &end) == MT_OK && end >= offset) {
+            if (offset + length > p->offset + p->length) p->length = offset + length - p->offset;
             return count;
         }
     }
@@ -288,25 +289,18 @@ int mt_group_ranges(const mt_layout *L, unsigned group, mt_range *out)
 int mt_commit_needed(const mt_layout *L, uint64_t gran, mt_range *out)
 {
     int count = 0;
-    uint64_t lo, hi;
+    uint64_t lo, hi, n;
     for (int i = 0; i < MT_NBUF; i++) {
         int b = L->order[i];
-        uint64_t n;
-        if (L->size[b] == 0 || with_guard(L, L->size[b], &n) != MT_OK) continue;
+        if (L->size[b] == 0) continue;
         /* token_ids keeps its whole room: a step's upload runs from it into
          * scratch in one copy, padding (and guard band) included */
         if (slab_part(mt_buffer_flags[b]) == 0) n = L->room[b];
+        else if (with_guard(L, L->size[b], &n) != MT_OK) continue;
         /* the granules the buffer touches (token_ids and scratch may share one) */
         lo = L->offset[b] & ~(gran - 1);
         if (mt_round_up(L->offset[b] + n, gran, &hi) != MT_OK) continue;
-        if (count > 0 && out[count - 1].offset + out[count - 1].length >= lo) {
-            mt_range *p = &out[count - 1];
-            if (hi > p->offset + p->length) p->length = hi - p->offset;
-            continue;
-        }
-        out[count].offset = lo;
-        out[count].length = hi - lo;
-        count++;
+        count = append_merged(out, count, lo, hi - lo, 1);
     }
     return count;
 }

@@ -114,3 +114,18 @@ def test_slab_plan_object():
         plan_layout(sizes, 0)
     with pytest.raises(TypeError):
         SlabPlan()
+
+
+def test_rows_length_is_the_row_rule_per_buffer():
+    for m in (1, 100, 128, 1000):
+        sizes = BufferSizes.from_config(PRESET, m, 4096, 16, 32, env=NOENV)
+        plan = plan_layout(sizes, m)
+        for tokens in (0, 1, 15, 17, m - 1, m, m + 3):
+            for name in BUFFER_NAMES:
+                n = getattr(sizes, name)
+                want = expected_rows_length(n, m, tokens) if name in ROWS else n
+                assert plan.rows_length(name, tokens) == want, (m, tokens, name)
+    with pytest.raises(KeyError):
+        plan.rows_length("nope", 1)
+    with pytest.raises(ValueError, match="tokens"):
+        plan.rows_length("logits", -1)

@@ -17,19 +17,13 @@ from metrale.errors import MetraleError, OutOfMemoryError
 from metrale.sizes import BUFFER_NAMES
 from metrale.testing import FaultyBackend
 
-from helpers import (COMPACT, NOENV, PRESET, ROWS, ZERO_ALL, Mem, expected_rows_length,
-                     live_counts, new, ptr_of, rows_expectation)
+from helpers import (COMPACT, NOENV, PRESET, ROWS, ZERO_ALL, Mem, check_zeroed,
+                     expected_rows_length, fill_all, live_counts, new, ptr_of, rows_expectation,
+                     slab_base)
 
-SENTINEL = 0xAB
+SENTINEL = 0xAB             # what helpers.fill_all writes
 META_AT = 32_768            # ARENA.md §4.1: the decode metadata at scratch + 32,768
 COUNT_AT = META_AT - 16     # where StepInputs keeps the count (docs/step-inputs.md)
-
-
-def fill_sentinel(arena, gpu):
-    m = Mem(arena, gpu)
-    for name in BUFFER_NAMES:
-        m.fill(name, SENTINEL)
-    return m
 
 
 def read_all(arena, gpu):
@@ -41,18 +35,8 @@ def check_rows(arena, got, tokens, spared=()):
     """Every buffer: the bytes zero_all_rows(tokens) clears (ARENA §5.2) are 0,
     the rest still the sentinel; `spared`: (name, start, end) byte ranges of a
     buffer checked by the caller instead."""
-    sizes = arena.sizes()
-    expect = rows_expectation(sizes, arena.max_batch_tokens(), tokens)
-    for name in BUFFER_NAMES:
-        data = got[name].copy()
-        if not len(data) or name == "norm_unit_w":
-            continue
-        for sname, lo, hi in spared:
-            if sname == name:
-                data[lo:hi] = 0 if lo < expect.get(name, 0) else SENTINEL
-        k = expect.get(name, 0)
-        assert not data[:k].any(), f"{name}: first {k} bytes not all zero (tokens={tokens})"
-        assert (data[k:] == SENTINEL).all(), f"{name}: bytes past {k} written (tokens={tokens})"
+    expect = rows_expectation(arena.sizes(), arena.max_batch_tokens(), tokens)
+    check_zeroed(arena, None, expect, spared=spared, got=got)
 
 
 def count_cell(arena, gpu, name, offset, value):
@@ -72,7 +56,7 @@ def count_cell(arena, gpu, name, offset, value):
 @pytest.mark.parametrize("tokens", [0, 1, 2, 15, 16, 17, 99, 100, 1000, 5000, -1, -(2**31)])
 def test_device_count_clears_what_the_host_count_does(backend, m, tokens):
     with new(backend, COMPACT, m=m) as arena:
-        fill_sentinel(arena, backend)
+        fill_all(arena, backend)
         at = count_cell(arena, backend, "token_ids", 0, tokens)   # token_ids: never zeroed
         arena.zero_all_rows(stream=0, tokens_at=at)
         got = read_all(arena, backend)
@@ -86,7 +70,7 @@ def test_device_count_clears_what_the_host_count_does(backend, m, tokens):
 def test_a_count_inside_a_cleared_buffer_keeps_its_bytes(backend, name, row):
     m, tokens = 100, 7
     with new(backend, COMPACT, m=m) as arena:
-        fill_sentinel(arena, backend)
+        fill_all(arena, backend)
         n = getattr(arena.sizes(), name)
         off = (n // m) * row // 4 * 4 if name in ROWS else 256 * row
         at = count_cell(arena, backend, name, off, tokens)
@@ -105,7 +89,7 @@ def test_device_count_matches_the_host_count_byte_for_byte_on_the_host():
         with new(gpu, PRESET, m=m) as a, new(gpu, PRESET, m=m) as b:
             bases = []
             for arena in (a, b):
-                base = min(p for p in (ptr_of(arena, n) for n in BUFFER_NAMES) if p)
+                base = slab_base(arena)
                 ctypes.memset(base, SENTINEL, arena.slab_bytes())
                 bases.append(base)
             cell = ptr_of(b, "token_ids")
@@ -143,7 +127,7 @@ def test_tokens_at_is_checked(backend):
 def test_the_count_is_read_when_the_call_runs_on_the_host():
     gpu = FaultyBackend()
     with new(gpu, COMPACT, m=64) as arena:
-        fill_sentinel(arena, gpu)
+        fill_all(arena, gpu)
         at = count_cell(arena, gpu, "token_ids", 0, 3)
         gpu.inject_fault("d2h")
         with pytest.raises(MetraleError, match="HOST_INJECTED_FAULT"):
@@ -216,7 +200,7 @@ def test_upload_is_the_staging_plus_zero_all_rows(backend, tokens):
     rng = np.random.default_rng(tokens)
     with BufferArena.new(COMPACT, 128, 1024, 16, 32, backend) as arena:
         with arena.step_inputs() as st:
-            fill_sentinel(arena, backend)
+            fill_all(arena, backend)
             staged(st, rng, min(tokens, 128))
             st.tokens = tokens
             h2d, launches = backend.h2d_count, getattr(backend, "launch_count", 0)
@@ -227,7 +211,7 @@ def test_upload_is_the_staging_plus_zero_all_rows(backend, tokens):
                 assert backend.launch_count == launches + 1      # one launch
             check_uploaded(arena, st, read_all(arena, backend), tokens)
             # without the zeroing only the span changes
-            fill_sentinel(arena, backend)
+            fill_all(arena, backend)
             st.upload(zero=False)
             st.wait()
             got = read_all(arena, backend)
@@ -320,7 +304,7 @@ def test_reserved_arena_uploads_into_committed_memory(backend):
     with BufferArena.new(COMPACT, 16, 512, 16, 32, backend, reserve=(4096, 1024, 16, 64)) as arena:
         assert arena.scratch() - arena.token_ids() >= 4 * 4096
         with arena.step_inputs() as st:
-            fill_sentinel(arena, backend)
+            fill_all(arena, backend)
             staged(st, rng, 16)
             st.tokens = 5
             st.upload()
@@ -350,7 +334,7 @@ def test_failures_leave_nothing_behind():
         with pytest.raises(OutOfMemoryError):
             arena.step_inputs()
         with arena.step_inputs() as st:
-            fill_sentinel(arena, gpu)
+            fill_all(arena, gpu)
             st.fill(np.arange(8))
             gpu.inject_fault("h2d")
             with pytest.raises(MetraleError, match="HOST_INJECTED_FAULT"):

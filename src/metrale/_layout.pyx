@@ -8,9 +8,10 @@ from libc.stdint cimport uint64_t
 
 from metrale._common cimport u64_arg
 from metrale._core cimport (MT_N_ZERO_ALL, MT_NBUF, MT_OK, mt_buffer_flags, mt_buffer_names,
-                            mt_layout, mt_layout_plan, mt_range, mt_zero_rows_ranges)
+                            mt_layout, mt_layout_plan, mt_range, mt_rows_length,
+                            mt_zero_rows_ranges)
 
-from metrale._buffers import BUFFER_NAMES, GROUPS
+from metrale._buffers import BUFFER_INDEX, BUFFER_NAMES, GROUPS
 from metrale.sizes import BufferSizes
 
 # Private constructor key: plans come from plan_layout().
@@ -119,6 +120,33 @@ cdef class SlabPlan:
         cdef mt_range r[MT_N_ZERO_ALL]
         cdef int n = mt_zero_rows_ranges(&self.L, u64_arg(tokens, "tokens"), r)
         return [(r[i].offset, r[i].length) for i in range(n)]
+
+    def rows_length(self, name, tokens):
+        """Bytes of buffer `name`, from its start, that ``zero_all_rows(tokens=tokens)`` clears.
+
+        The rule of `rows_ranges` for one buffer: the first `tokens` rows of
+        a token-major buffer (rounded up to 16 rows for the GEMM-tiled
+        ones), the whole of any other.
+
+        Parameters
+        ----------
+        name : str
+            One of the 46 buffer names.
+        tokens : int
+            Live tokens of the step.
+
+        Returns
+        -------
+        int
+
+        Raises
+        ------
+        KeyError
+            `name` is not a buffer.
+        TypeError, ValueError
+            `tokens` is not an int, negative or does not fit 64 bits.
+        """
+        return mt_rows_length(&self.L, BUFFER_INDEX[name], u64_arg(tokens, "tokens"))
 
     def __repr__(self):
         return (f"<SlabPlan {self.L.slab_bytes} bytes, max_batch_tokens={self.L.max_batch_tokens}, "

@@ -14,7 +14,7 @@ cdef extern from "metrale/kernels/debug_ops.h" nogil:
 
 from metrale.sizes import _DECODE_META_OFFSET, _STEP_COUNT_OFFSET, kv_blocks_per_seq
 
-# region -> (numpy dtype name, offset method of DecodeMetaLayout or None)
+# decode metadata region -> (numpy dtype name, its offset method of DecodeMetaLayout)
 _META_REGIONS = (
     ("positions", "uint32", "positions_offset"),
     ("seq_slot", "int32", "seq_slot_offset"),
@@ -83,7 +83,7 @@ Pinned host staging for one step's inputs, uploaded with one copy.
 
     cdef int _build(self, BufferArena arena, uint64_t max_blocks) except -1:
         cdef uint64_t tok = arena._L.offset[MT_TOKEN_IDS], scr = arena._L.offset[MT_SCRATCH]
-        cdef uint64_t meta, span
+        cdef uint64_t meta, span, i
         layout = arena._decode_meta
         meta = layout.meta_bytes(max_blocks)
         if _DECODE_META_OFFSET + meta > arena._L.size[MT_SCRATCH]:
@@ -97,9 +97,8 @@ Pinned host staging for one step's inputs, uploaded with one copy.
         self._gpu = arena._gpu
         self.layout = layout
         self.max_blocks = max_blocks
-        self.max_batch_tokens = arena._L.size[MT_TOKEN_IDS] // 4
-        if self.max_batch_tokens > arena._L.max_batch_tokens:
-            self.max_batch_tokens = arena._L.max_batch_tokens   # the 256-byte floor
+        # token_ids' rows: max_batch_tokens, unless from_sizes gave it fewer bytes
+        self.max_batch_tokens = min(arena._L.size[MT_TOKEN_IDS] // 4, arena._L.max_batch_tokens)
         self._gen = arena._gen
         self._dst = arena._base + tok
         self._count_off = scr - tok + _STEP_COUNT_OFFSET
