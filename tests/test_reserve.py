@@ -15,7 +15,7 @@ from metrale.sizes import BUFFER_NAMES
 from metrale.testing import FaultyBackend
 
 from helpers import (COMPACT, NOENV, PREFILL, ZERO_ALL, HookStream, check_zeroed, fill_all,
-                     rows_expectation, statm_resident, vm_counts)
+                     rows_expectation, statm_resident, under_asan, vm_counts)
 
 CFG = COMPACT
 LIMITS = (64, 512, 16, 8)
@@ -224,11 +224,10 @@ def test_release_of_a_sleeping_arena_frees_everything(backend):
 
 
 def test_host_resident_memory_follows_sleep_and_wake():
-    import os
     # Under AddressSanitizer (CI's sanitizer stage preloads it), whose allocator
     # does not reuse freed memory at once, the rest of the process makes pages
     # resident between the two readings: seen once in a whole-suite run.
-    share = 0.85 if "asan" in os.environ.get("LD_PRELOAD", "") else 0.99
+    share = 0.85 if under_asan() else 0.99
     gpu = metrale.HostBackend()
     with BufferArena.new(metrale.ModelConfig.preset("qwen3-next-80b"), 512, 4096, 16, 32, gpu,
                          reserve=(512, 4096, 16, 32)) as a:

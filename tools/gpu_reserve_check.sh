@@ -12,26 +12,8 @@
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-reserve-out}
-mkdir -p "$OUT"
-PY=${PYTHON:-python3}
-site=$(mktemp -d)
-status=0
-step() {   # step NAME COMMAND...: run, log to $OUT/NAME.log, remember a failure
-    local name=$1; shift
-    echo "== $name: $*"
-    "$@" >"$OUT/$name.log" 2>&1
-    local rc=$?
-    tail -n 25 "$OUT/$name.log"
-    echo "== $name: exit $rc"
-    [ $rc -eq 0 ] || status=1
-}
-if ls .whl/*.whl >/dev/null 2>&1; then
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$site/deps" .whl/*.whl || exit 1
-    export PYTHONPATH="$site/deps${PYTHONPATH:+:$PYTHONPATH}"
-fi
-step build "$PY" -m pip install --no-build-isolation --no-deps --no-index --target "$site/pkg" .
-[ $status -eq 0 ] || { echo "build failed: see $OUT/build.log"; exit 1; }
-export PYTHONPATH="$site/pkg:$PYTHONPATH"
+TAIL=25
+. tools/gpu_common.sh
 nvidia-smi >"$OUT/nvidia-smi.log" 2>&1
 step tests "$PY" -m pytest -q -p no:cacheprovider tests/test_reserve.py tests/test_cuda.py tests/test_lifetime.py
 SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)

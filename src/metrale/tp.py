@@ -38,6 +38,7 @@ import sys
 import time
 
 from metrale._buffers import BUFFER_INDEX, BUFFER_NAMES, GROUPS
+from metrale._common import check_index
 from metrale.errors import MetraleError
 
 __all__ = ["PeerGroup", "PeerBuffers"]
@@ -274,14 +275,7 @@ class _Sharing:
         self._peers = {}
 
     def peer(self, rank):
-        if isinstance(rank, bool):
-            raise TypeError("rank must be an int, got bool")
-        try:
-            r = rank.__index__()
-        except AttributeError:
-            raise TypeError(f"rank must be an int, got {type(rank).__name__}") from None
-        if not 0 <= r < self.size:
-            raise ValueError(f"rank must be in [0, {self.size}), got {r}")
+        r = check_index(rank, "rank", 0, self.size - 1)
         cell = self._cells.get(r)
         if cell is None:
             raise MetraleError(f"peer: rank {r} runs on another host (or network namespace); "
@@ -376,9 +370,11 @@ def _share(gpu, group, base, nbytes, chunks, layout, ptrs, granularity, max_batc
     MetraleError on every rank with nothing of the peers left mapped."""
     from metrale._peer import PeerSlabs
     me, size, timeout = group.rank(), group.size(), group.timeout
-    srv = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
-    slabs = PeerSlabs(gpu)
+    srv = slabs = None
+    gathering = False
     try:
+        srv = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+        slabs = PeerSlabs(gpu)
         name = f"\0metrale-tp-{os.getpid()}-{secrets.token_hex(8)}"
         srv.bind(name)
         srv.listen(max(size, 1))
@@ -387,6 +383,7 @@ def _share(gpu, group, base, nbytes, chunks, layout, ptrs, granularity, max_batc
                 "pid": os.getpid(), "socket": name, "granularity": granularity,
                 "slab": nbytes, "max_batch_tokens": max_batch_tokens, "layout": layout,
                 "chunks": [[c[0], c[1]] for c in chunks]}
+        gathering = True
         infos = group.all_gather(info)
         _check_agreement(infos)
         local = tuple(r for r in range(size) if infos[r]["host"] == info["host"])
@@ -403,14 +400,18 @@ def _share(gpu, group, base, nbytes, chunks, layout, ptrs, granularity, max_batc
         failed = list(dict.fromkeys(e for o in outcome for e in o["errors"]))   # each once
         if failed:
             raise MetraleError("tensor-parallel arena: setup failed: " + "; ".join(failed))
-    except BaseException:
+    except BaseException as e:
+        if not gathering:
+            _abort(group, e)    # failed before the first all-gather: the others raise too
         try:
-            slabs.close()
+            if slabs is not None:
+                slabs.close()
         except Exception:
             pass        # PeerSlabs' finalizer retries
         raise
     finally:
-        srv.close()
+        if srv is not None:
+            srv.close()
     cells = {me: [tuple(ptrs)]}
     for r, b in bases.items():
         cells[r] = [tuple(p - base + b if p else 0 for p in ptrs)]
@@ -457,8 +458,11 @@ def _exchange(gpu, slabs, me, infos, local, chunks, srv, timeout, bases):
         srv.settimeout(left)
         try:
             conn, _ = srv.accept()
-        except OSError:         # socket.timeout is an OSError
-            continue
+        except socket.timeout:
+            continue            # the deadline check above reports it
+        except OSError as e:    # e.g. out of descriptors: retrying would spin
+            errors.append(f"rank {me} could not accept a peer's connection: {e}")
+            break
         with conn:
             conn.settimeout(max(deadline - time.monotonic(), 0.001))
             try:
