@@ -143,6 +143,11 @@ int mt_zero_rows_ranges(const mt_layout *L, uint64_t tokens, mt_range *out);
  * or tokens >= max_batch_tokens).  Debug arenas poison the rest. */
 uint64_t mt_rows_length(const mt_layout *L, int buf, uint64_t tokens);
 
+/* The bytes of one token row of buffer `buf` as zero_all_rows counts them
+ * (its size over max_batch_tokens or over ceil16 of it), or 0 when it is
+ * cleared whole (not row-trimmed, or neither divides). */
+uint64_t mt_rows_stride(const mt_layout *L, int buf);
+
 /* Sum, sum of squares and sum of |x| over the finite little-endian binary32
  * lanes of n bytes (a trailing 1-3 bytes ignored), in lane order, in double. */
 void mt_checksum_f32(const void *data, size_t n, double out[3]);

@@ -4,25 +4,6 @@
 
 #include <string.h>
 
-int mt_guard_ranges(const mt_layout *L, int *ids, mt_range *out)
-{
-    int count = 0;
-    if (L->guard == 0) return 0;
-    for (int i = 0; i < MT_NBUF; i++) {
-        int b = L->order[i];
-        uint64_t end, next;
-        if (L->size[b] == 0) continue;
-        end = L->offset[b] + L->size[b];
-        /* the layout placed the next buffer past this, so no overflow here */
-        next = (end + (MT_ALIGN - 1)) / MT_ALIGN * MT_ALIGN + L->guard;
-        ids[count] = b;
-        out[count].offset = end;
-        out[count].length = next - end;
-        count++;
-    }
-    return count;
-}
-
 int mt_poison_pattern(int elem, unsigned char out[16])
 {
     unsigned char v[8];

@@ -1,6 +1,7 @@
 /* metrale C core: the buffer table's arrays, slab layout, zero ranges and the
  * checksum lanes.  See arena_core.h for the contract of each function. */
 #include "arena_core.h"
+#include "debug.h"
 #include "metrale/kernels/zero_ranges.h"
 
 #include <math.h>
@@ -34,6 +35,23 @@ static int with_guard(const mt_layout *L, uint64_t n, uint64_t *out)
     if (align_up(n, out) != MT_OK || *out > UINT64_MAX - L->guard) return MT_ERR_OVERFLOW;
     *out += L->guard;
     return MT_OK;
+}
+
+/* debug.h: the band after a live buffer is what with_guard adds to it. */
+int mt_guard_ranges(const mt_layout *L, int *ids, mt_range *out)
+{
+    int count = 0;
+    uint64_t span;
+    if (L->guard == 0) return 0;
+    for (int i = 0; i < MT_NBUF; i++) {
+        int b = L->order[i];
+        if (L->size[b] == 0 || with_guard(L, L->size[b], &span) != MT_OK) continue;
+        ids[count] = b;
+        out[count].offset = L->offset[b] + L->size[b];
+        out[count].length = span - L->size[b];
+        count++;
+    }
+    return count;
 }
 
 static mt_range group_range(const mt_layout *L, unsigned group)
@@ -173,6 +191,13 @@ uint64_t mt_rows_length(const mt_layout *L, int buf, uint64_t tokens)
     mt_rows_entry e;
     rows_entry(L, buf, m, &e);
     return mt_rows_live(&e, ceil16(m), tokens < m ? tokens : m);
+}
+
+uint64_t mt_rows_stride(const mt_layout *L, int buf)
+{
+    mt_rows_entry e;
+    rows_entry(L, buf, L->max_batch_tokens ? L->max_batch_tokens : 1, &e);
+    return e.row;
 }
 
 void mt_checksum_f32(const void *data, size_t n, double out[3])

@@ -105,7 +105,8 @@ class Mem:
             return np.zeros(0, dtype=np.uint8)
         if isinstance(self.gpu, metrale.HostBackend):
             return np.asarray(self.arena.view(name, "uint8")).copy()
-        return np.frombuffer(self.gpu.download(ptr_of(self.arena, name), n), dtype=np.uint8)
+        # a writable copy on either backend, as the host branch gives
+        return np.frombuffer(self.gpu.download(ptr_of(self.arena, name), n), dtype=np.uint8).copy()
 
 
 def ptr_of(arena, name):

@@ -59,6 +59,7 @@ cdef extern from "arena_core.h" nogil:
     int mt_chunk_needed(const mt_range *need, int nneed, uint64_t offset, uint64_t length)
     int mt_zero_rows_ranges(const mt_layout *L, uint64_t tokens, mt_range *out)
     uint64_t mt_rows_length(const mt_layout *L, int buf, uint64_t tokens)
+    uint64_t mt_rows_stride(const mt_layout *L, int buf)
     void mt_checksum_f32(const void *data, size_t n, double *out)
 
     ctypedef struct mt_cursor:

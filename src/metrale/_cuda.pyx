@@ -14,8 +14,8 @@ from cuda.bindings cimport cydriver
 from metrale._core cimport (MT_MAX_RANGES, mt_range, mt_rows_args, mt_rows_count, mt_rows_segment,
                             mt_zero_args)
 from metrale._backend cimport Backend
-from metrale._debug_core cimport (MT_DBG_FILL, MT_DBG_MAX_ITEMS, mt_debug_args,
-                                  mt_debug_result)
+from metrale._debug_core cimport (MT_DBG_FILL, MT_DBG_FINGERPRINT, MT_DBG_MAX_ITEMS,
+                                  MT_DBG_NONFINITE, mt_debug_args, mt_debug_result)
 from metrale._common cimport as_stream, index_arg, u64_arg, mt_py_finalizing
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 
@@ -376,22 +376,29 @@ An NVIDIA GPU through the CUDA driver.
         out[0] = <uintptr_t>ev
         return 0
 
+    cdef bint _capturing(self, cydriver.CUstream s) except -1:
+        """Whether stream `s` is being captured into a graph."""
+        cdef cydriver.CUstreamCaptureStatus status = cydriver.CU_STREAM_CAPTURE_STATUS_NONE
+        cdef cydriver.CUresult err
+        self._current()
+        with nogil:
+            err = cydriver.cuStreamIsCapturing(s, &status)
+        _check(err, "cuStreamIsCapturing")
+        return status == cydriver.CU_STREAM_CAPTURE_STATUS_ACTIVE
+
     cdef int event_record(self, uintptr_t event, uintptr_t stream) except -1:
         # Inside a stream capture the record is made EXTERNAL, a node of the
         # graph, so that each replay records the event (a plain record would
         # only order the capture); the driver refuses that flag outside one.
         cdef cydriver.CUresult err
-        cdef cydriver.CUstreamCaptureStatus status = cydriver.CU_STREAM_CAPTURE_STATUS_NONE
         cdef cydriver.CUstream s = <cydriver.CUstream>stream
-        self._current()
+        cdef bint capturing = self._capturing(s)
         with nogil:
-            err = cydriver.cuStreamIsCapturing(s, &status)
-            if err == cydriver.CUDA_SUCCESS:
-                if status == cydriver.CU_STREAM_CAPTURE_STATUS_ACTIVE:
-                    err = cydriver.cuEventRecordWithFlags(<cydriver.CUevent>event, s,
-                                                          cydriver.CU_EVENT_RECORD_EXTERNAL)
-                else:
-                    err = cydriver.cuEventRecord(<cydriver.CUevent>event, s)
+            if capturing:
+                err = cydriver.cuEventRecordWithFlags(<cydriver.CUevent>event, s,
+                                                      cydriver.CU_EVENT_RECORD_EXTERNAL)
+            else:
+                err = cydriver.cuEventRecord(<cydriver.CUevent>event, s)
         _check(err, "cuEventRecord")
         return 0
 
@@ -609,12 +616,21 @@ An NVIDIA GPU through the CUDA driver.
         cdef int i
         cdef cydriver.CUresult err
         cdef cydriver.CUstream s = <cydriver.CUstream>stream
+        if a.count > MT_DBG_MAX_ITEMS:         # before `out` (that many entries) is touched
+            raise MetraleError(f"debug operation: {a.count} items, at most {MT_DBG_MAX_ITEMS}")
         c_memset(out, 0, nres)
         if a.count == 0:
             return 0
-        if a.count > MT_DBG_MAX_ITEMS:
-            raise MetraleError(f"debug operation: {a.count} items, at most {MT_DBG_MAX_ITEMS}")
+        if op == MT_DBG_NONFINITE or op == MT_DBG_FINGERPRINT:
+            for i in range(a.count):            # their kernels read whole 16-byte lanes
+                if a.offset[i] & 15:
+                    raise MetraleError(f"debug operation {op}: item {i} starts at "
+                                       f"{a.offset[i]:#x}, not 16-byte aligned")
         with self._dbg_lock:
+            if self._dbg_host == NULL and self._capturing(s):
+                raise MetraleError("the debug kernels load on first use, which a stream capture "
+                                   "forbids: run a debug operation (e.g. poison_rows) once "
+                                   "before capturing")
             self._debug_load()
             # The grid: each item its 16-byte chunks (from the one holding its
             # first byte to the one holding its last), `per` a block.
@@ -649,6 +665,8 @@ An NVIDIA GPU through the CUDA driver.
                     err = cydriver.cuStreamSynchronize(s)
             _check(err, "debug results: cuMemcpyDtoH")
             memcpy(out, self._dbg_host, nres)
+        return 0
+
     # -- peer sharing (tensor-parallel arenas, docs/tensor-parallel.md) -------------
     cdef int create_exportable(self, size_t n, uint64_t *handle) except -1:
         cdef cydriver.CUmemAllocationProp prop

@@ -14,11 +14,12 @@ from libc.string cimport memset
 
 from metrale._backend cimport Backend
 from metrale._core cimport (MT_IN_ROWS, MT_NBUF, mt_buffer_flags, mt_layout, mt_range,
-                            mt_rows_length)
+                            mt_rows_length, mt_rows_stride)
 from metrale._debug_core cimport (
     MT_DBG_CHECK, MT_DBG_FILL, MT_DBG_FINGERPRINT, MT_DBG_NONFINITE, MT_EL_BF16, MT_EL_F32,
     MT_EL_FP8_E4M3, MT_EL_I8, MT_EL_I32, MT_EL_I64, MT_EL_NONE, MT_EL_U32, MT_GUARD_BYTE,
-    mt_debug_args, mt_debug_result, mt_fp_final, mt_guard_ranges, mt_poison_pattern)
+    MT_DBG_MAX_ITEMS, mt_debug_args, mt_debug_result, mt_fp_final, mt_guard_ranges,
+    mt_poison_pattern)
 
 from metrale._buffers import BUFFER_NAMES
 from metrale.debug import GuardDamage, NonFinite
@@ -47,10 +48,13 @@ cdef inline void _start(mt_debug_args *a, uintptr_t base) noexcept:
     a.base = base
 
 
-cdef inline void _add(mt_debug_args *a, uint64_t offset, uint64_t length) noexcept:
+cdef inline int _add(mt_debug_args *a, uint64_t offset, uint64_t length) except -1:
+    if a.count >= MT_DBG_MAX_ITEMS:      # the parameter block's arrays are that long
+        raise ValueError(f"a debug operation takes at most {MT_DBG_MAX_ITEMS} items")
     a.offset[a.count] = offset
     a.length[a.count] = length
     a.count += 1
+    return 0
 
 
 cdef int _guards(const mt_layout *L, mt_debug_args *a, int *ids) except -1:
@@ -113,15 +117,10 @@ cdef int poison_rows(Backend be, const mt_layout *L, uintptr_t base, uint64_t to
 
 
 cdef object _row_of(const mt_layout *L, int b, uint64_t offset):
-    """The token row holding byte `offset` of buffer b (zero_all_rows' row
-    bytes: size / max_batch_tokens, else size / ceil16 of it), or None."""
-    cdef uint64_t n = L.size[b], m = L.max_batch_tokens or 1
-    cdef uint64_t m16 = (m + 15) // 16 * 16
-    if n % m == 0:
-        return offset // (n // m)
-    if n % m16 == 0:
-        return offset // (n // m16)
-    return None
+    """The token row holding byte `offset` of buffer b (by zero_all_rows' row
+    bytes), or None for a buffer not made of rows."""
+    cdef uint64_t row = mt_rows_stride(L, b)
+    return offset // row if row else None
 
 
 cdef list find_nonfinite(Backend be, const mt_layout *L, uintptr_t base, uint64_t tokens,
@@ -161,9 +160,13 @@ cdef dict fingerprint(Backend be, const mt_layout *L, uintptr_t base, list ids, 
     cdef mt_debug_result out[MT_NBUF]
     cdef int slot[MT_NBUF]
     cdef int b, i
+    if len(ids) > MT_NBUF:
+        raise ValueError(f"fingerprint: at most {MT_NBUF} buffers, got {len(ids)}")
     _start(&a, base)
     for i in range(len(ids)):
         b = ids[i]
+        if not 0 <= b < MT_NBUF:
+            raise ValueError(f"fingerprint: no buffer has id {b}")
         slot[i] = -1
         if L.size[b]:
             slot[i] = a.count

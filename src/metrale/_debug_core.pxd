@@ -38,7 +38,6 @@ cdef extern from "debug.h" nogil:
 
     unsigned char MT_GUARD_BYTE(unsigned long long o)
     unsigned long long mt_fp_final(unsigned long long sum, unsigned long long nbytes)
-    int mt_el_size(int elem)
 
     int mt_guard_ranges(const mt_layout *L, int *ids, mt_range *out)
     int mt_poison_pattern(int elem, unsigned char *out)

@@ -122,25 +122,6 @@ The peers' slabs mapped into this process, each in its own reservation.
             raise
         return base
 
-    def base(self, rank):
-        """The base address of `rank`'s slab here, or None when not mapped.
-
-        Parameters
-        ----------
-        rank : int
-            The peer's rank.
-
-        Returns
-        -------
-        int or None
-        """
-        entry = self._slabs.get(rank)
-        return None if entry is None else entry[0]
-
-    def mapped_ranks(self):
-        """The ranks whose slabs are mapped, sorted."""
-        return sorted(self._slabs)
-
     cdef int _unmap_rank(self, rank) except -1:
         """Unmap and release `rank`'s chunks, then free its reservation; the
         first error propagates after every step was tried."""

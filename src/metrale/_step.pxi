@@ -9,8 +9,7 @@
 from libc.stdint cimport int32_t
 from libc.string cimport memcpy, memset as c_memset
 
-cdef extern from "metrale/kernels/debug_ops.h" nogil:
-    unsigned char MT_GUARD_BYTE(uint64_t offset)
+from metrale._debug_core cimport MT_GUARD_BYTE
 
 from metrale.sizes import _DECODE_META_OFFSET, _STEP_COUNT_OFFSET, kv_blocks_per_seq
 

@@ -4,7 +4,7 @@ An arena built with ``debug=True`` (or ``debug=DebugOptions(...)``) places a
 guard band after every live buffer; `BufferArena.check_guards` reports the
 bands a kernel wrote into as `GuardDamage` values, `BufferArena.find_nonfinite`
 the buffers holding NaN or Inf in their live rows as `NonFinite` values.
-Plain Python, no imports: the records sit on the arena's import path.
+Plain Python (records only): they sit on the arena's import path.
 """
 
 from ._record import Record

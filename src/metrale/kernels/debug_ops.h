@@ -5,7 +5,9 @@
  * backends (_backend.pyx, _cuda.pyx).
  *
  * One call works on up to MT_DBG_MAX_ITEMS items: byte ranges of the slab,
- * each [base + offset, base + offset + length).  The CUDA backend lays out the
+ * each [base + offset, base + offset + length) (a 16-byte aligned offset for
+ * NONFINITE and FINGERPRINT, whose kernels read whole 16-byte lanes; the
+ * CUDA backend checks it).  The CUDA backend lays out the
  * grid like zero_ranges: item i owns blocks [first[i], first[i + 1]), each
  * block `per` 16-byte chunks of it; the host ignores the grid. */
 #ifndef METRALE_DEBUG_OPS_H

@@ -49,7 +49,7 @@ __device__ __forceinline__ void clear_bytes(unsigned long long base, unsigned lo
     if (a > b) a = b = hi;                        // under 16 bytes: all single bytes
     unsigned char *p = (unsigned char *)base;
     if (threadIdx.x < a - lo) p[lo + threadIdx.x] = 0;
-    if (threadIdx.x < hi - b && b + threadIdx.x >= a) p[b + threadIdx.x] = 0;
+    if (threadIdx.x < hi - b) p[b + threadIdx.x] = 0;     // b >= a: no byte twice
     uint4 *q = (uint4 *)(p + a);
     const unsigned long long n16 = (b - a) >> 4;
     const unsigned step = blockDim.x;
