@@ -172,53 +172,79 @@ int mt_cursor_take(mt_cursor *c, uint64_t bytes, uint64_t size, uint64_t *base);
  * one compare-and-swap, and only while no export is live, so an export either
  * came first (and closing is refused) or sees the flag and never touches the
  * slab; so does an operation, and the closer then waits for the operations
- * already in flight to leave before the slab is freed.  Per-buffer export
- * counts are kept beside the word to name the buffers in a refusal. */
+ * already in flight to leave before the slab is freed.  Per-slot (per-buffer)
+ * export counts are kept beside the word to name the buffers in a refusal.
+ *
+ * Every wait ends: a thread never waits for itself (a release or reshape from
+ * inside its own operation or reshape is refused), waits poll (no wake-up can
+ * be missed) in bounded slices (mt_life_wait) so that the caller can stop for a
+ * signal, and a process forked while other threads were inside an operation
+ * or a reshape does not wait for those threads, which it does not have. */
 typedef struct mt_life mt_life;
 
 enum {
     MT_LIFE_OK = 0,
     MT_LIFE_RELEASED = 1,   /* the arena is (already) released */
-    MT_LIFE_EXPORTED = 2,   /* mt_life_close: views are alive */
-    MT_LIFE_IN_FLIGHT = 3,  /* mt_life_close: called from inside an operation while one runs */
-    MT_LIFE_FULL = 4,       /* a counter is at its limit */
+    MT_LIFE_EXPORTED = 2,   /* close / reshape: views are alive */
+    MT_LIFE_IN_FLIGHT = 3,  /* close / reshape: called from inside an operation */
+    MT_LIFE_FULL = 4,       /* a counter is at its limit (or a slot is out of range) */
     MT_LIFE_PAUSED = 5,     /* a reshape (resize, sleep, wake) runs, or the arena sleeps */
-    MT_LIFE_BUSY = 6        /* mt_life_reshape_begin: another reshape runs */
+    MT_LIFE_BUSY = 6,       /* mt_life_reshape_begin: another reshape runs */
+    MT_LIFE_SELF = 7,       /* mt_life_close: from inside this arena's reshape on this thread */
+    MT_LIFE_CLOSING = 8,    /* mt_life_export: a release was refused; no new export starts */
+    MT_LIFE_FORKED = 9      /* the word was inherited across fork(); from close: released */
 };
 
-mt_life *mt_life_new(void);
+/* What mt_life_wait waits for. */
+enum { MT_WAIT_OPERATIONS = 0, MT_WAIT_ALL = 1 /* operations and a running reshape */ };
+
+/* The number of fork()s this process descends from (counted in each child). */
+unsigned long mt_fork_generation(void);
+
+/* A word with `nslots` per-slot export counters (one per buffer). */
+mt_life *mt_life_new(int nslots);
 void mt_life_free(mt_life *l);
-/* Start an operation that touches the slab: MT_LIFE_OK or MT_LIFE_RELEASED/FULL.
- * Operations nest per thread (enter/leave in LIFO order). */
+/* Start an operation that touches the slab: MT_LIFE_OK or RELEASED / PAUSED /
+ * FULL / FORKED.  Operations nest per thread (enter/leave in LIFO order). */
 int mt_life_enter(mt_life *l);
 void mt_life_leave(mt_life *l);
-/* Count one more live export of buffer `buf`: MT_LIFE_OK or MT_LIFE_RELEASED/FULL. */
-int mt_life_export(mt_life *l, int buf);
-void mt_life_unexport(mt_life *l, int buf);
-uint64_t mt_life_exports(const mt_life *l, int buf);
+/* Count one more live export of slot `slot`: MT_LIFE_OK or RELEASED / PAUSED /
+ * CLOSING / FULL / FORKED. */
+int mt_life_export(mt_life *l, int slot);
+void mt_life_unexport(mt_life *l, int slot);
+uint64_t mt_life_exports(const mt_life *l, int slot);
 uint64_t mt_life_in_flight(const mt_life *l);
-/* Mark released unless an export is live: MT_LIFE_OK (the caller then calls
- * mt_life_drain and frees the slab), MT_LIFE_RELEASED (already), or refused:
- * MT_LIFE_EXPORTED, or MT_LIFE_IN_FLIGHT when the calling thread is itself
- * inside an operation (of any arena) while one is in flight here: waiting
- * there could wait for itself. */
+/* Mark released unless refused: MT_LIFE_OK (the caller then waits with
+ * mt_life_wait(MT_WAIT_ALL) and frees the slab), MT_LIFE_FORKED (released in a
+ * forked child: nothing to wait for), MT_LIFE_RELEASED (already), or refused:
+ * MT_LIFE_EXPORTED (views are alive; from then on no new export starts, so a
+ * release after those views are gone succeeds), MT_LIFE_SELF (this thread runs
+ * a reshape of this arena: waiting would wait for itself), MT_LIFE_IN_FLIGHT
+ * (the calling thread is itself inside an operation, of any arena, while one
+ * is in flight here). */
 int mt_life_close(mt_life *l);
-/* After a successful close: wait until the operations in flight have left
- * (call it without the GIL: they may need it to finish). */
-void mt_life_drain(mt_life *l);
+/* Undo a close whose wait was interrupted (nothing was freed). */
+void mt_life_reopen(mt_life *l);
+/* Wait (without the GIL: the operations waited for may need it) until no
+ * operation is in flight, and with MT_WAIT_ALL no reshape runs either: 1 once
+ * so, 0 after about `timeout_us` microseconds (call again). */
+int mt_life_wait(mt_life *l, int until, long timeout_us);
 int mt_life_released(const mt_life *l);
 /* Reshapes (resize, sleep, wake of a reserved arena) change what memory
  * backs the slab, so they run alone.  mt_life_reshape_begin marks the arena
  * busy and paused (new operations and exports get MT_LIFE_PAUSED) unless it
  * is released, another reshape runs (MT_LIFE_BUSY), an export is live
- * (MT_LIFE_EXPORTED) or the calling thread is inside an operation
- * (MT_LIFE_IN_FLIGHT: waiting there could wait for itself); on MT_LIFE_OK the
- * caller calls mt_life_drain (without the GIL), reshapes, then
- * mt_life_reshape_end.  `stay_paused` (a sleep) keeps new operations out
- * until the next reshape ends.  mt_life_close waits for a running reshape. */
+ * (MT_LIFE_EXPORTED), the calling thread is inside an operation
+ * (MT_LIFE_IN_FLIGHT: waiting there could wait for itself) or the word was
+ * inherited across fork (MT_LIFE_FORKED); on MT_LIFE_OK the caller waits with
+ * mt_life_wait(MT_WAIT_OPERATIONS), reshapes, then mt_life_reshape_end.
+ * `stay_paused` (a sleep) keeps new operations out until the next reshape
+ * ends.  A close waits for a running reshape (MT_WAIT_ALL). */
 int mt_life_reshape_begin(mt_life *l);
 void mt_life_reshape_end(mt_life *l, int stay_paused);
 int mt_life_paused(const mt_life *l);
+/* Whether the word was inherited across fork(). */
+int mt_life_forked(const mt_life *l);
 
 /* ---- per-thread scratch tables ------------------------------------------------
  * A fixed table of max_threads slots.  A thread claims a slot with one CAS on

@@ -13,46 +13,66 @@ import pytest
 
 from metrale import BufferSizes, MetraleError
 
+from metrale.testing import FaultyBackend
+
 from helpers import PRESET, HookStream, live_counts, new
 
-# Each operation that touches the slab, called with a stream object so that a
-# test can run code inside it (the stream protocol is read after the call has
-# taken hold of the arena).
+# Each operation that touches the slab, and the kind of backend call it makes
+# while it holds the arena: FaultyBackend.inject_call runs test code there.
+# (No argument of an operation runs code while it holds the arena.)
 OPERATIONS = {
-    "zero_all": lambda a, g, s: a.zero_all(g, s),
-    "zero_all_rows": lambda a, g, s: a.zero_all_rows(g, s, 3),
-    "zero_prefill_essentials": lambda a, g, s: a.zero_prefill_essentials(g, s),
-    "debug_buffer_checksum": lambda a, g, s: a.debug_buffer_checksum(g, s, "t"),
+    "zero_all": (lambda a, g, s: a.zero_all(g, s), "memset"),
+    "zero_all_rows": (lambda a, g, s: a.zero_all_rows(g, s, 3), "memset"),
+    "zero_prefill_essentials": (lambda a, g, s: a.zero_prefill_essentials(g, s), "memset"),
+    "debug_buffer_checksum": (lambda a, g, s: a.debug_buffer_checksum(g, s, "t"), "d2h"),
 }
 
 
+def _run(op, arena, gpu, stream=0):
+    return OPERATIONS[op][0](arena, gpu, stream)
+
+
 @pytest.mark.parametrize("op", sorted(OPERATIONS))
-def test_release_inside_an_operation_is_refused(backend, op):
-    """The same thread releases while the operation holds the slab: waiting
-    would wait for itself, so it is refused."""
-    gpu = backend
+def test_release_inside_an_operation_is_refused(op):
+    """The same thread releases while the operation holds the slab (code a
+    finalizer could run): waiting would wait for itself, so it is refused."""
+    gpu = FaultyBackend()
     base = live_counts(gpu)
     arena = new(gpu, m=16)
     seen = []
 
     def hook():
-        with pytest.raises(MetraleError, match="still running") as e:
+        with pytest.raises(MetraleError, match="from inside an operation") as e:
             arena.release(gpu)
         seen.append(str(e.value))
 
-    OPERATIONS[op](arena, gpu, HookStream(hook))
+    gpu.inject_call(OPERATIONS[op][1], hook)
+    _run(op, arena, gpu)
     assert len(seen) == 1 and not arena.is_released() and arena.hidden_states() != 0
     arena.release(gpu)                           # nothing running now: frees at once
     assert arena.is_released() and live_counts(gpu) == base
 
 
 @pytest.mark.parametrize("op", sorted(OPERATIONS))
-def test_release_from_another_thread_waits_for_the_operation(backend, op):
+def test_an_argument_runs_before_the_operation_holds_the_arena(backend, op):
+    """A stream object's protocol method is user code: it runs before the
+    operation takes the arena, so a release there frees at once and the
+    operation then refuses."""
+    gpu = backend
+    base = live_counts(gpu)
+    arena = new(gpu, m=16)
+    with pytest.raises(MetraleError, match="released"):
+        _run(op, arena, gpu, HookStream(lambda: arena.release(gpu)))
+    assert arena.is_released() and live_counts(gpu) == base
+
+
+@pytest.mark.parametrize("op", sorted(OPERATIONS))
+def test_release_from_another_thread_waits_for_the_operation(op):
     """Another thread releases while the operation is in flight: new operations
     are refused at once, the slab stays until the running one returns, then
     it is freed."""
     import time
-    gpu = backend
+    gpu = FaultyBackend()
     base = live_counts(gpu)
     arena = new(gpu, m=16)
     other = threading.Thread(target=arena.release, args=(gpu,))
@@ -68,26 +88,26 @@ def test_release_from_another_thread_waits_for_the_operation(backend, op):
         with pytest.raises(MetraleError, match="released"):
             arena.zero_all(gpu, 0)           # nothing new starts
 
-    OPERATIONS[op](arena, gpu, HookStream(hook))
+    gpu.inject_call(OPERATIONS[op][1], hook)
+    _run(op, arena, gpu)
     other.join()
     assert inside["ptr"] != 0 and inside["live"] != base   # not freed under the operation
     assert arena.hidden_states() == 0 and live_counts(gpu) == base
 
 
 def test_release_in_a_checksum_logging_handler():
-    """ARENA.md §7 logs between copies: a handler that releases is refused and
-    every buffer is still read from the live slab."""
+    """ARENA.md §7 logs one record per buffer: the records are logged after
+    the arena is left, so a handler that releases frees it at once, and every
+    record still carries the sums read from the live slab."""
     from metrale import HostBackend
     gpu = HostBackend()
     arena = new(gpu, m=16)
-    refusals = []
+    records = []
 
     class Releasing(logging.Handler):
         def emit(self, record):
-            try:
-                arena.release(gpu)
-            except MetraleError as e:
-                refusals.append(e)
+            records.append(record.getMessage())
+            arena.release(gpu)
 
     log = logging.getLogger("metrale")
     h = Releasing(logging.WARNING)
@@ -96,9 +116,9 @@ def test_release_in_a_checksum_logging_handler():
         arena.debug_buffer_checksum(gpu, 0, "x")
     finally:
         log.removeHandler(h)
-    assert len(refusals) == 16 and gpu.d2h_count == 16
-    arena.release(gpu)
-    assert gpu.live_alloc_count == 0
+    assert len(records) == 16 and gpu.d2h_count == 16
+    assert all(r.startswith("METRALE_BUF_CKSUM[x] ") for r in records)
+    assert arena.is_released() and gpu.live_alloc_count == 0
 
 
 @pytest.mark.parametrize("op", sorted(OPERATIONS))
@@ -109,7 +129,7 @@ def test_stress_release_against_a_running_loop(backend, op):
     gpu = backend
     base = live_counts(gpu)
     arena = new(gpu, m=64)
-    call = OPERATIONS[op]
+    call = OPERATIONS[op][0]
     started = threading.Event()
     out = {"calls": 0}
     log = logging.getLogger("metrale")
@@ -144,7 +164,7 @@ def test_nothing_starts_on_a_released_arena(backend):
     arena.release(gpu)
     for name in OPERATIONS:
         with pytest.raises(MetraleError, match="released"):
-            OPERATIONS[name](arena, gpu, 0)
+            _run(name, arena, gpu)
     with pytest.raises(MetraleError, match="released"):
         arena.view("hidden_states", "uint8")
     with pytest.raises(MetraleError, match="slab is absent"):

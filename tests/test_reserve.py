@@ -14,7 +14,7 @@ from metrale import BufferArena, BufferSizes, MetraleError, OutOfMemoryError
 from metrale.sizes import BUFFER_NAMES
 from metrale.testing import FaultyBackend
 
-from helpers import (COMPACT, NOENV, PREFILL, ZERO_ALL, HookStream, check_zeroed, fill_all,
+from helpers import (COMPACT, NOENV, PREFILL, ZERO_ALL, check_zeroed, fill_all,
                      rows_expectation, statm_resident, under_asan, vm_counts)
 
 CFG = COMPACT
@@ -366,14 +366,15 @@ def test_failed_release_can_be_retried_by_the_collector():
 # -- threads ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("reshape", ["resize", "sleep"])
-def test_a_reshape_waits_for_the_operation_in_flight(backend, reshape):
-    with reserved(backend) as a:
+def test_a_reshape_waits_for_the_operation_in_flight(reshape):
+    gpu = FaultyBackend()
+    with reserved(gpu) as a:
         before = (a.sizes(), a.committed_bytes())
         call = (lambda: a.resize(*TOP)) if reshape == "resize" else a.sleep
         other = threading.Thread(target=call)
         seen = {}
 
-        def hook():                         # runs inside zero_all, holding the arena
+        def hook():                         # runs inside zero_all's memset, holding the arena
             other.start()
             deadline = time.monotonic() + 10
             while time.monotonic() < deadline:
@@ -387,7 +388,8 @@ def test_a_reshape_waits_for_the_operation_in_flight(backend, reshape):
             seen["waiting"] = other.is_alive()
             seen["unchanged"] = (a.sizes(), a.committed_bytes()) == before
 
-        a.zero_all(stream=HookStream(hook))
+        gpu.inject_call("memset", hook)
+        a.zero_all()
         other.join()
         assert "being resized" in seen["refused"]
         assert seen["waiting"] and seen["unchanged"]
@@ -396,8 +398,9 @@ def test_a_reshape_waits_for_the_operation_in_flight(backend, reshape):
             a.wake()
 
 
-def test_a_reshape_inside_an_operation_is_refused(backend):
-    with reserved(backend) as a:
+def test_a_reshape_inside_an_operation_is_refused():
+    gpu = FaultyBackend()
+    with reserved(gpu) as a:
         refused = []
 
         def hook():
@@ -406,7 +409,8 @@ def test_a_reshape_inside_an_operation_is_refused(backend):
                     call()
                 refused.append(call)
 
-        a.zero_all(stream=HookStream(hook))
+        gpu.inject_call("memset", hook)
+        a.zero_all()
         assert len(refused) == 3 and not a.is_sleeping()
         a.resize(*TOP)
 

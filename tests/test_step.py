@@ -256,7 +256,7 @@ def test_release_refuses_while_a_view_lives_and_everything_after_refuses():
     ids = st.token_ids
     derived = ids[3:10]
     del ids
-    with pytest.raises(BufferError, match="views of these step inputs are alive"):
+    with pytest.raises(BufferError, match="step inputs still have live views"):
         st.release()
     derived[:] = 7                                   # still valid memory
     del derived

@@ -1,11 +1,12 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, binding=False
 """Backend base class, stream handles and the host backend."""
 
+cimport cython
 from libc.stdint cimport int32_t, uint64_t, uintptr_t
 from libc.stdlib cimport free as c_free, malloc as c_malloc
 from libc.string cimport memcpy, memset as c_memset
 
-from metrale._common cimport as_stream, u64_arg
+from metrale._common cimport as_stream, mt_py_finalizing, u64_arg
 from metrale._core cimport (MT_ALIGN, MT_MAX_ROWS_ENTRIES, MT_N_ZERO_ALL, mt_range, mt_rows_args,
                             mt_rows_count, mt_rows_segment)
 from metrale._debug_core cimport mt_debug_args, mt_debug_host, mt_debug_result
@@ -38,6 +39,10 @@ cdef int _unusable(object backend) except -1:
                     "use HostBackend or CudaBackend")
 
 
+# no_gc_clear on every backend: an arena reachable only from a reference cycle
+# frees its memory through its backend in its finalizer, and the collector may
+# clear the backend (which can join no cycle: it holds ints only) before it.
+@cython.no_gc_clear
 cdef class Backend:
     """Base of the memory backends.
 
@@ -247,6 +252,7 @@ cdef class Backend:
             self.zero_ranges(0, r, n, s)
 
 
+@cython.no_gc_clear
 cdef class HostBackend(Backend):
     """HostBackend()
 --
@@ -270,6 +276,16 @@ Host memory, synchronous: everything the arena does, with no GPU.
         self.device_id = 0
         self._live = {}
         self._memfds = {}
+
+    def __dealloc__(self):
+        # Descriptors of handles nobody released (an arena's teardown that
+        # failed): this backend is the last that could use them.
+        if self._memfds and not mt_py_finalizing():
+            for fd in self._memfds.values():
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
 
     def target(self):
         """The reference target, whatever the machine.

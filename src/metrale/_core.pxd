@@ -76,22 +76,31 @@ cdef extern from "arena_core.h" nogil:
         MT_LIFE_FULL
         MT_LIFE_PAUSED
         MT_LIFE_BUSY
+        MT_LIFE_SELF
+        MT_LIFE_CLOSING
+        MT_LIFE_FORKED
+    enum:
+        MT_WAIT_OPERATIONS
+        MT_WAIT_ALL
+    unsigned long mt_fork_generation()
     ctypedef struct mt_life:
         pass
-    mt_life *mt_life_new()
+    mt_life *mt_life_new(int nslots)
     void mt_life_free(mt_life *l)
     int mt_life_enter(mt_life *l)
     void mt_life_leave(mt_life *l)
-    int mt_life_export(mt_life *l, int buf)
-    void mt_life_unexport(mt_life *l, int buf)
-    uint64_t mt_life_exports(const mt_life *l, int buf)
+    int mt_life_export(mt_life *l, int slot)
+    void mt_life_unexport(mt_life *l, int slot)
+    uint64_t mt_life_exports(const mt_life *l, int slot)
     uint64_t mt_life_in_flight(const mt_life *l)
     int mt_life_close(mt_life *l)
-    void mt_life_drain(mt_life *l)
+    void mt_life_reopen(mt_life *l)
+    int mt_life_wait(mt_life *l, int until, long timeout_us)
     int mt_life_released(const mt_life *l)
     int mt_life_reshape_begin(mt_life *l)
     void mt_life_reshape_end(mt_life *l, int stay_paused)
     int mt_life_paused(const mt_life *l)
+    int mt_life_forked(const mt_life *l)
 
     ctypedef struct mt_scratch:
         pass

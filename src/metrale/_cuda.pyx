@@ -11,8 +11,8 @@ from libc.stdint cimport uint64_t, uintptr_t
 from libc.string cimport memcpy, memset as c_memset
 
 from cuda.bindings cimport cydriver
-from metrale._core cimport (MT_MAX_RANGES, mt_range, mt_rows_args, mt_rows_count, mt_rows_segment,
-                            mt_zero_args)
+from metrale._core cimport (MT_MAX_RANGES, mt_fork_generation, mt_range, mt_rows_args, mt_rows_count,
+                            mt_rows_segment, mt_zero_args)
 from metrale._backend cimport Backend
 from metrale._debug_core cimport (MT_DBG_FILL, MT_DBG_FINGERPRINT, MT_DBG_MAX_ITEMS,
                                   MT_DBG_NONFINITE, mt_debug_args, mt_debug_result)
@@ -62,6 +62,7 @@ cdef int _check(cydriver.CUresult err, str what) except -1:
     raise MetraleError(f"{what}: {name}")
 
 
+@cython.no_gc_clear         # as every backend (see _backend.pyx)
 @cython.final
 cdef class CudaBackend(Backend):
     """CudaBackend(device=0)
@@ -109,6 +110,7 @@ An NVIDIA GPU through the CUDA driver.
     cdef public unsigned int _rows_at_per    # its tile in 16-byte chunks, a power of two (tuning)
     cdef public unsigned int _rows_at_spread # tiles a block aims at (tuning)
     cdef bint _retained
+    cdef unsigned long _fork_gen     # fork()s this process descends from, when made
     cdef int _sm_count, _cc_major, _cc_minor
     cdef size_t _gran
     cdef readonly Py_ssize_t launch_count
@@ -127,6 +129,7 @@ An NVIDIA GPU through the CUDA driver.
         cdef int ordinal = <int>u64_arg(device, "device", 0, 0x7FFFFFFF)
         self.device_type = 2
         self.device_id = ordinal
+        self._fork_gen = mt_fork_generation()
         self._dbg_lock = _Lock()
         try:
             with nogil:
@@ -172,8 +175,9 @@ An NVIDIA GPU through the CUDA driver.
         return 0
 
     def __dealloc__(self):
-        if not self._retained or mt_py_finalizing():
-            return        # at exit the driver may already be gone; the process frees all
+        if not self._retained or mt_py_finalizing() or mt_fork_generation() != self._fork_gen:
+            return        # at exit the driver may already be gone (the process frees all);
+                          # in a forked child every driver object is the parent's
         with nogil:
             if self._mod != NULL:
                 cydriver.cuModuleUnload(self._mod)
@@ -187,6 +191,10 @@ An NVIDIA GPU through the CUDA driver.
 
     cdef inline int _current(self) except -1:
         cdef cydriver.CUcontext cur = NULL
+        if mt_fork_generation() != self._fork_gen:
+            raise MetraleError("CudaBackend: this process was forked after CUDA was initialized "
+                               "in its parent; CUDA cannot be used here (use the spawn start "
+                               "method, or make the backend in the child)")
         cydriver.cuCtxGetCurrent(&cur)
         if cur != self._ctx:
             _check(cydriver.cuCtxSetCurrent(self._ctx), "cuCtxSetCurrent")

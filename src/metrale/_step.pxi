@@ -13,6 +13,24 @@ from metrale._debug_core cimport MT_GUARD_BYTE
 
 from metrale.sizes import _DECODE_META_OFFSET, _STEP_COUNT_OFFSET, kv_blocks_per_seq
 
+# numpy dtype name -> the values it holds, for the range check of fill().
+_INT_RANGES = {"uint32": (0, 2**32 - 1), "int32": (-2**31, 2**31 - 1),
+               "int64": (-2**63, 2**63 - 1)}
+cdef dict _SAFE = {}         # (array dtype, region dtype) -> every value fits
+
+
+cdef bint _fits(object have, str want) except -1:
+    """Whether every value of dtype `have` fits `want` (then fill() skips the
+    range scan: the common case, arrays of the region's own type)."""
+    key = (have, want)
+    ok = _SAFE.get(key)
+    if ok is None:
+        import numpy
+        ok = bool(numpy.can_cast(have, want, "safe"))
+        if len(_SAFE) < 256:
+            _SAFE[key] = ok
+    return ok
+
 # decode metadata region -> (numpy dtype name, its offset method of DecodeMetaLayout)
 _META_REGIONS = (
     ("positions", "uint32", "positions_offset"),
@@ -22,6 +40,80 @@ _META_REGIONS = (
 )
 
 
+cdef int _export(Py_buffer *view, int flags, object owner, mt_life *life, unsigned char *host,
+                 uint64_t nbytes) except -1:
+    """Export the staging as a 1-D byte buffer owned by `owner`, counted in
+    `life` (the staging's word, whichever object exports it)."""
+    rc = mt_life_export(life, 0)
+    if rc != MT_LIFE_OK:
+        raise_life(rc, "these step inputs", "")
+    view.buf = host
+    view.obj = owner
+    view.len = nbytes
+    view.readonly = 0
+    view.itemsize = 1
+    view.format = NULL
+    if flags & 4:                               # PyBUF_FORMAT
+        view.format = b"B"
+    view.ndim = 1
+    view.shape = NULL
+    view.strides = NULL
+    view.suboffsets = NULL
+    view.internal = NULL
+    return 0
+
+
+# no_gc_clear: the finalizer frees through _gpu (see BufferArena).
+@cython.no_gc_clear
+@cython.final
+cdef class _Staging:
+    """The pinned host memory of one StepInputs, exported to the numpy views.
+
+    Apart from StepInputs so that the views (numpy arrays, which the cyclic
+    collector does not see) hold this and not the StepInputs: no reference
+    cycle runs through them, and memory a view still holds outlives the
+    StepInputs.  Its lifetime word counts the views and the StepInputs'
+    operations on it."""
+
+    cdef Backend _gpu
+    cdef mt_life *_life
+    cdef unsigned char *_host
+    cdef uint64_t nbytes
+
+    def __cinit__(self, token=None):
+        if token is not _TOKEN:
+            raise TypeError("_Staging is made by BufferArena.step_inputs()")
+        self._life = mt_life_new(1)
+        if self._life == NULL:
+            raise MemoryError()
+
+    cdef int _free(self) except -1:
+        host, self._host = self._host, NULL
+        if host != NULL:
+            self._gpu.host_free(host)
+        return 0
+
+    def __getbuffer__(self, Py_buffer *view, int flags):
+        _export(view, flags, self, self._life, self._host, self.nbytes)
+
+    def __releasebuffer__(self, Py_buffer *view):
+        mt_life_unexport(self._life, 0)
+
+    def __dealloc__(self):
+        # No view is alive here (each holds a reference).  In a forked child
+        # pinned memory belongs to the parent's CUDA context.
+        if self._host != NULL and self._gpu is not None and not (
+                mt_life_forked(self._life) and self._gpu.device_type != 1):
+            self._gpu.host_free(self._host)
+        self._host = NULL
+        if self._life != NULL:
+            mt_life_free(self._life)
+
+
+# no_gc_clear: the finalizer destroys the event through _gpu; an engine object
+# that holds its StepInputs in a reference cycle is collected by the cyclic
+# collector, which would otherwise clear _gpu first.
+@cython.no_gc_clear
 @cython.final
 cdef class StepInputs:
     """StepInputs(...)
@@ -61,7 +153,8 @@ Pinned host staging for one step's inputs, uploaded with one copy.
 
     cdef BufferArena _arena
     cdef Backend _gpu
-    cdef mt_life *_life
+    cdef _Staging _staging        # the pinned memory and its lifetime word
+    cdef mt_life *_life           # _staging's word: views, operations, released
     cdef unsigned char *_host
     cdef readonly uint64_t nbytes
     cdef uintptr_t _dst, _event
@@ -75,16 +168,14 @@ Pinned host staging for one step's inputs, uploaded with one copy.
     def __cinit__(self, token=None):
         if token is not _TOKEN:
             raise TypeError("StepInputs is made by BufferArena.step_inputs()")
-        self._life = mt_life_new()
-        if self._life == NULL:
-            raise MemoryError()
         self._views = {}
 
     cdef int _build(self, BufferArena arena, uint64_t max_blocks) except -1:
         cdef uint64_t tok = arena._L.offset[MT_TOKEN_IDS], scr = arena._L.offset[MT_SCRATCH]
-        cdef uint64_t meta, span, i
+        cdef uint64_t span, i
+        cdef _Staging staging
         layout = arena._decode_meta
-        meta = layout.meta_bytes(max_blocks)
+        meta = layout.meta_bytes(max_blocks)        # a Python int: may exceed 64 bits
         if _DECODE_META_OFFSET + meta > arena._L.size[MT_SCRATCH]:
             raise ValueError(f"max_blocks={max_blocks}: the decode metadata ({meta} bytes at "
                              f"scratch + {_DECODE_META_OFFSET}) does not fit scratch "
@@ -110,7 +201,13 @@ Pinned host staging for one step's inputs, uploaded with one copy.
         }
         for name, dtype, method in _META_REGIONS:
             self._regions[name] = (dtype, m + getattr(layout, method)(), (R,))
-        self._gpu.host_alloc(span, <void **>&self._host)
+        staging = _Staging.__new__(_Staging, _TOKEN)
+        staging._gpu = self._gpu
+        self._gpu.host_alloc(span, <void **>&staging._host)
+        staging.nbytes = span
+        self._staging = staging
+        self._life = staging._life
+        self._host = staging._host
         self.nbytes = span
         c_memset(self._host, 0, span)
         # A debug arena's guard band after token_ids lies in the span: the
@@ -127,46 +224,30 @@ Pinned host staging for one step's inputs, uploaded with one copy.
         return 0
 
     def __dealloc__(self):
-        if self._has_event:
+        # The staging (and its memory) lives on while a view of it does.
+        if self._has_event and not (self._life != NULL and mt_life_forked(self._life)
+                                    and self._gpu.device_type != 1):
             self._gpu.event_destroy(self._event)
-        if self._host != NULL:
-            self._gpu.host_free(self._host)
-        if self._life != NULL:
-            mt_life_free(self._life)
 
-    # -- the buffer the views are made from ------------------------------------------
-    def __getbuffer__(self, Py_buffer *view, int flags):
-        if mt_life_export(self._life, 0) != MT_LIFE_OK:
-            raise MetraleError("these step inputs have been released")
-        view.buf = self._host
-        view.obj = self
-        view.len = self.nbytes
-        view.readonly = 0
-        view.itemsize = 1
-        view.format = NULL
-        if flags & 4:                               # PyBUF_FORMAT
-            view.format = b"B"
-        view.ndim = 1
-        view.shape = NULL
-        view.strides = NULL
-        view.suboffsets = NULL
-        view.internal = NULL
-
-    def __releasebuffer__(self, Py_buffer *view):
-        mt_life_unexport(self._life, 0)
+    cdef int _check(self) except -1:
+        """Refuse (with the lifetime word's reason) unless usable."""
+        if self._life == NULL:
+            raise MetraleError("these step inputs were not built")
+        if mt_life_released(self._life):
+            raise_life(MT_LIFE_RELEASED, "these step inputs", "")
+        return 0
 
     cdef object _view(self, str name):
         v = self._views.get(name)
         if v is not None:
             return v
-        if mt_life_released(self._life):
-            raise MetraleError("these step inputs have been released")
+        self._check()
         import numpy
         dtype, off, shape = self._regions[name]
         n = 1
         for d in shape:
             n *= d
-        v = numpy.frombuffer(self, dtype=dtype, count=n, offset=off).reshape(shape)
+        v = numpy.frombuffer(self._staging, dtype=dtype, count=n, offset=off).reshape(shape)
         self._views[name] = v
         return v
 
@@ -213,8 +294,7 @@ Pinned host staging for one step's inputs, uploaded with one copy.
         kernels, at `count_at`.
         """
         cdef int32_t v
-        if mt_life_enter(self._life) != MT_LIFE_OK:
-            raise MetraleError("these step inputs have been released")
+        self._enter()
         memcpy(&v, self._host + self._count_off, 4)
         mt_life_leave(self._life)
         return v
@@ -222,10 +302,22 @@ Pinned host staging for one step's inputs, uploaded with one copy.
     @tokens.setter
     def tokens(self, value):
         cdef int32_t v = <int32_t>u64_arg(value, "tokens", 0, 0x7FFFFFFF)
-        if mt_life_enter(self._life) != MT_LIFE_OK:
-            raise MetraleError("these step inputs have been released")
+        self._enter()
         memcpy(self._host + self._count_off, &v, 4)
         mt_life_leave(self._life)
+
+    cdef int _enter(self) except -1:
+        rc = mt_life_enter(self._life)
+        if rc != MT_LIFE_OK:
+            raise_life(rc, "these step inputs", "")
+        return 0
+
+    # The staging as a buffer (memoryview(st)): counted like the named views.
+    def __getbuffer__(self, Py_buffer *view, int flags):
+        _export(view, flags, self, self._life, self._host, self.nbytes)
+
+    def __releasebuffer__(self, Py_buffer *view):
+        mt_life_unexport(self._life, 0)
 
     @property
     def count_at(self):
@@ -248,61 +340,85 @@ Pinned host staging for one step's inputs, uploaded with one copy.
         return self._event
 
     # -- filling -------------------------------------------------------------------
-    def fill(self, token_ids, positions=None, seq_slot=None, slots=None, seq_lens=None,
+    def fill(self, token_ids=None, positions=None, seq_slot=None, slots=None, seq_lens=None,
              block_table=None, tokens=None):
         """Write one step's inputs into the staging, checked against its layout.
 
-        Each array goes to the first rows of its region (the rows after
-        them keep what they held); `tokens` is set too.
+        Every array is checked before anything is written: its dimension,
+        its shape against its region, and its values against the region's
+        element type (no value is wrapped).  Each then goes to the first
+        rows of its region (the rows after them keep what they held);
+        `tokens` is set too.
 
         Parameters
         ----------
-        token_ids : array_like of int, 1-D
-            At most ``max_batch_tokens`` token ids.
-        positions, seq_slot, slots, seq_lens : array_like of int, 1-D, optional
-            At most R values each.
+        token_ids : array_like of int, 1-D, optional
+            At most ``max_batch_tokens`` token ids, each in 0 .. 2**32 - 1.
+            May be left out when `tokens` is given (only the metadata
+            changes).
+        positions : array_like of int, 1-D, optional
+            At most R values, each in 0 .. 2**32 - 1.
+        seq_slot, seq_lens : array_like of int, 1-D, optional
+            At most R values each, int32.
+        slots : array_like of int, 1-D, optional
+            At most R values, int64.
         block_table : array_like of int, 2-D, optional
-            At most R rows of at most ``max_blocks`` columns.
+            At most R rows of at most ``max_blocks`` columns, int32.
         tokens : int, optional
             The token count; the length of `token_ids` when None.
 
         Raises
         ------
         ValueError
-            An array of the wrong dimension or longer than its region (named),
-            or `tokens` out of range.
+            An array of the wrong dimension, longer than its region, or with
+            a value its region's type cannot hold (each named), or `tokens`
+            out of range; nothing is written.
         TypeError
-            An array that is not of integers.
+            Neither `token_ids` nor `tokens`, or an array that is not of
+            integers (bool included); nothing is written.
         MetraleError
             The step inputs are released.
         """
-        import numpy
+        if token_ids is None and tokens is None:
+            raise TypeError("fill() needs token_ids, or tokens= (the count) when only the "
+                            "metadata changes")
         checked = []
         for name, value in (("token_ids", token_ids), ("positions", positions),
                             ("seq_slot", seq_slot), ("slots", slots), ("seq_lens", seq_lens),
                             ("block_table", block_table)):
-            if value is None:
-                continue
-            a = numpy.asarray(value)
-            if a.dtype.kind not in "iub":
-                raise TypeError(f"{name} must hold integers, got dtype {a.dtype}")
-            shape = self._regions[name][2]
-            if a.ndim != len(shape):
-                raise ValueError(f"{name} must be {len(shape)}-D, got shape {a.shape}")
-            for have, most in zip(a.shape, shape):
-                if have > most:
-                    raise ValueError(f"{name} of shape {a.shape} does not fit its region "
-                                     f"of shape {shape}")
-            checked.append((name, a))
-        n = len(checked[0][1]) if tokens is None else tokens
-        u64_arg(n, "tokens", 0, 0x7FFFFFFF)
-        for name, a in checked:
-            dst = self._view(name)
+            if value is not None:
+                checked.append((name, self._checked(name, value)))
+        n = u64_arg(checked[0][1].shape[0] if tokens is None else tokens, "tokens", 0, 0x7FFFFFFF)
+        targets = [(self._view(name), a) for name, a in checked if a.size]   # before any write
+        for dst, a in targets:
             if a.ndim == 1:
                 dst[:a.shape[0]] = a
             else:
                 dst[:a.shape[0], :a.shape[1]] = a
         self.tokens = n
+
+    cdef object _checked(self, str name, object value):
+        """`value` as a numpy array that region `name` can take exactly."""
+        import numpy
+        a = numpy.asarray(value)
+        dtype, _off, shape = self._regions[name]
+        if a.ndim != len(shape):
+            raise ValueError(f"{name} must be {len(shape)}-D, got shape {a.shape}")
+        for have, most in zip(a.shape, shape):
+            if have > most:
+                raise ValueError(f"{name} of shape {a.shape} does not fit its region "
+                                 f"of shape {shape}")
+        if a.size == 0:
+            return a                # nothing to write, whatever its type ([] is float64)
+        if a.dtype.kind not in "iu":
+            raise TypeError(f"{name} must hold integers, got dtype {a.dtype}")
+        if not _fits(a.dtype, dtype):
+            lo, hi = _INT_RANGES[dtype]
+            least, most = int(a.min()), int(a.max())
+            if least < lo or most > hi:
+                raise ValueError(f"{name}: values must lie in [{lo}, {hi}] ({dtype}), got "
+                                 f"{least} .. {most}")
+        return a
 
     # -- the upload ----------------------------------------------------------------
     def upload(self, stream=None, *, zero=True):
@@ -332,9 +448,9 @@ Pinned host staging for one step's inputs, uploaded with one copy.
             refused the work.
         """
         cdef uintptr_t s = as_stream(stream)
+        cdef bint zeroing = zero
         cdef BufferArena arena = self._arena
-        if mt_life_enter(self._life) != MT_LIFE_OK:
-            raise MetraleError("these step inputs have been released")
+        self._enter()
         try:
             arena._enter(None)
             try:
@@ -343,7 +459,7 @@ Pinned host staging for one step's inputs, uploaded with one copy.
                                        "make new ones with arena.step_inputs()")
                 self._gpu.copy_h2d(self._dst, self._host, self.nbytes, s)
                 self._gpu.event_record(self._event, s)
-                if zero:
+                if zeroing:
                     self._gpu.zero_rows_at(&self._rows, s)
             finally:
                 mt_life_leave(arena._life)
@@ -360,8 +476,7 @@ Pinned host staging for one step's inputs, uploaded with one copy.
         MetraleError
             The step inputs are released, or the driver reported an error.
         """
-        if mt_life_enter(self._life) != MT_LIFE_OK:
-            raise MetraleError("these step inputs have been released")
+        self._enter()
         try:
             self._gpu.event_wait(self._event)
         finally:
@@ -372,25 +487,34 @@ Pinned host staging for one step's inputs, uploaded with one copy.
         """Free the pinned staging and the event; idempotent.
 
         Waits for the last upload's copy first.  Refused while a view of
-        the staging (or an array made from one) is alive.
+        the staging (or an array made from one) is alive; from then on no
+        new view can be made, so a release after those views are gone
+        succeeds.
 
         Raises
         ------
         BufferError
             A view is alive; nothing was freed.
+        MetraleError
+            Called from inside an operation on these step inputs.
         """
         self._views.clear()
         rc = mt_life_close(self._life)
         if rc == MT_LIFE_RELEASED:
             return None
-        if rc == MT_LIFE_EXPORTED:
-            raise BufferError("release: views of these step inputs are alive "
-                              f"({mt_life_exports(self._life, 0)}); drop them and every "
-                              "array made from them")
-        if rc != MT_LIFE_OK:
-            raise MetraleError("release: called from inside an operation; nothing was freed")
-        with nogil:
-            mt_life_drain(self._life)
+        if rc == MT_LIFE_FORKED and self._gpu.device_type != 1:
+            self._has_event = False             # the parent's CUDA objects: not touched
+            self._staging._host = NULL
+            return None
+        if rc == MT_LIFE_OK:
+            try:
+                wait_life(self._life, MT_WAIT_ALL)
+            except BaseException:       # interrupted: nothing freed
+                mt_life_reopen(self._life)
+                raise
+        elif rc != MT_LIFE_FORKED:
+            k = mt_life_exports(self._life, 0)
+            raise_life(rc, "these step inputs", "release", f"{k} view{'s' if k != 1 else ''}")
         try:
             if self._has_event:
                 self._gpu.event_wait(self._event)
@@ -398,9 +522,8 @@ Pinned host staging for one step's inputs, uploaded with one copy.
             if self._has_event:
                 self._gpu.event_destroy(self._event)
                 self._has_event = False
-            if self._host != NULL:
-                self._gpu.host_free(self._host)
-                self._host = NULL
+            self._host = NULL
+            self._staging._free()
         return None
 
     def is_released(self):

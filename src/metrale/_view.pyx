@@ -11,8 +11,7 @@ from libc.stdint cimport int64_t, uint64_t, uintptr_t
 from libc.stdlib cimport malloc, free
 
 from metrale._common cimport MT_MAX_NDIM, dtype_info, index_arg
-from metrale._core cimport (MT_LIFE_OK, MT_LIFE_PAUSED, MT_LIFE_RELEASED, mt_life, mt_life_export,
-                            mt_life_unexport)
+from metrale._core cimport mt_life, mt_life_unexport
 from metrale._dlpack cimport DLManagedTensor, DLManagedTensorVersioned, DLTensor
 
 from metrale._buffers import BUFFER_NAMES
@@ -22,23 +21,27 @@ from metrale.errors import MetraleError
 cdef object _TOKEN = object()
 
 
+cdef tuple view_request(object dtype, object shape):
+    """(dtype_info(dtype), dims or None) of a view request: every conversion
+    that can run user code (a dtype's hash or name, a shape element's
+    __index__), done before the arena's state is read."""
+    info = dtype_info(dtype)
+    return info, None if shape is None else _dims(shape, info[3] // 8)
+
+
 cdef ArenaView make_view(object arena, mt_life *life, int buf, uint64_t nbytes, object ptr,
-                         int dev_type, int dev_id, object dtype, object shape):
+                         int dev_type, int dev_id, tuple request):
+    """A view of `request` over buffer `buf`; the caller has counted its
+    export in `life` (the view then owns it; on an exception the caller
+    still does) and read `nbytes` and `ptr` after counting it."""
     cdef ArenaView v
-    cdef int rc
-    name = BUFFER_NAMES[buf]
-    dname, typestr, code, bits = dtype_info(dtype)
+    info, dims = request
+    dname, typestr, code, bits = info
     item = bits // 8
-    shape, count = _view_shape(shape, nbytes, item, name)
+    name = BUFFER_NAMES[buf]
+    shape, count = _fit(dims, nbytes, item, name)
     v = ArenaView.__new__(ArenaView, _TOKEN)
-    rc = mt_life_export(life, buf)
-    if rc == MT_LIFE_RELEASED:
-        raise MetraleError("the buffer arena has been released")
-    if rc == MT_LIFE_PAUSED:
-        raise MetraleError("the buffer arena is sleeping (or being resized): wake it first")
-    if rc != MT_LIFE_OK:
-        raise MetraleError("too many live views of this arena")
-    # Counted from here: the pointer stays valid until this view is gone.
+    # Counted: the pointer stays valid until this view is gone.
     v._life = life
     v._buf = buf
     v.arena, v.name, v.dtype, v.shape = arena, name, dname, shape
@@ -88,11 +91,9 @@ cdef bint _wants_versioned(object max_version) except -1:
     return major >= 1
 
 
-cdef tuple _view_shape(object shape, uint64_t nbytes, int item, str name):
-    """(dims, element count) of `shape`, checked whole, as numpy and DLPack
-    will take it, against a buffer of `nbytes`."""
-    if shape is None:
-        return (nbytes // item,), nbytes // item
+cdef tuple _dims(object shape, int item):
+    """`shape` (an int or a sequence of ints) as a tuple of ints, checked as
+    numpy and DLPack will take it, whatever buffer it will be laid over."""
     if isinstance(shape, (str, bytes)) or (not hasattr(shape, "__iter__") and not hasattr(type(shape), "__index__")):
         raise TypeError(f"shape must be an int or a sequence of ints, got {type(shape).__name__}")
     if hasattr(type(shape), "__index__"):
@@ -102,19 +103,28 @@ cdef tuple _view_shape(object shape, uint64_t nbytes, int item, str name):
         if len(dims) == MT_MAX_NDIM:
             raise ValueError(f"shape has more than {MT_MAX_NDIM} dimensions")
         dims.append(index_arg(d, "shape", 0, 0x7FFFFFFFFFFFFFFF))
-    count = 1
     nonzero = 1
     for d in dims:
-        count *= d
         if d:
             nonzero *= d
     if nonzero * item > 0x7FFFFFFFFFFFFFFF:     # numpy: "array is too big"
         raise ValueError(f"shape {tuple(dims)} has more elements than an array can index")
+    return tuple(dims)
+
+
+cdef tuple _fit(object dims, uint64_t nbytes, int item, str name):
+    """(dims, element count) of the request over a buffer of `nbytes`:
+    all of it, 1-D, for None.  Plain arithmetic on converted ints."""
+    if dims is None:
+        return (nbytes // item,), nbytes // item
+    count = 1
+    for d in dims:
+        count *= d
     if count * item > nbytes:
         if nbytes == 0:
             raise MetraleError(f"{name} is NULL in this arena: only an empty view can be made")
-        raise ValueError(f"shape {tuple(dims)} needs {count * item} bytes; {name} holds {nbytes}")
-    return tuple(dims), count
+        raise ValueError(f"shape {dims} needs {count * item} bytes; {name} holds {nbytes}")
+    return dims, count
 
 
 # no_gc_clear: a view's arena must outlive it, or its dealloc would count an

@@ -1,4 +1,4 @@
-from typing import SupportsIndex
+from typing import Callable, SupportsIndex
 
 from metrale._backend import HostBackend
 
@@ -8,4 +8,5 @@ OPERATIONS: tuple[str, ...]
 
 class FaultyBackend(HostBackend):
     def inject_fault(self, op: str, nth: SupportsIndex = ...) -> None: ...
+    def inject_call(self, op: str, fn: Callable[[], object], nth: SupportsIndex = ...) -> None: ...
     def clear_faults(self) -> None: ...

@@ -6,6 +6,7 @@ shipped backends never ask "should I fail?", the failure behaviour lives in
 this adaptor only (the way RMM keeps it in resource adaptors).
 """
 
+cimport cython
 from libc.stdint cimport uint64_t, uintptr_t
 
 from metrale._backend cimport HostBackend
@@ -20,6 +21,7 @@ OPERATIONS = ("alloc", "free", "memset", "d2h", "h2d", "sync", "reserve", "unres
               "export", "import")
 
 
+@cython.no_gc_clear         # as every backend (see _backend.pyx)
 cdef class FaultyBackend(HostBackend):
     """FaultyBackend()
 --
@@ -42,9 +44,11 @@ A HostBackend whose nth next operation of a kind fails, on demand.
     >>> gpu.clear_faults()
     """
     cdef dict _faults
+    cdef dict _calls
 
     def __cinit__(self):
         self._faults = {}
+        self._calls = {}
 
     def inject_fault(self, op, nth=1):
         """Arm a failure of the `nth` next operation of kind `op`.
@@ -90,11 +94,53 @@ A HostBackend whose nth next operation of a kind fails, on demand.
             raise ValueError(f"op must be one of {', '.join(OPERATIONS)}, got {op!r}")
         self._faults[op] = index_arg(nth, "nth", 1)
 
+    def inject_call(self, op, fn, nth=1):
+        """Call `fn()` at the start of the `nth` next operation of kind `op`.
+
+        For testing what happens while an operation runs: `fn` runs inside
+        it (the arena is held, as for a real device call), on the calling
+        thread; it may block, start threads or call back into metrale.  An
+        exception from `fn` becomes the operation's.  Fires once; each kind
+        holds one armed call.
+
+        Parameters
+        ----------
+        op : str
+            One of the kinds `inject_fault` takes.
+        fn : callable
+            Called with no arguments.
+        nth : int, optional
+            Which of the next operations of that kind calls it (1, the
+            default, for the very next one).
+
+        Raises
+        ------
+        TypeError
+            `op` is not a str, `fn` is not callable or `nth` is not an int.
+        ValueError
+            `op` is not a known kind, or `nth` is below 1.
+        """
+        if not isinstance(op, str):
+            raise TypeError(f"op must be a str, got {type(op).__name__}")
+        if op not in OPERATIONS:
+            raise ValueError(f"op must be one of {', '.join(OPERATIONS)}, got {op!r}")
+        if not callable(fn):
+            raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+        self._calls[op] = [index_arg(nth, "nth", 1), fn]
+
     def clear_faults(self):
-        """Disarm every armed failure."""
+        """Disarm every armed failure and call."""
         self._faults.clear()
+        self._calls.clear()
 
     cdef bint _fails(self, str op) except -1:
+        armed = self._calls.get(op)
+        if armed is not None:
+            if armed[0] > 1:
+                armed[0] -= 1
+            else:
+                del self._calls[op]
+                armed[1]()
         left = self._faults.get(op)
         if left is None:
             return False
@@ -195,4 +241,5 @@ A HostBackend whose nth next operation of a kind fails, on demand.
 
     def __repr__(self):
         return (f"FaultyBackend(live_alloc_count={self.live_alloc_count}, "
-                f"live_bytes={self.live_bytes}, armed={dict(self._faults)})")
+                f"live_bytes={self.live_bytes}, armed={dict(self._faults)}, "
+                f"calls={sorted(self._calls)})")

@@ -330,13 +330,38 @@ def _abort(group, exc):
         pass
 
 
+_INFO_KEYS = ("version", "device_type", "device", "host", "pidns", "pid", "socket",
+              "granularity", "slab", "max_batch_tokens", "layout", "chunks")
+
+
+def _malformed(info):
+    """What is wrong with a gathered arena description (None: nothing), so
+    that a rank sending garbage fails every rank with the same error."""
+    if not isinstance(info, dict) or type(info.get("ok")) is not bool:
+        return f"{type(info).__name__}, not a metrale arena description"
+    if not info["ok"]:
+        return None if isinstance(info.get("error"), str) else "a failure without its error"
+    missing = [k for k in _INFO_KEYS if k not in info]
+    if missing:
+        return f"an arena description without {', '.join(missing)}"
+    layout, chunks = info["layout"], info["chunks"]
+    if (not isinstance(layout, (list, tuple)) or len(layout) != len(BUFFER_NAMES) or
+            not all(isinstance(e, (list, tuple)) and len(e) == 3 and
+                    all(type(x) is int for x in e) for e in layout)):
+        return "a layout of the wrong shape"
+    if not isinstance(chunks, list) or not all(
+            isinstance(c, list) and len(c) == 2 and all(type(x) is int for x in c) for c in chunks):
+        return "a malformed chunk list"
+    return None
+
+
 def _check_agreement(infos):
     """Raise MetraleError unless every rank's info agrees with rank 0's; the
     same message on every rank (computed from the same gathered list)."""
     for r, info in enumerate(infos):
-        if not isinstance(info, dict) or "ok" not in info:
-            raise MetraleError(f"tensor-parallel arena: rank {r} sent {type(info).__name__}, "
-                               "not a metrale arena description")
+        why = _malformed(info)
+        if why is not None:
+            raise MetraleError(f"tensor-parallel arena: rank {r} sent {why}")
         if not info["ok"]:
             raise MetraleError(f"tensor-parallel arena: rank {r} failed to build its arena "
                                f"({info['error']}); nothing is shared")
@@ -418,18 +443,26 @@ def _share(gpu, group, base, nbytes, chunks, layout, ptrs, granularity, max_batc
     return _Sharing(me, size, local, slabs, cells)
 
 
+def _header(me, to, chunks, error):
+    """What rank `me` sends rank `to` before its descriptors (JSON)."""
+    return json.dumps({"rank": me, "to": to, "chunks": [[c[0], c[1]] for c in chunks],
+                       "error": error}).encode()
+
+
 def _exchange(gpu, slabs, me, infos, local, chunks, srv, timeout, bases):
     """Send this rank's chunks to each local peer, receive and map theirs;
-    returns the errors seen here (the caller all-gathers them)."""
+    returns the errors seen here (the caller all-gathers them).  Never raises
+    for what a peer or a stranger sends: every rank must reach the second
+    all-gather, or the others would wait out the group's timeout."""
     from metrale._peer import export_chunks
     errors = []
-    header = {"rank": me, "chunks": [[c[0], c[1]] for c in chunks], "error": None}
+    error = None
     fds = []
     try:
         fds = export_chunks(gpu, chunks)
     except Exception as e:
-        header["error"] = f"rank {me} could not export its slab: {type(e).__name__}: {e}"
-        errors.append(header["error"])
+        error = f"rank {me} could not export its slab: {type(e).__name__}: {e}"
+        errors.append(error)
     try:
         for q in local:
             if q == me:
@@ -438,8 +471,8 @@ def _exchange(gpu, slabs, me, infos, local, chunks, srv, timeout, bases):
                 with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC) as c:
                     c.settimeout(timeout)
                     c.connect(infos[q]["socket"])
-                    c.send(json.dumps(dict(header, to=q)).encode())
-                    if header["error"] is None:
+                    c.send(_header(me, q, chunks, error))
+                    if error is None:
                         for fd in fds:
                             socket.send_fds(c, [b"c"], [fd])
             except OSError as e:
@@ -448,69 +481,124 @@ def _exchange(gpu, slabs, me, infos, local, chunks, srv, timeout, bases):
         for fd in fds:
             os.close(fd)
     pending = set(local) - {me}
-    deadline = time.monotonic() + timeout
-    while pending:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            errors.append(f"rank {me} got no slab from rank(s) {sorted(pending)} within "
-                          f"{timeout:g} s (did they die?)")
-            break
-        srv.settimeout(left)
-        try:
-            conn, _ = srv.accept()
-        except socket.timeout:
-            continue            # the deadline check above reports it
-        except OSError as e:    # e.g. out of descriptors: retrying would spin
-            errors.append(f"rank {me} could not accept a peer's connection: {e}")
-            break
-        with conn:
-            conn.settimeout(max(deadline - time.monotonic(), 0.001))
-            try:
-                r = _receive(conn, slabs, me, infos, pending, bases)
-            except (OSError, ValueError, MetraleError) as e:
-                errors.append(f"rank {me} failed to map a peer's slab: {type(e).__name__}: {e}")
-                break
-            if r is None:
-                continue        # not one of the group's ranks: ignored
-            pending.discard(r[0])
-            if r[1]:
-                errors.append(r[1])
+    try:
+        _gather_slabs(slabs, me, infos, pending, srv, timeout, bases, errors)
+    except Exception as e:          # a bug here must not strand the other ranks
+        errors.append(f"rank {me} failed while receiving its peers' slabs: "
+                      f"{type(e).__name__}: {e}")
     return errors
 
 
-def _receive(conn, slabs, me, infos, pending, bases):
-    """One peer's header and descriptors: (rank, its error or None), or None
-    for a connection that is not from a pending rank of the group."""
+def _gather_slabs(slabs, me, infos, pending, srv, timeout, bases, errors):
+    """Accept connections until every pending rank's slab is mapped (or has
+    failed, or the deadline passes).  Connections are read when they have
+    data, so a silent stranger holds up nobody; one whose peer credentials
+    show it is no rank of the group is closed at once."""
+    import selectors
+    deadline = time.monotonic() + timeout
+    pids = {infos[r]["pid"]: r for r in pending} if all(
+        infos[r]["pidns"] == _ns("pid") for r in pending) else None
+    sel = selectors.DefaultSelector()
+    srv.setblocking(False)
+    sel.register(srv, selectors.EVENT_READ)
+    try:
+        while pending:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                errors.append(f"rank {me} got no slab from rank(s) {sorted(pending)} within "
+                              f"{timeout:g} s (did they die?)")
+                return
+            for key, _ in sel.select(left):
+                if key.fileobj is srv:
+                    try:
+                        conn, _ = srv.accept()
+                    except (BlockingIOError, InterruptedError):
+                        continue
+                    except OSError as e:    # e.g. out of descriptors: retrying would spin
+                        errors.append(f"rank {me} could not accept a peer's connection: {e}")
+                        return
+                    who = _peer_rank(conn, pids)
+                    if who is False:        # provably no rank of the group: ignored
+                        conn.close()
+                        continue
+                    sel.register(conn, selectors.EVENT_READ, who)
+                    continue
+                conn = key.fileobj
+                sel.unregister(conn)
+                with conn:
+                    conn.settimeout(max(deadline - time.monotonic(), 0.001))
+                    r, err = _receive(conn, key.data, slabs, me, infos, pending, bases)
+                if r is None:
+                    continue                # a stranger's message: ignored
+                pending.discard(r)
+                if err:
+                    errors.append(err)
+    finally:
+        for key in list(sel.get_map().values()):
+            if key.fileobj is not srv:
+                key.fileobj.close()
+        sel.close()
+
+
+def _peer_rank(conn, pids):
+    """The pending rank whose process is at the other end of `conn` (by its
+    peer credentials), None when that cannot be told (another pid
+    namespace), False when it is no pending rank."""
+    if pids is None:
+        return None
     try:
         pid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
                                                   struct.calcsize("3i")))[0]
     except OSError:
-        pid = None
-    try:
-        header = json.loads(conn.recv(_HEADER_MAX))
-        r = header["rank"]
-    except (ValueError, KeyError, TypeError):
         return None
-    if not isinstance(r, int) or r not in pending or header.get("to") != me:
-        return None
-    peer = infos[r]
-    if pid is not None and peer["pidns"] == _ns("pid") and pid != peer["pid"]:
-        return None             # someone else on this host speaking for rank r
-    if header.get("error"):
-        return r, header["error"]
-    chunks = [tuple(c) for c in header["chunks"]]
-    if [list(c) for c in chunks] != peer["chunks"]:
-        raise ValueError(f"rank {r} sent chunks {chunks}, not the ones it announced")
-    fds = []
+    return pids.get(pid, False)
+
+
+def _receive(conn, sender, slabs, me, infos, pending, bases):
+    """One peer's header and descriptors: (rank, its error or None), or
+    (None, None) for a message that is no pending rank's.  `sender` is the
+    rank the peer credentials showed (None: unknown).  Whatever a rank sends
+    that is malformed becomes an error naming it; nothing here raises."""
     try:
-        for _ in chunks:
-            _msg, got, flags, _addr = socket.recv_fds(conn, 16, 1)
-            fds.extend(got)
-            if flags & socket.MSG_CTRUNC or len(got) != 1:
-                raise OSError(f"a descriptor from rank {r} did not arrive (flags {flags:#x}, "
-                              f"{len(got)} descriptors; out of descriptors?)")
-        bases[r] = slabs.map_peer(r, peer["slab"], chunks, fds)
-    finally:
-        for fd in fds:
-            os.close(fd)
+        raw = conn.recv(_HEADER_MAX)
+    except OSError as e:
+        if sender is None:
+            return None, None
+        return sender, f"rank {me} could not read rank {sender}'s header: {e}"
+    try:
+        header = json.loads(raw)
+    except Exception:               # not JSON, or nested too deeply
+        header = None
+    claimed = header.get("rank") if isinstance(header, dict) else None
+    r = sender if sender is not None else claimed
+    if type(r) is not int or r not in pending:
+        return None, None
+    if sender is None and (not isinstance(header, dict) or header.get("to") != me):
+        return None, None           # not provably from rank r, and not for this rank
+    try:
+        if not isinstance(header, dict) or header.get("rank") != r or header.get("to") != me:
+            raise ValueError(f"not a header from rank {r} to rank {me}: {raw[:200]!r}")
+        if header.get("error"):
+            return r, str(header["error"])
+        chunks = header.get("chunks")
+        if (not isinstance(chunks, list) or
+                not all(isinstance(c, list) and len(c) == 2 and all(type(x) is int for x in c)
+                        for c in chunks)):
+            raise ValueError(f"malformed chunk list {chunks!r}"[:300])
+        if chunks != infos[r]["chunks"]:
+            raise ValueError(f"sent chunks {chunks}, not the ones it announced")
+        fds = []
+        try:
+            for _ in chunks:
+                _msg, got, flags, _addr = socket.recv_fds(conn, 16, 1)
+                fds.extend(got)
+                if flags & socket.MSG_CTRUNC or len(got) != 1:
+                    raise OSError(f"a descriptor did not arrive (flags {flags:#x}, "
+                                  f"{len(got)} descriptors; out of descriptors?)")
+            bases[r] = slabs.map_peer(r, infos[r]["slab"], [tuple(c) for c in chunks], fds)
+        finally:
+            for fd in fds:
+                os.close(fd)
+    except Exception as e:
+        return r, f"rank {me} failed to map rank {r}'s slab: {type(e).__name__}: {e}"
     return r, None
