@@ -337,3 +337,54 @@ def process_resources():
         maps = f.read().splitlines()
     every = 0 if under_asan() else len(maps)
     return fds, every, sum("memfd:metrale" in m for m in maps)
+
+
+def run_watched(fn, *args, timeout=60.0):
+    """fn(*args) in a fresh process (spawn), under a watchdog: a hang fails
+    the test after `timeout` seconds (AssertionError) instead of blocking the
+    run; returns fn's result, re-raises its failure as AssertionError."""
+    return run_ranks(_watched, 1, timeout, (fn,) + args)[0]
+
+
+def _watched(rank, size, fn, *args):
+    return fn(*args)
+
+
+class Cycle:
+    """An object in a reference cycle (it refers to itself) that holds what it
+    is given: collected only by the cyclic collector, which may clear
+    anything reachable from it in any order."""
+
+    def __init__(self, **held):
+        self.__dict__.update(held)
+        self.me = self
+
+
+class OneRank:
+    """A group of one rank, for shared arenas in a single process."""
+
+    def rank(self):
+        return 0
+
+    def size(self):
+        return 1
+
+    def all_gather_object(self, out, obj):
+        out[0] = obj
+
+
+def blocked_operation(gpu, arena, kind="memset"):
+    """Start arena.zero_all() on a thread and hold it inside its backend call
+    of `kind` (a FaultyBackend) until the returned event is set: an operation
+    in flight for as long as a test needs.  Returns (thread, event)."""
+    inside, go = threading.Event(), threading.Event()
+
+    def hook():
+        inside.set()
+        go.wait(60)
+
+    gpu.inject_call(kind, hook)
+    t = threading.Thread(target=arena.zero_all)
+    t.start()
+    assert inside.wait(60), "the operation never started"
+    return t, go

@@ -420,9 +420,23 @@ def test_release_failing_free():
     with pytest.raises(MetraleError, match="HOST_INJECTED_FAULT"):
         arena.release(gpu)
     assert arena.hidden_states() == 0 and arena.is_released()
+    assert gpu.live_alloc_count == 1 and arena.committed_bytes() == arena.slab_bytes()
     frees = gpu.free_count
-    arena.release(gpu)                                # a second call does nothing
-    assert gpu.free_count == frees
+    arena.release(gpu)                                # a second call frees what is left
+    assert gpu.free_count == frees + 1 and gpu.live_alloc_count == 0
+    arena.release(gpu)                                # and a third does nothing
+    assert gpu.free_count == frees + 1 and arena.committed_bytes() == 0
+
+
+def test_a_release_whose_free_failed_is_finished_by_the_finalizer():
+    gpu = FaultyBackend()
+    arena = new(gpu, m=16)
+    gpu.inject_fault("free")
+    with pytest.raises(MetraleError, match="HOST_INJECTED_FAULT"):
+        arena.release(gpu)
+    del arena
+    gc.collect()
+    assert gpu.live_alloc_count == 0
 
 
 def test_context_manager_and_label():

@@ -652,3 +652,141 @@ def test_summary_of_a_reserved_arena(backend):
     with BufferArena.new(CFG, *LIMITS, backend) as b:
         s = b.summary()
         assert not s.reserved and s.committed_bytes == b.slab_bytes() and "one range of" in str(s)
+
+
+# -- arguments are converted before the arena is read or held ----------------------------
+
+class _Shrinking:
+    """An int-like (or dtype-like) whose conversion shrinks the arena first."""
+
+    def __init__(self, arena, value):
+        self.arena, self.value = arena, value
+
+    def __index__(self):
+        self.arena.resize(max_batch_tokens=LIMITS[0])
+        return self.value
+
+    @property
+    def name(self):                      # read by the dtype rule
+        self.arena.resize(max_batch_tokens=LIMITS[0])
+        return "uint8"
+
+
+def test_view_arguments_are_converted_before_the_buffer_is_read():
+    """A shape element's __index__ (or a dtype's name) that shrinks the arena
+    runs before the view reads the buffer's size: the view is checked
+    against the size after it, never laid over memory the shrink unmapped."""
+    np = pytest.importorskip("numpy")
+    gpu = metrale.HostBackend()
+    with reserved(gpu, limits=TOP) as a:
+        big = a.buffers["hidden_states"].nbytes
+        small = BufferSizes.from_config(CFG, *LIMITS[:1], *TOP[1:], env=NOENV).hidden_states
+        assert small < big
+        with pytest.raises(ValueError, match=f"hidden_states holds {small}"):
+            a.view("hidden_states", "uint8", (_Shrinking(a, big),))
+        a.resize(max_batch_tokens=TOP[0])
+        v = a.view("hidden_states", _Shrinking(a, 0))
+        assert v.nbytes == small == a.buffers["hidden_states"].nbytes
+        assert int(np.asarray(v)[-1]) >= 0           # inside mapped memory
+        del v
+
+
+def test_limits_follow_the_integer_rule():
+    """Int-likes with only __index__, numpy integers, and what is out of range:
+    converted (accessors return exact ints) or refused naming the argument."""
+    np = pytest.importorskip("numpy")
+
+    class Index:
+        def __init__(self, v):
+            self.v = v
+
+        def __index__(self):
+            return self.v
+
+    gpu = metrale.HostBackend()
+    a = BufferArena.new(CFG, Index(64), np.int64(512), Index(16), np.int32(8), gpu,
+                        reserve={"max_batch_tokens": Index(512), "max_seq_len": np.int64(1024),
+                                 "max_batch_size": Index(16)})
+    with a:
+        assert type(a.max_batch_tokens()) is int
+        a.resize(np.int64(128), Index(1024))
+        assert a.max_batch_tokens() == 128 and type(a.max_batch_tokens()) is int
+        for kwargs, name in (({"max_batch_tokens": 1.5}, "max_batch_tokens"),
+                             ({"max_seq_len": True}, "max_seq_len"),
+                             ({"kv_block_size": -1}, "kv_block_size"),
+                             ({"max_batch_size": 2**64}, "max_batch_size")):
+            with pytest.raises((TypeError, ValueError), match=name):
+                a.resize(**kwargs)
+        with pytest.raises(TypeError, match="keep"):
+            a.sleep(keep=5)
+        with pytest.raises(TypeError, match="keep: buffer names must be str"):
+            a.sleep(keep=[5])
+        with pytest.raises(TypeError, match="names"):
+            a.fingerprint(names=5)
+        assert not a.is_sleeping()
+    with pytest.raises(TypeError, match="reserve: max_seq_len"):
+        BufferArena.new(CFG, *LIMITS, gpu, reserve={"max_seq_len": 2.0})
+
+
+# -- failures in the middle of a reshape -----------------------------------------------------
+
+@pytest.mark.parametrize("step", ["sleep", "shrink", "release"])
+def test_a_refused_handle_release_is_kept_and_retried(step):
+    """The backend refuses to release an unmapped handle: it is not forgotten
+    (summary() counts it, a warning says so) and the next reshape or the
+    release gives it back."""
+    gpu = FaultyBackend()
+    before = vm_counts(gpu)
+    a = reserved(gpu, limits=LIMITS if step == "shrink" else TOP)
+    if step == "shrink":
+        a.resize(*TOP)                             # grown: chunks a shrink unmaps whole
+    gpu.inject_fault("release_handle")
+    if step == "sleep":
+        with pytest.raises(MetraleError, match="HOST_INJECTED_FAULT"):
+            a.sleep()
+        assert a.is_sleeping() and a.summary().unreleased_handles == 1
+        assert "not released" in str(a.summary())
+        a.wake()                                   # retried first
+        assert a.summary().unreleased_handles == 0
+        a.release()
+    elif step == "shrink":
+        with pytest.raises(MetraleError, match="HOST_INJECTED_FAULT"):
+            a.resize(*LIMITS)
+        assert a.summary().unreleased_handles >= 1
+        a.resize(*LIMITS)                          # the next reshape releases it
+        assert a.summary().unreleased_handles == 0
+        a.release()
+    else:
+        a.release()                                # released again at once: nothing held
+        assert a.summary().unreleased_handles == 0
+    assert vm_counts(gpu) == before
+
+
+def test_a_handle_release_that_keeps_failing_is_reported_by_release():
+    gpu = FaultyBackend()
+    a = reserved(gpu, limits=TOP)
+    gpu.inject_fault("release_handle", 1)
+    with pytest.raises(MetraleError):
+        a.sleep()                                  # one orphan
+    gpu.inject_fault("release_handle", 1)          # and the retry at release fails too
+    with pytest.raises(MetraleError, match="HOST_INJECTED_FAULT"):
+        a.release()
+    assert a.is_released() and a.summary().unreleased_handles == 1
+    del a                                          # the finalizer tries once more
+    import gc
+    gc.collect()
+    assert gpu.handle_count == 0
+
+
+def test_a_growth_that_fails_after_mapping_gives_the_mapping_back():
+    """A debug arena's resize whose guard refill fails after the growth was
+    mapped: the limits roll back and so does the committed memory."""
+    gpu = FaultyBackend()
+    with BufferArena.new(CFG, *LIMITS, gpu, reserve=TOP, debug=True) as a:
+        before = (a.committed_bytes(), vm_counts(gpu), a.max_batch_tokens())
+        gpu.inject_fault("sync")
+        with pytest.raises(MetraleError, match="HOST_INJECTED_FAULT"):
+            a.resize(*TOP)
+        assert (a.committed_bytes(), vm_counts(gpu), a.max_batch_tokens()) == before
+        a.resize(*TOP)                             # and it works afterwards
+        assert a.committed_bytes() > before[0]

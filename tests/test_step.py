@@ -249,6 +249,76 @@ def test_fill_checks_shapes_and_types():
         assert st.count[0] == 2**31 - 1
 
 
+def test_fill_refuses_values_its_regions_cannot_hold():
+    """No value is wrapped: each region's element type bounds what it takes
+    (uint32 token ids and positions, int32 slots of sequences and block
+    tables, int64 KV slots), whatever the array's own type; an out-of-range
+    value names its argument and nothing at all is written."""
+    gpu = metrale.HostBackend()
+    with BufferArena.new(COMPACT, 64, 512, 16, 40, gpu) as arena, arena.step_inputs() as st:
+        st.fill([7, 8], positions=[1, 2])
+        bad = [({"token_ids": [-1]}, "token_ids", "-1 .. -1"),
+               ({"token_ids": [2**32]}, "token_ids", "4294967296"),
+               ({"token_ids": [1, 2**40]}, "token_ids", "1099511627776"),
+               ({"token_ids": np.array([-5], np.int8)}, "token_ids", "-5"),
+               ({"token_ids": [1], "positions": [2**32 + 3]}, "positions", r"\[0, 4294967295\]"),
+               ({"token_ids": [1], "seq_slot": [2**31]}, "seq_slot", "int32"),
+               ({"token_ids": [1], "seq_lens": [-2**31 - 1]}, "seq_lens", "int32"),
+               ({"token_ids": [1], "slots": np.array([2**63], np.uint64)}, "slots", "int64"),
+               ({"token_ids": [1], "block_table": [[2**31]]}, "block_table", "int32")]
+        for kwargs, name, match in bad:
+            before = np.frombuffer(st, np.uint8).copy()
+            with pytest.raises(ValueError, match=name) as e:
+                st.fill(**kwargs)
+            assert match in str(e.value) or __import__("re").search(match, str(e.value)), e.value
+            assert (np.frombuffer(st, np.uint8) == before).all(), kwargs   # nothing written
+        for kwargs in ({"token_ids": [True]}, {"token_ids": [1], "slots": [1.0]},
+                       {"token_ids": [1], "positions": ["a"]}, {"token_ids": [2**70]}):
+            with pytest.raises(TypeError, match="must hold integers"):
+                st.fill(**kwargs)
+        # the extremes of each type go through exactly
+        st.fill(np.array([0, 2**32 - 1], np.uint64), positions=[2**32 - 1], seq_slot=[-2**31],
+                seq_lens=[2**31 - 1], slots=[-2**63, 2**63 - 1], block_table=[[-2**31, 2**31 - 1]])
+        assert list(st.token_ids[:2]) == [0, 2**32 - 1] and st.positions[0] == 2**32 - 1
+        assert st.seq_slot[0] == -2**31 and st.seq_lens[0] == 2**31 - 1
+        assert list(st.slots[:2]) == [-2**63, 2**63 - 1]
+        assert list(st.block_table[0, :2]) == [-2**31, 2**31 - 1]
+
+
+def test_fill_without_token_ids():
+    """fill(None) is refused (naming what is missing); only the metadata and
+    the count can change with tokens=; an empty list is zero tokens."""
+    gpu = metrale.HostBackend()
+    with BufferArena.new(COMPACT, 64, 512, 16, 40, gpu) as arena, arena.step_inputs() as st:
+        st.fill([5, 6, 7])
+        for call in (lambda: st.fill(None), lambda: st.fill(token_ids=None), lambda: st.fill()):
+            with pytest.raises(TypeError, match="token_ids"):
+                call()
+        st.fill(positions=[9, 9], tokens=2)
+        assert st.tokens == 2 and list(st.token_ids[:3]) == [5, 6, 7] and st.positions[1] == 9
+        st.fill([])
+        assert st.tokens == 0 and list(st.token_ids[:3]) == [5, 6, 7]
+        st.fill(np.zeros((0,), np.float64), block_table=np.zeros((0, 0)))
+        assert st.tokens == 0
+
+
+def test_step_inputs_arguments_follow_the_integer_rule():
+    gpu = metrale.HostBackend()
+
+    class Index:
+        def __index__(self):
+            return 40
+
+    with BufferArena.new(COMPACT, 64, 512, 16, 40, gpu) as arena:
+        with arena.step_inputs(max_blocks=Index()) as st:
+            assert st.max_blocks == 40
+        for value, exc in ((2**64 - 1, ValueError), (2**64, ValueError), (-1, ValueError),
+                           (True, TypeError), (1.5, TypeError)):
+            with pytest.raises(exc, match="max_blocks"):
+                arena.step_inputs(max_blocks=value)
+        assert gpu.live_host_alloc_count == 0
+
+
 def test_release_refuses_while_a_view_lives_and_everything_after_refuses():
     gpu = metrale.HostBackend()
     arena = BufferArena.new(COMPACT, 64, 512, 16, 32, gpu)

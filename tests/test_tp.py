@@ -140,6 +140,100 @@ def rank_dies(rank, size, path, when):
     return str(e.value), time.monotonic() - t0, _counts(gpu), process_resources() == before
 
 
+# A local process that connects to a rank's socket and says nothing.
+STRANGER = """
+import socket, sys, time
+s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+s.connect(bytes.fromhex(sys.argv[1]).decode())
+print("connected", flush=True)
+time.sleep(60)
+"""
+
+
+class StrangerGroup(FileGroup):
+    """A FileGroup that, once the ranks have gathered their socket names,
+    has a stranger process connect to this rank's socket (and stay silent)
+    before any rank goes on: the strangers come first in every queue."""
+
+    strangers = []
+
+    def all_gather_object(self, object_list, obj):
+        import subprocess
+        import sys
+        import time
+        super().all_gather_object(object_list, obj)
+        if isinstance(obj, dict) and "socket" in obj and not self.strangers:
+            p = subprocess.Popen([sys.executable, "-c", STRANGER, obj["socket"].encode().hex()],
+                                 stdout=subprocess.PIPE, text=True)
+            self.strangers.append(p)
+            assert p.stdout.readline().strip() == "connected"
+            mark = os.path.join(self.path, f"stranger.{self._rank}")
+            open(mark, "w").close()
+            deadline = time.monotonic() + 30
+            while not all(os.path.exists(os.path.join(self.path, f"stranger.{r}"))
+                          for r in range(self._size)):
+                assert time.monotonic() < deadline, "the other rank's stranger never connected"
+                time.sleep(0.005)
+
+
+def rank_with_stranger(rank, size, path, credentials):
+    """A silent stranger on every rank's socket is ignored: setup succeeds,
+    promptly.  With credentials "unknown" the peer credentials are taken as
+    unreadable (another pid namespace), so the stranger is not closed at
+    once and must not hold up the real peer's message."""
+    import time
+    import metrale.tp as tp
+    if credentials == "unknown":
+        tp._peer_rank = lambda conn, pids: None
+    gpu = metrale.HostBackend()
+    t0 = time.monotonic()
+    try:
+        with BufferArena.new(CFG, *LIMITS, gpu,
+                             group=PeerGroup(StrangerGroup(path, rank, size), timeout=20.0)) as a:
+            ok = a.peer(1 - rank).hidden_states() != 0 and gpu.import_count == 1
+    finally:
+        for p in StrangerGroup.strangers:
+            p.kill()
+            p.wait()
+    return ok, time.monotonic() - t0
+
+
+@pytest.mark.parametrize("credentials", ["known", "unknown"])
+def test_a_silent_stranger_on_a_rank_socket_is_ignored(tmp_path, credentials):
+    outs = run_ranks(rank_with_stranger, 2, args=(str(tmp_path), credentials), timeout=120)
+    for ok, seconds in outs:
+        assert ok and seconds < 15, outs
+
+
+def rank_malformed(rank, size, path, header):
+    """Rank 1 sends rank 0 a malformed header: every rank raises the same
+    MetraleError naming rank 1, promptly (not after the group's timeout),
+    with nothing left behind."""
+    import time
+    import metrale.tp as tp
+    if rank == 1:
+        tp._header = lambda me, to, chunks, error: header
+    gpu = metrale.HostBackend()
+    _warm()
+    before = process_resources()
+    t0 = time.monotonic()
+    with pytest.raises(MetraleError) as e:
+        BufferArena.new(CFG, *LIMITS, gpu, group=_group(path, rank, size, timeout=60.0))
+    return str(e.value), time.monotonic() - t0, _counts(gpu), process_resources() == before
+
+
+@pytest.mark.parametrize("header", [b'{"rank": 1, "to": 0, "chunks": 5}',
+                                    b'{"rank": 1, "to": 0, "chunks": [[0, "x"]]}',
+                                    b'{"rank": 1, "to": 0}', b"[1, 2", b"\xff\x00",
+                                    b'{"rank": 1, "to": 0, "chunks": [[0, 4096]]}'])
+def test_a_malformed_header_fails_every_rank_promptly(tmp_path, header):
+    outs = run_ranks(rank_malformed, 2, args=(str(tmp_path), header), timeout=120)
+    (m0, t0, c0, u0), (m1, t1, c1, u1) = outs
+    assert m0 == m1 and "rank 0 failed to map rank 1's slab" in m0, outs
+    assert t0 < 30 and t1 < 30
+    assert c0 == c1 == (0, 0, 0, 0) and u0 and u1
+
+
 def rank_remote(rank, size, path):
     """Rank 1 claims another host: nothing is mapped between them."""
     import metrale.tp as tp

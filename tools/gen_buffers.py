@@ -72,8 +72,14 @@ def accessors(rows, groups):
     """The accessor methods, indented for a class body."""
     out = []
     for cid, name, flags in rows:
+        # Unchecked tuple loads, the one place: measured (bench/bench_host.py),
+        # and in range by construction: _ptrs and _bytes always hold MT_NBUF
+        # entries (the class sets them only to such tuples) and every id is
+        # below MT_NBUF.
         if flags & groups["pointer"]:
-            out += [f"    def {name}(self):",
+            out += ["    @cython.boundscheck(False)",
+                    "    @cython.wraparound(False)",
+                    f"    def {name}(self):",
                     f'        """Device pointer of the {name} buffer (docs/buffers.md#{name}).',
                     "",
                     "        Returns",
@@ -83,7 +89,9 @@ def accessors(rows, groups):
                     '        """',
                     f"        return self._ptrs[MT_{cid}]", ""]
         if flags & groups["bytes"]:
-            out += [f"    def {name}_bytes(self):",
+            out += ["    @cython.boundscheck(False)",
+                    "    @cython.wraparound(False)",
+                    f"    def {name}_bytes(self):",
                     f'        """Size of the {name} buffer in bytes: the bound its GEMMs check.',
                     "",
                     "        Returns",

@@ -61,7 +61,8 @@ cdef class Backend:
     cdef int unmap(self, uintptr_t p, size_t n) except -1
     # Wait for all work on the device (before memory is unmapped).
     cdef int quiesce(self) except -1
-    # Host memory for copies (pinned on CUDA).
+    # Host memory for copies (pinned on CUDA), counted like the allocations.
+    cdef readonly Py_ssize_t host_alloc_count, live_host_alloc_count
     cdef int host_alloc(self, size_t n, void **out) except -1
     cdef void host_free(self, void *p) noexcept
     # Debug arenas (docs/debug.md): run debug operation `op` (MT_DBG_*) over

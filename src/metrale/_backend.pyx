@@ -1,4 +1,4 @@
-# cython: language_level=3, boundscheck=False, wraparound=False, binding=False
+# cython: language_level=3, binding=False
 """Backend base class, stream handles and the host backend."""
 
 cimport cython
@@ -84,6 +84,10 @@ cdef class Backend:
         Host-to-device copies.
     sync_count : int
         Stream synchronizations.
+    host_alloc_count : int
+        Host buffers (pinned on CUDA) allocated for copies and step inputs.
+    live_host_alloc_count : int
+        Those not freed yet.
 
     Notes
     -----
@@ -440,10 +444,13 @@ Host memory, synchronous: everything the arena does, with no GPU.
         out[0] = c_malloc(n if n else 1)
         if out[0] == NULL:
             raise OutOfMemoryError(f"host copy buffer of {n} bytes refused")
+        self.host_alloc_count += 1
+        self.live_host_alloc_count += 1
         return 0
 
     cdef void host_free(self, void *p) noexcept:
         c_free(p)
+        self.live_host_alloc_count -= 1
 
     cdef int debug_run(self, int op, mt_debug_args *a, mt_debug_result *out,
                        uintptr_t stream) except -1:

@@ -1,4 +1,4 @@
-# cython: language_level=3, boundscheck=False, wraparound=False, binding=False
+# cython: language_level=3, binding=False
 """Argument checks shared by every metrale module.
 
 One rule for integer arguments, in the spirit of numpy.random's

@@ -1,4 +1,4 @@
-# cython: language_level=3, boundscheck=False, wraparound=False, binding=False
+# cython: language_level=3, binding=False
 """CudaBackend: the arena's device operations through cuda.bindings.cydriver.
 
 Every driver call is a direct C call (no Python object in between) made with
@@ -571,6 +571,8 @@ An NVIDIA GPU through the CUDA driver.
         with nogil:
             err = cydriver.cuMemAllocHost(out, n if n else 1)
         _check(err, f"cuMemAllocHost({n} bytes)")
+        self.host_alloc_count += 1
+        self.live_host_alloc_count += 1
         return 0
 
     cdef void host_free(self, void *p) noexcept:
@@ -579,6 +581,7 @@ An NVIDIA GPU through the CUDA driver.
         with nogil:
             cydriver.cuCtxSetCurrent(self._ctx)
             cydriver.cuMemFreeHost(p)
+        self.live_host_alloc_count -= 1
 
     # -- debug arenas (docs/debug.md) ---------------------------------------------
     cdef int _debug_load(self) except -1:

@@ -1,4 +1,4 @@
-# cython: language_level=3, boundscheck=False, wraparound=False, binding=False
+# cython: language_level=3, binding=False
 """Debug arenas (docs/debug.md): guard bands, poisoned padding rows, NaN
 scans and fingerprints over an arena's slab.
 

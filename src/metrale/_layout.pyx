@@ -1,4 +1,4 @@
-# cython: language_level=3, boundscheck=False, wraparound=False, binding=False
+# cython: language_level=3, binding=False
 """The slab plan: where every buffer of a BufferSizes sits in one allocation
 and which byte ranges each zeroing helper clears.  Pure computation in the C
 core (layout.c): nothing is allocated."""

@@ -1,4 +1,4 @@
-# cython: language_level=3, boundscheck=False, wraparound=False, binding=False
+# cython: language_level=3, binding=False
 """The backend calls of a tensor-parallel arena: export this rank's physical
 chunks as file descriptors, import and map a peer's, unmap them again.
 

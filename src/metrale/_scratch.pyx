@@ -1,4 +1,4 @@
-# cython: language_level=3, boundscheck=False, wraparound=False, binding=False
+# cython: language_level=3, binding=False
 """Per-thread host scratch (the reference's ScratchSpaceManager).
 
 The slot table lives in the C core: a thread finds its slot through a

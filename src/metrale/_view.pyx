@@ -1,4 +1,4 @@
-# cython: language_level=3, boundscheck=False, wraparound=False, binding=False
+# cython: language_level=3, binding=False
 """ArenaView: a typed window on one arena buffer for numpy, torch and CuPy,
 through DLPack and the (CUDA) array interface, never copied.  Each live view
 is counted in its arena's lifetime word, so the arena refuses to free the

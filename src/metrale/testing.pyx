@@ -1,4 +1,4 @@
-# cython: language_level=3, boundscheck=False, wraparound=False, binding=False
+# cython: language_level=3, binding=False
 """Backends for testing failure paths.
 
 ``FaultyBackend`` is a ``HostBackend`` whose operations fail on demand: the
