@@ -332,6 +332,8 @@ def test_config_warning_is_a_user_warning():
     w = ConfigWarning("message", "k")
     assert isinstance(w, UserWarning) and w.key == "k" and str(w) == "message"
     assert ConfigWarning("m").key is None
+    back = pickle.loads(pickle.dumps(w))
+    assert (type(back), str(back), back.key) == (ConfigWarning, "message", "k")
 
 
 @pytest.mark.parametrize("data, field, want", [

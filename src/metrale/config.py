@@ -399,11 +399,12 @@ class ModelConfig:
         published files leave out.
 
         What is not understood is never dropped silently: a config key that
-        looks like a model dimension (an integer named like one) that is
-        neither read nor known to change no buffer size, or a
-        ``model_type`` that is not a known family (then read with the
-        standard keys), is reported with a `metrale.errors.ConfigWarning`
-        naming it, or refused with `strict`.
+        looks like a model dimension (an integer named like one), is not
+        read, and is not among the keys known to leave every buffer size
+        unchanged, or a ``model_type`` that is not a known family (then read
+        with the standard keys), is reported with a
+        `metrale.errors.ConfigWarning` naming it, or refused with `strict`.
+        docs/hf-config.md lists the families, keys and rules.
 
         Parameters
         ----------

@@ -53,3 +53,6 @@ class ConfigWarning(UserWarning):
     def __init__(self, message, key=None):
         super().__init__(message)
         self.key = key
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.key))
