@@ -52,7 +52,10 @@ def test_layer_types_any_iterable():
 
 def test_presets_order_and_unknown():
     assert ModelConfig.presets() == ("qwen3-next-80b", "qwen3.8-27b", "glm-5.3-flash-tp2",
-                                     "deepseek-v4", "nemotron-h", "gemma-4-dense")
+                                     "deepseek-v4", "nemotron-h", "gemma-4-dense",
+                                     "llama-3.1-8b", "llama-3.1-70b", "qwen2.5-7b",
+                                     "qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v3",
+                                     "gpt-oss-120b")
     with pytest.raises(ValueError, match="qwen3-next-80b"):
         ModelConfig.preset("nope")
 
@@ -65,6 +68,13 @@ def test_presets_order_and_unknown():
     ("deepseek-v4", 0, 0, 0, 0, 0, 0, 4096),
     ("nemotron-h", 0, 0, 4096, 6144, 10304, 23, 2688),
     ("gemma-4-dense", 0, 0, 0, 0, 0, 0, 5376),
+    ("llama-3.1-8b", 0, 0, 0, 0, 0, 0, 4096),
+    ("llama-3.1-70b", 0, 0, 0, 0, 0, 0, 8192),
+    ("qwen2.5-7b", 0, 0, 0, 0, 0, 0, 3584),
+    ("qwen3-30b-a3b", 0, 0, 0, 0, 0, 0, 2048),
+    ("mixtral-8x7b", 0, 0, 0, 0, 0, 0, 4096),
+    ("deepseek-v3", 0, 0, 0, 0, 0, 0, 7168),
+    ("gpt-oss-120b", 0, 0, 0, 0, 0, 0, 2880),     # sliding and full attention: no SSM layer
 ])
 def test_preset_derived(name, qkvz, vd, di, dx, dip, ssm, hin):
     c = ModelConfig.preset(name)
@@ -127,7 +137,10 @@ def test_hf_deepseek_aliases():
     c = ModelConfig.from_hf_config(DATA / "deepseek-v3.json")
     assert c.num_experts == 256          # n_routed_experts
     assert (c.kv_lora_rank, c.q_lora_rank, c.qk_rope_head_dim) == (512, 1536, 64)
-    assert c.head_dim == 7168 // 128
+    # MLA: the query/key head is qk_nope_head_dim + qk_rope_head_dim = 128 + 64, wider
+    # than the value head (v_head_dim 128), not hidden_size / heads = 56
+    assert c.head_dim == 192
+    assert c.shared_expert_intermediate_size == 1 * 2048   # n_shared_experts * moe width
 
 
 def test_hf_nemotron_pattern(tmp_path):
@@ -144,11 +157,14 @@ def test_hf_gemma_text_config():
     c = ModelConfig.from_hf_config(DATA / "gemma-3-27b.json")
     t = _load("gemma-3-27b.json")["text_config"]
     assert c.model_type == "gemma3"            # always from the top level
-    assert (c.hidden_size, c.vocab_size, c.head_dim) == (t["hidden_size"], t["vocab_size"], 128)
+    # the published file gives no vocab_size: Gemma3TextConfig's default, 262,208
+    assert "vocab_size" not in t and c.vocab_size == 262208
+    assert (c.hidden_size, c.head_dim) == (t["hidden_size"], 128)
 
 
 def test_hf_nulls_aliases_and_types():
-    shape = {"hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 100, "intermediate_size": 128}
+    shape = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 100,
+             "intermediate_size": 128}
     c = ModelConfig.from_hf_config({**shape, "num_attention_heads": 0, "head_dim": None,
                                     "num_local_experts": 8, "moe_shared_expert_intermediate_size": 5,
                                     "attn_output_gate": True, "unknown": 1})
@@ -160,11 +176,11 @@ def test_hf_nulls_aliases_and_types():
         ModelConfig.from_hf_config(3)
 
 
-SHAPE = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 100,
-         "intermediate_size": 256}
+SHAPE = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "vocab_size": 100, "intermediate_size": 256}
 
 
-@pytest.mark.parametrize("missing", sorted(SHAPE))
+@pytest.mark.parametrize("missing", sorted(set(SHAPE) - {"model_type"}))
 def test_hf_refuses_a_config_without_the_shape(missing):
     data = {k: v for k, v in SHAPE.items() if k != missing}
     with pytest.raises(ValueError, match=f"path_or_dict: the config has no '{missing}'"):
@@ -230,8 +246,8 @@ def test_hf_file_errors_name_the_file(tmp_path):
 
 
 def test_quantization_config():
-    base = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-            "vocab_size": 100, "intermediate_size": 128}
+    base = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "vocab_size": 100, "intermediate_size": 128}
     ct = {"quant_method": "compressed-tensors", "config_groups": {"group_0": {
         "weights": {"type": "float", "num_bits": 8, "strategy": "channel"}}}}
     for qc, expect in [

@@ -65,3 +65,11 @@ def test_every_repr_says_what_it_is():
     assert "logits" in repr(view) and "float32" in repr(view)
     del view, objects          # a live view would make release refuse
     arena.release()
+
+
+def test_numpy_is_a_declared_dependency():
+    # StepInputs and ScratchSpace.get import numpy at run time: a plain
+    # `pip install metrale` must bring it (while `import metrale` stays free of it).
+    from importlib.metadata import requires
+    plain = [r for r in requires("metrale") or () if "extra ==" not in r]
+    assert any(r.replace(" ", "").startswith("numpy") for r in plain), plain

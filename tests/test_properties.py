@@ -15,6 +15,7 @@ import io
 import json
 import os
 import tempfile
+import warnings
 
 import pytest
 
@@ -22,8 +23,8 @@ hypothesis = pytest.importorskip("hypothesis")
 np = pytest.importorskip("numpy")
 from hypothesis import assume, given, strategies as st  # noqa: E402
 
-from metrale import (BufferArena, BufferSizes, HostBackend, MetraleError, ModelConfig,  # noqa: E402
-                     OutOfMemoryError, ScratchSpaceManager, Target)
+from metrale import (BufferArena, BufferSizes, ConfigWarning, HostBackend,  # noqa: E402
+                     MetraleError, ModelConfig, OutOfMemoryError, ScratchSpaceManager, Target)
 from metrale.cli import main  # noqa: E402
 from metrale.config import FIELDS  # noqa: E402
 from metrale.sizes import BUFFER_NAMES  # noqa: E402
@@ -54,7 +55,11 @@ json_values = st.recursive(
 HF_KEYS = sorted(set(FIELDS) | {"n_embd", "n_embed", "n_layer", "n_head", "n_inner",
                                 "num_kv_heads", "ffn_hidden_size", "multi_query", "text_config",
                                 "n_routed_experts", "num_local_experts", "attn_output_gate",
-                                "hybrid_override_pattern", "moe_shared_expert_intermediate_size"})
+                                "hybrid_override_pattern", "moe_shared_expert_intermediate_size",
+                                "qk_nope_head_dim", "v_head_dim", "n_shared_experts",
+                                "layers_block_type", "rope_scaling", "padded_vocab_size",
+                                "multi_query_attention", "multi_query_group_num",
+                                "mamba_d_state", "max_position_embeddings", "pad_token_id"})
 SHAPE = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 100,
          "intermediate_size": 256}
 
@@ -99,11 +104,26 @@ def test_from_hf_config_dicts(data, with_shape):
     if with_shape:
         data = {**SHAPE, **data}
     try:
-        c = ModelConfig.from_hf_config(data)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            c = ModelConfig.from_hf_config(data)
     except ARG_ERRORS as e:
         assert str(e).startswith("path_or_dict") or "ModelConfig field" in str(e), e
         return
     assert c.hidden_size == data.get("hidden_size", data.get("n_embd", data.get("n_embed", c.hidden_size)))
+    # every warning names a key of the config (or its model_type); strict refuses
+    # exactly when something was warned about, naming the same keys
+    keys = [w.message.key for w in caught if issubclass(w.category, ConfigWarning)]
+    text = data.get("text_config") if isinstance(data.get("text_config"), dict) else {}
+    assert all(k == "model_type" or k in data or k in text for k in keys), keys
+    from metrale.config import _FAMILY_OF
+    family = text.get("model_type") if isinstance(text.get("model_type"), str) and \
+        text.get("model_type") else data.get("model_type")
+    if not isinstance(family, str) or family not in _FAMILY_OF:
+        assert "model_type" in keys
+    with pytest.raises(ValueError) as e:
+        ModelConfig.from_hf_config(data, strict=True)
+    assert all(repr(k) in str(e.value) for k in keys)
 
 
 @given(st.one_of(json_values.map(json.dumps),
@@ -117,7 +137,9 @@ def test_from_hf_config_files(text):
             f.write(text if isinstance(text, bytes) else text.encode("utf-8", "surrogatepass"))
         for arg in (path, d):                       # the file, or its directory
             try:
-                ModelConfig.from_hf_config(arg)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", ConfigWarning)   # test_hf.py checks them
+                    ModelConfig.from_hf_config(arg)
             except ARG_ERRORS as e:
                 assert path in str(e) or "ModelConfig field" in str(e), e
 

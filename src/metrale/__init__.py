@@ -21,6 +21,7 @@ _LAZY = {
     "ScratchStats": "metrale._scratch",
     "MetraleError": "metrale.errors",
     "OutOfMemoryError": "metrale.errors",
+    "ConfigWarning": "metrale.errors",
     "GATEUP_FUSED_MAX_M": "metrale.sizes",
     "DECODE_META_MIN_ROWS": "metrale.sizes",
     "DECODE_META_MAX_ROWS": "metrale.sizes",

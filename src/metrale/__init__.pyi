@@ -6,7 +6,8 @@ from metrale._scratch import (ScratchSpace as ScratchSpace,
 from metrale.config import ModelConfig as ModelConfig
 from metrale.debug import DebugOptions as DebugOptions
 from metrale.cuda import CudaBackend as CudaBackend
-from metrale.errors import MetraleError as MetraleError, OutOfMemoryError as OutOfMemoryError
+from metrale.errors import (ConfigWarning as ConfigWarning, MetraleError as MetraleError,
+                            OutOfMemoryError as OutOfMemoryError)
 from metrale.moe import MoeFp8Scratch as MoeFp8Scratch
 from metrale.sizes import (BufferSizes as BufferSizes, DecodeMetaLayout as DecodeMetaLayout,
                            Target as Target)
@@ -15,7 +16,8 @@ __all__ = [
     'ModelConfig', 'BufferSizes', 'BufferArena', 'StepInputs', 'DecodeMetaLayout', 'MoeFp8Scratch',
     'Target',
     'HostBackend', 'CudaBackend', 'ScratchSpaceManager', 'ScratchSpace', 'ScratchStats',
-    'MetraleError', 'OutOfMemoryError', 'GATEUP_FUSED_MAX_M', 'DECODE_META_MIN_ROWS',
+    'MetraleError', 'OutOfMemoryError', 'ConfigWarning', 'GATEUP_FUSED_MAX_M',
+    'DECODE_META_MIN_ROWS',
     'DECODE_META_MAX_ROWS', 'Q12_SIZING_STREAMS', 'VERIFY_ROW_CAP', 'DebugOptions',
 ]
 

@@ -62,6 +62,12 @@ def _parser():
     plan.add_argument("--splitk", default=None, choices=SPLITK_POLICIES, metavar="{legacy,auto,1..16}",
                       help="split-K policy of the target (default: 'legacy', or 'auto' with "
                       "--sm-count)")
+    plan.add_argument("--tp", type=int, default=1, metavar="N",
+                      help="size what one rank of N tensor-parallel ranks holds (default: "
+                      "%(default)s, the whole model)")
+    plan.add_argument("--strict", action="store_true",
+                      help="refuse a --config whose keys metrale does not understand whole, "
+                      "instead of listing them")
     plan.add_argument("--tokens", type=int, default=1, metavar="T",
                       help="live tokens for the zero_all_rows(T) ranges reported (default: %(default)s)")
     plan.add_argument("--allocate", action="store_true",
@@ -78,7 +84,7 @@ def _mib(n):
     return f"{n / 1048576:,.2f}"
 
 
-def _lever_report(config, sizes, limits, target, env):
+def _lever_report(config, sizes, limits, target, env, tp):
     """Each lever in effect, how it was set and what it changed: the sizes
     are computed again without it and compared buffer by buffer."""
     out = []
@@ -86,7 +92,7 @@ def _lever_report(config, sizes, limits, target, env):
         cfg, without = config, {k: v for k, v in env.items() if k != name}
         if how == "quantization_config":
             cfg = config.replace(quantization="")
-        base = BufferSizes.from_config(cfg, *limits, target=target, env=without)
+        base = BufferSizes.from_config(cfg, *limits, target=target, env=without, tp_size=tp)
         changed = {n: [base[n], sizes[n]] for n in BUFFER_NAMES if base[n] != sizes[n]}
         out.append({"lever": name, "value": how,
                     "source": "quantization_config" if how == "quantization_config" else "environment",
@@ -106,8 +112,21 @@ def _quantization_report(config):
 
 
 def _model(args):
-    return (ModelConfig.preset(args.preset) if args.preset
-            else ModelConfig.from_hf_config(args.config))
+    """The model of the plan, and what its config.json left not understood:
+    a list of {"key", "message"} (empty for a preset)."""
+    if args.preset:
+        return ModelConfig.preset(args.preset), []
+    import warnings
+    from metrale.errors import ConfigWarning
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ConfigWarning)
+        config = ModelConfig.from_hf_config(args.config, strict=args.strict)
+    notes = [{"key": w.message.key, "message": str(w.message)} for w in caught
+             if isinstance(w.message, ConfigWarning)]
+    for w in caught:                 # anything else goes on as it came
+        if not isinstance(w.message, ConfigWarning):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return config, notes
 
 
 def _target(args):
@@ -141,26 +160,38 @@ def plan(args):
     """
     from metrale._layout import plan_layout
 
-    config, target = _model(args), _target(args)
+    from metrale.catalogue import membership
+
+    (config, notes), target = _model(args), _target(args)
     limits = (args.max_batch_tokens, args.max_seq_len, args.kv_block_size, args.max_batch_size)
     env = os.environ
-    sizes = BufferSizes.from_config(config, *limits, target=target, env=env)
+    sizes = BufferSizes.from_config(config, *limits, target=target, env=env, tp_size=args.tp)
+    rank_config = config.shard(args.tp)
     layout = plan_layout(sizes, args.max_batch_tokens)
     offsets = layout.offsets
     rows = []
     for name in layout.slab_order:
         n = getattr(sizes, name)
-        groups = [g for g, members in layout.groups.items() if name in members]
+        m = membership(name)
+        # zero_all_rows covers every zero_all buffer: the token-major ones
+        # trimmed to the live rows ("rows"), the others whole ("rows:whole").
+        groups = [g for g, on in (("zero_all", m["zero_all"]),
+                                  ("prefill", m["zero_prefill_essentials"]),
+                                  ("rows", m["zero_all_rows"] == "trimmed"),
+                                  ("rows:whole", m["zero_all_rows"] == "whole"),
+                                  ("checksum", m["checksum"])) if on]
         rows.append({"buffer": name, "bytes": n, "offset": offsets[name],
                      "groups": groups, "null": n == 0})
     result = {
         "model": args.preset or args.config,
         "model_type": config.model_type,
+        "config_warnings": notes,
+        "tp_size": args.tp,
         "max_batch_tokens": args.max_batch_tokens, "max_seq_len": args.max_seq_len,
         "kv_block_size": args.kv_block_size, "max_batch_size": args.max_batch_size,
         "target": {"sm_count": target.sm_count, "splitk": target.splitk,
                    "splitk_switched": args.sm_count is not None and args.splitk is None},
-        "levers": _lever_report(config, sizes, limits, target, env),
+        "levers": _lever_report(config, sizes, limits, target, env, args.tp),
         "quantization": _quantization_report(config),
         "buffers": rows,
         "total_bytes": sizes.total_bytes(),
@@ -175,7 +206,7 @@ def plan(args):
     if args.allocate:
         from metrale import BufferArena, HostBackend
         gpu = HostBackend()
-        with BufferArena.from_sizes(config, sizes, args.max_batch_tokens,
+        with BufferArena.from_sizes(rank_config, sizes, args.max_batch_tokens,
                                     args.max_batch_size, gpu) as arena:
             before = gpu.memset_count
             arena.zero_all(gpu, 0)
@@ -189,9 +220,11 @@ def _explain(args):
     """The catalogue entry of one buffer, evaluated for this plan's model,
     limits and target."""
     from metrale.catalogue import explain
-    config, target = _model(args), _target(args)
+    (config, _), target = _model(args), _target(args)
     sizes = BufferSizes.from_config(config, args.max_batch_tokens, args.max_seq_len,
-                                    args.kv_block_size, args.max_batch_size, target=target)
+                                    args.kv_block_size, args.max_batch_size, target=target,
+                                    tp_size=args.tp)
+    config = config.shard(args.tp)           # the formula, evaluated for one rank
     return explain(args.explain, sizes, config, max_batch_tokens=args.max_batch_tokens,
                    max_seq_len=args.max_seq_len, kv_block_size=args.kv_block_size,
                    max_batch_size=args.max_batch_size, target=target)
@@ -200,10 +233,13 @@ def _explain(args):
 def _print(result, out):
     w = out.write
     t = result["target"]
+    tp = f" tp_size={result['tp_size']} (per rank)" if result["tp_size"] > 1 else ""
     w(f"metrale plan: {result['model']} ({result['model_type'] or '?'}), "
       f"max_batch_tokens={result['max_batch_tokens']} max_seq_len={result['max_seq_len']} "
       f"kv_block_size={result['kv_block_size']} max_batch_size={result['max_batch_size']} "
-      f"target={t['sm_count']} SMs/{t['splitk']}\n")
+      f"target={t['sm_count']} SMs/{t['splitk']}{tp}\n")
+    for note in result["config_warnings"]:
+        w(f"config: not understood: {note['message']}\n")
     if t["splitk_switched"]:
         w("note: --sm-count switched the split-K policy from the reference's 'legacy' to "
           "'auto' (pass --splitk to choose)\n")
@@ -260,9 +296,11 @@ def main(argv=None):
     Returns
     -------
     int
-        The exit status: 0, 1 for a failure while running (an allocation
-        refused), 2 for a usage error (a flag, a value, the config file).
-        Errors are one line on stderr.
+        The exit status: 0 (also when the reader of stdout left early, a
+        closed pipe), 1 for a failure while running (an allocation refused),
+        2 for a usage error (a flag, a value, the config file, or with
+        ``--strict`` a config key not understood).  Errors are one line on
+        stderr.
     """
     try:
         try:
@@ -293,13 +331,15 @@ def main(argv=None):
                 _print(result, sys.stdout)
             sys.stdout.flush()
         except BrokenPipeError:
-            # The reader left (`metrale plan ... | head -1`): end quietly.  Point
-            # stdout at devnull so the flush at exit cannot raise again.
+            # The reader left (`metrale plan ... | head -1`): it had what it
+            # wanted, so the status is 0, as when it left after the last line
+            # (which of the two happens is a race).  Point stdout at devnull so
+            # the flush at exit cannot raise again.
             try:
                 os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             except (OSError, ValueError):
                 pass
-            return RUNTIME
+            return 0
     except KeyboardInterrupt:
         return 130
     return 0

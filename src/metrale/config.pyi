@@ -1,5 +1,5 @@
 import os
-from typing import Any, Iterable
+from typing import Any, Iterable, SupportsIndex
 
 __all__ = [
     'ModelConfig',
@@ -99,6 +99,8 @@ class ModelConfig:
     @staticmethod
     def preset(name: str) -> ModelConfig: ...
     @staticmethod
-    def from_hf_config(path_or_dict: str | os.PathLike[str] | dict[str, Any]) -> ModelConfig: ...
+    def from_hf_config(path_or_dict: str | os.PathLike[str] | dict[str, Any], *,
+                       strict: bool = ...) -> ModelConfig: ...
+    def shard(self, tp_size: SupportsIndex) -> ModelConfig: ...
 
 FIELDS: tuple[str, ...]

@@ -16,7 +16,7 @@ from .levers import LEVERS, lever_on
 from .moe import moe_fp8_layout
 
 __all__ = [
-    "BUFFER_NAMES", "BufferSizes", "DecodeMetaLayout", "Target",
+    "BUFFER_NAMES", "BufferSizes", "DecodeMetaLayout", "SizingLimits", "Target",
     "GATEUP_FUSED_MAX_M", "DECODE_META_MIN_ROWS", "DECODE_META_MAX_ROWS",
     "Q12_SIZING_STREAMS", "VERIFY_ROW_CAP", "SPLITK_POLICIES", "resolve_splitk",
     "kv_blocks_per_seq",
@@ -458,14 +458,36 @@ def sizing_inputs(config, max_batch_tokens, max_seq_len, kv_block_size, max_batc
             check_index(max_batch_size, "max_batch_size"), target, env)
 
 
+class SizingLimits(Record):
+    """The limits a `BufferSizes` was computed for (``sizes.limits``).
+
+    Parameters
+    ----------
+    max_batch_tokens, max_seq_len, kv_block_size, max_batch_size : int
+        The serving limits given to `BufferSizes.from_config`.
+    tp_size : int
+        The tensor-parallel ranks the sizes are per-rank sizes for (1: the
+        whole model).
+
+    Attributes
+    ----------
+    max_batch_tokens, max_seq_len, kv_block_size, max_batch_size, tp_size : int
+        As given.
+    """
+
+    __slots__ = ("max_batch_tokens", "max_seq_len", "kv_block_size", "max_batch_size",
+                 "tp_size")
+
+
 class BufferSizes(Mapping):
     """The byte size of each of the 46 buffers of one forward pass.
 
     One int attribute per buffer (``sizes.logits``), and a read-only mapping
     of buffer name to bytes in canonical order (``sizes["logits"]``,
     ``dict(sizes)``, ``len(sizes) == 46``).  Immutable; `replace` makes a
-    changed copy.  Usually made by `from_config`; ``BufferSizes(**sizes)``
-    takes all 46 entries.
+    changed copy.  Usually made by `from_config`, which records the limits
+    it was given (`limits`); ``BufferSizes(**sizes)`` takes all 46 entries
+    and has no limits.  Two values are equal when their 46 sizes are.
 
     Parameters
     ----------
@@ -480,7 +502,7 @@ class BufferSizes(Mapping):
         An entry is negative or does not fit 64 bits.
     """
 
-    __slots__ = ("_values", "_levers")
+    __slots__ = ("_values", "_levers", "_limits")
 
     def __init__(self, **sizes):
         missing = [n for n in BUFFER_NAMES if n not in sizes]
@@ -488,13 +510,29 @@ class BufferSizes(Mapping):
             raise TypeError(f"BufferSizes() missing entries: {', '.join(missing)}")
         self._values = _validated(sizes)
         self._levers = {}
+        self._limits = None
 
     @classmethod
-    def _make(cls, values, levers=None):
+    def _make(cls, values, levers=None, limits=None):
         self = object.__new__(cls)
         self._values = values
         self._levers = levers or {}
+        self._limits = limits
         return self
+
+    @property
+    def limits(self):
+        """The limits these sizes were computed for.
+
+        Returns
+        -------
+        SizingLimits or None
+            ``max_batch_tokens``, ``max_seq_len``, ``kv_block_size``,
+            ``max_batch_size`` and ``tp_size`` as given to `from_config`
+            (kept by `replace` and by pickling); None for sizes built by
+            hand (``BufferSizes(**sizes)``).
+        """
+        return self._limits
 
     # -- the mapping: name -> bytes, in canonical order ----------------------------
     def __getitem__(self, name):
@@ -526,7 +564,7 @@ class BufferSizes(Mapping):
 
     @classmethod
     def from_config(cls, config, max_batch_tokens, max_seq_len, kv_block_size,
-                    max_batch_size, *, target=None, env=None):
+                    max_batch_size, *, target=None, env=None, tp_size=1):
         """The size of every buffer for a model and its serving limits.
 
         Pure integer arithmetic: nothing is allocated and no GPU is touched;
@@ -553,11 +591,17 @@ class BufferSizes(Mapping):
         env : mapping, optional
             Where the environment levers are read (only ``env.get`` is
             called); None means ``os.environ``.  See `metrale.levers`.
+        tp_size : int, optional
+            Size what one rank of a tensor-parallel group of `tp_size` ranks
+            holds (default 1, the whole model): the sizes of
+            ``config.shard(tp_size)`` (`ModelConfig.shard`,
+            docs/tensor-parallel.md).
 
         Returns
         -------
         BufferSizes
-            The 46 sizes; `levers` tells which levers were in effect.
+            The 46 sizes; `levers` tells which levers were in effect and
+            `limits` the limits given.
 
         Raises
         ------
@@ -565,13 +609,16 @@ class BufferSizes(Mapping):
             `config` is not a ModelConfig, `target` not a Target or None,
             `env` has no ``get``, or an integer argument is not an int.
         ValueError
-            `max_batch_tokens` is 0, an integer argument is negative or does
-            not fit 64 bits, or a buffer's size or the sum of all sizes
-            exceeds 2**64 - 1 (the message names the buffer and
-            max_batch_tokens).
+            `max_batch_tokens` or `tp_size` is 0, an integer argument is
+            negative or does not fit 64 bits, a size `tp_size` divides is
+            not a multiple of it (the message names the field), or a
+            buffer's size or the sum of all sizes exceeds 2**64 - 1 (the
+            message names the buffer and max_batch_tokens).
         """
         M, max_seq_len, kv_block_size, max_batch_size, target, env = sizing_inputs(
             config, max_batch_tokens, max_seq_len, kv_block_size, max_batch_size, target, env)
+        tp = check_index(tp_size, "tp_size", 1)
+        config = config.shard(tp)
         values = _compute(config, M, max_seq_len, kv_block_size, max_batch_size, target, env)
         levers = {}
         for lv in LEVERS:
@@ -590,7 +637,8 @@ class BufferSizes(Mapping):
         if total > U64_MAX:
             raise ValueError(f"the sum of all buffer sizes ({total} bytes) exceeds "
                              f"2^64 - 1 at max_batch_tokens={M}")
-        return cls._make(values, levers)
+        return cls._make(values, levers,
+                         SizingLimits(M, max_seq_len, kv_block_size, max_batch_size, tp))
 
     def total_bytes(self):
         """The bytes the reference engine's memory preflight reserves.
@@ -639,7 +687,8 @@ class BufferSizes(Mapping):
         Returns
         -------
         BufferSizes
-            A new value; this one is unchanged.  Its `levers` are this one's.
+            A new value; this one is unchanged.  Its `levers` and `limits`
+            are this one's.
 
         Raises
         ------
@@ -654,7 +703,8 @@ class BufferSizes(Mapping):
             if i is None:
                 raise TypeError(f"BufferSizes has no entry {name!r}")
             values[i] = v
-        return BufferSizes._make(_validated(dict(zip(BUFFER_NAMES, values))), self._levers)
+        return BufferSizes._make(_validated(dict(zip(BUFFER_NAMES, values))), self._levers,
+                                 self._limits)
 
     def __eq__(self, other):
         if type(other) is not BufferSizes:
@@ -665,7 +715,7 @@ class BufferSizes(Mapping):
         return hash(self._values)
 
     def __reduce__(self):
-        return (BufferSizes._make, (self._values, self._levers))
+        return (BufferSizes._make, (self._values, self._levers, self._limits))
 
     def __repr__(self):
         return "BufferSizes(" + ", ".join(f"{n}={v}" for n, v in zip(BUFFER_NAMES, self._values)) + ")"
