@@ -8,7 +8,8 @@ import warnings
 
 import pytest
 
-from metrale import BufferArena, BufferSizes, HostBackend, MetraleError, OutOfMemoryError
+from metrale import (BufferArena, BufferSizes, HostBackend, MetraleError, ModelConfig,
+                     OutOfMemoryError)
 from metrale._layout import plan_layout
 from metrale.sizes import BUFFER_NAMES
 from metrale.testing import FaultyBackend
@@ -532,3 +533,124 @@ def test_info_log(caplog):
 # -- views ----------------------------------------------------------------------------------
 
 
+
+
+# -- limits: derived from the sizes, never silently disagreeing ----------------------------
+
+def test_from_sizes_refuses_limits_the_sizes_were_not_computed_for():
+    """Sizes for M = 512 with max_batch_tokens = 1024 would make
+    zero_all_rows(tokens=10) leave rows 5..9 of every row-trimmed buffer: the
+    sizes record their limits, so a disagreement is refused, naming both."""
+    gpu = HostBackend()
+    s = BufferSizes.from_config(PRESET, 512, 4096, 16, 32, env=NOENV)
+    with pytest.raises(ValueError, match="max_batch_tokens=1024 .*max_batch_tokens=512"):
+        BufferArena.from_sizes(PRESET, s, 1024, 32, gpu)
+    with pytest.raises(ValueError, match="max_batch_size=8 .*max_batch_size=32"):
+        BufferArena.from_sizes(PRESET, s, 512, 8, gpu)
+    assert gpu.alloc_count == 0
+    with BufferArena.from_sizes(PRESET, s, None, None, gpu) as a:
+        assert (a.max_batch_tokens(), a.max_seq_len(), a.kv_block_size(), a.max_batch_size(),
+                a.tp_size()) == (512, 4096, 16, 32, 1)
+    by_hand = BufferSizes(**s.as_dict())                # records no limits
+    for mbt, mbs, name in ((None, 32, "max_batch_tokens"), (512, None, "max_batch_size")):
+        with pytest.raises(TypeError, match=f"{name} is required"):
+            BufferArena.from_sizes(PRESET, by_hand, mbt, mbs, gpu)
+    with BufferArena.from_sizes(PRESET, by_hand, 512, 32, gpu) as a:
+        assert a.max_seq_len() is None and a.kv_block_size() is None and a.max_batch_size() == 32
+        assert "max_seq_len=None" in str(a.summary())
+    assert gpu.live_alloc_count == 0
+
+
+def test_limit_accessors_and_summary():
+    gpu = HostBackend()
+    with BufferArena.new(COMPACT, 64, 512, 16, 8, gpu, env=NOENV) as a:
+        assert (a.max_batch_tokens(), a.max_seq_len(), a.kv_block_size(), a.max_batch_size(),
+                a.tp_size()) == (64, 512, 16, 8, 1)
+        s = a.summary()
+        assert (s.max_batch_tokens, s.max_seq_len, s.kv_block_size, s.max_batch_size,
+                s.tp_size) == (64, 512, 16, 8, 1)
+        assert "max_batch_tokens=64, max_seq_len=512, kv_block_size=16, max_batch_size=8" in str(s)
+
+
+def test_new_reads_the_levers_where_it_is_told(monkeypatch):
+    """env= isolates an arena from the process environment, as it does sizes."""
+    monkeypatch.setenv("METRALE_FP8_ROWWISE", "1")
+    gpu = HostBackend()
+    lever_on = BufferSizes.from_config(PRESET, 64, 4096, 16, 32, env={"METRALE_FP8_ROWWISE": "1"})
+    assert lever_on.ssm_rowwise_w_bf16 > 0
+    with BufferArena.new(PRESET, 64, 4096, 16, 32, gpu, env={}) as a:
+        assert a.buffers["ssm_rowwise_w_bf16"].nbytes == 0 and a.sizes().levers() == {}
+    with BufferArena.new(PRESET, 64, 4096, 16, 32, gpu) as a:           # os.environ
+        assert a.sizes() == lever_on
+    with BufferArena.new(PRESET, 64, 4096, 16, 32, gpu, env={"METRALE_FP8_ROWWISE": "1"},
+                         reserve=(128, 4096, 16, 32)) as a:
+        assert a.sizes() == lever_on
+        a.resize(max_batch_tokens=128)                  # re-sized with the same levers
+        assert a.sizes().ssm_rowwise_w_bf16 == lever_on.ssm_rowwise_w_bf16
+    with pytest.raises(TypeError, match="env"):
+        BufferArena.new(PRESET, 64, 4096, 16, 32, gpu, env=5)
+
+
+def test_new_sizes_one_rank_with_tp_size():
+    """tp_size= sizes what one rank holds (the sharding is tests/test_shard.py's
+    to check against hand-divided configs); the arena keeps it through resize."""
+    gpu = HostBackend()
+    cfg = ModelConfig.preset("llama-3.1-8b")
+    per_rank = BufferSizes.from_config(cfg.shard(2), 64, 4096, 16, 32, env=NOENV)
+    with BufferArena.new(cfg, 64, 4096, 16, 32, gpu, tp_size=2, env=NOENV,
+                         reserve=(128, 4096, 16, 32)) as a:
+        assert a.sizes() == per_rank and a.tp_size() == 2 and a.sizes().limits.tp_size == 2
+        assert a.summary().tp_size == 2 and "tp_size=2" in str(a.summary())
+        assert a.view("logits").shape[1] == cfg.vocab_size // 2
+        a.resize(max_batch_tokens=128)
+        assert a.sizes() == BufferSizes.from_config(cfg, 128, 4096, 16, 32, env=NOENV, tp_size=2)
+        assert a.sizes().limits.tp_size == 2
+        with pytest.raises(ValueError, match="tp_size"):
+            a.resize(sizes=BufferSizes.from_config(cfg, 64, 4096, 16, 32, env=NOENV))
+    with pytest.raises(ValueError, match="num_attention_heads"):
+        BufferArena.new(cfg, 64, 4096, 16, 32, gpu, tp_size=3, env=NOENV)
+    assert gpu.live_alloc_count == 0 and gpu.reserved_bytes == 0
+
+
+def test_view_without_a_dtype_is_the_buffers_own_type_and_shape():
+    """The element type and shape docs/buffers.md gives each buffer, written
+    out here for the preset (H = 2048, M = 64): a dtype or shape given
+    overrides; a buffer of raw bytes needs a dtype."""
+    np = pytest.importorskip("numpy")
+    gpu = HostBackend()
+    with BufferArena.new(PRESET, 64, 4096, 16, 32, gpu, env=NOENV) as a:
+        v = a.view("hidden_states")
+        assert (v.dtype, v.shape, v.nbytes) == ("bfloat16", (64, 2048), 2 * 64 * 2048)
+        v = a.view("token_ids")
+        assert (v.dtype, v.shape) == ("uint32", (64,))
+        v = a.view("gate_logits_f32")                   # [M, E + Ez] float32, 512 experts
+        assert (v.dtype, v.shape) == ("float32", (64, 512))
+        v = a.view("logits")                            # [min(M, max(160, R + 1)), V]
+        assert (v.dtype, v.shape) == ("bfloat16", (64, 151936))
+        assert a.view("hidden_states", "uint8").shape == (2 * 64 * 2048,)
+        assert a.view("hidden_states", shape=(2, 2048)).dtype == "bfloat16"
+        with pytest.raises(TypeError, match="scratch .*give a dtype"):
+            a.view("scratch")
+        width = {"bfloat16": 2, "float32": 4, "int32": 4, "uint32": 4, "int8": 1,
+                 "float8_e4m3fn": 1}
+        for name, info in a.buffers.items():            # every typed buffer fits its shape
+            if info.dtype is not None and info.nbytes:
+                w = a.view(name)
+                assert w.dtype == info.dtype, name
+                assert w.nbytes == int(np.prod(w.shape)) * width[w.dtype] <= info.nbytes, name
+        del v, w
+
+
+def test_buffers_lookups_follow_the_arena():
+    gpu = HostBackend()
+    a = BufferArena.new(COMPACT, 64, 512, 16, 8, gpu, env=NOENV, reserve=(128, 512, 16, 8))
+    b = a.buffers
+    n64 = b["hidden_states"].nbytes
+    a.resize(max_batch_tokens=128)
+    assert a.buffers["hidden_states"].nbytes == b["hidden_states"].nbytes == 2 * n64
+    assert dict(b) == dict(a.buffers) and b == a.buffers and len(b) == 46
+    assert b.get("nope") is None and "nope" not in b and b.get("logits").name == "logits"
+    with pytest.raises(KeyError):
+        b[["unhashable"]]
+    a.release()
+    assert b["hidden_states"].ptr == 0

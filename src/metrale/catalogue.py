@@ -25,7 +25,7 @@ from .levers import LEVERS
 
 __all__ = [
     "Entry", "Symbol", "Term", "Dependencies", "CATALOGUE", "SYMBOLS", "TERMS",
-    "DTYPE_ITEMSIZE", "DEFAULT_LIMITS", "symbols", "evaluate", "dependencies",
+    "DTYPE_ITEMSIZE", "DEFAULT_LIMITS", "symbols", "evaluate", "shape_of", "dependencies",
     "membership", "levers_of", "terms_of", "explain",
 ]
 
@@ -790,6 +790,40 @@ def evaluate(name, values):
     namespace["__builtins__"] = {}
     namespace.update(values)
     return _eval(entry.formula, namespace)
+
+
+def shape_of(name, values):
+    """One buffer's shape at the given symbol values, where it is exact.
+
+    Parameters
+    ----------
+    name : str
+        A buffer name.
+    values : dict
+        Symbol values, as `symbols` returns them.
+
+    Returns
+    -------
+    tuple of int or None
+        The shape (its product times `Entry.itemsize` is the buffer's size,
+        or less where a floor applies); None where the catalogue has no
+        element type or no exact shape for these values (`shape_exact`,
+        `shape_when`).
+
+    Raises
+    ------
+    ValueError
+        If `name` is not a buffer.
+    """
+    entry = _entry(name)
+    if entry.dtype is None or not entry.shape_exact:
+        return None
+    namespace = dict(_HELPERS)
+    namespace["__builtins__"] = {}
+    namespace.update(values)
+    if entry.shape_when is not None and not _eval(entry.shape_when, namespace):
+        return None
+    return tuple(int(d) for d in _eval(entry.shape, namespace))
 
 
 def _entry(name):
