@@ -67,7 +67,8 @@ FORMAT = 1                     # bump when the layout or the patching changes
 PACKAGES = ("python{v}-minimal", "libpython{v}-minimal", "libpython{v}-stdlib", "libpython{v}",
             "libpython{v}-dev", "python{v}-dev", "python{v}-venv", "python3-pip-whl")
 # The libraries the binary and the stdlib need in a version newer than
-# Debian 12's (sid's python needs glibc >= 2.38; OpenSSL >= 3.4 for _ssl).
+# Debian 12's (sid's python needs glibc >= 2.38, its _ssl OpenSSL >= 3.4),
+# and libgcc-s1, which python3.15-minimal depends on.
 LIBRARIES = ("libc6", "libexpat1", "zlib1g", "libzstd1", "libssl3t64", "libffi8", "libgcc-s1")
 # sysconfig variables that are folders of the installation (not tools, not
 # the host's time zone data): /usr in them becomes ROOT/usr.
