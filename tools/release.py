@@ -392,7 +392,8 @@ def main(argv=None):
                     help="where the release goes (default: dist/)")
     ap.add_argument("--python", action="append", metavar="3.X|PATH",
                     help="build and test for this CPython (repeat); default: every one of "
-                         + ", ".join(SUPPORTED) + " found, and at least one is required")
+                         + ", ".join(SUPPORTED) + " found (" + " and ".join(pythons.VERSIONS)
+                         + " fetched by tools/pythons.py if not), at least one")
     ap.add_argument("--sdist-python", metavar="3.X|PATH",
                     help="the Python that installs the sdist from source and tests it "
                          "(default: the one running this script if supported, else the newest)")
