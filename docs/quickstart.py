@@ -28,7 +28,7 @@ def main(use_cuda: bool) -> None:
     # 3. One allocation for all of them.  The arena keeps its backend; every
     #    pointer is a plain int, valid until release (the end of the block).
     gpu = metrale.CudaBackend(0) if use_cuda else HostBackend()
-    with BufferArena.from_sizes(config, sizes, 256, 32, gpu) as arena:
+    with BufferArena.from_sizes(config, sizes, None, None, gpu) as arena:   # limits from sizes
         print(arena.summary())
         hidden: int = arena.hidden_states()          # pass this to your kernel
         bound: int = arena.qkv_output_bytes()        # the bound a GEMM checks
@@ -41,13 +41,18 @@ def main(use_cuda: bool) -> None:
 
         # 5. Every buffer by name, and a typed view for numpy / torch / CuPy.
         info = arena.buffers["logits"]
-        print(f"logits at {info.ptr:#x}, {info.nbytes:,} bytes, offset {info.offset}")
+        print(f"logits at {info.ptr:#x}, {info.nbytes:,} bytes, offset {info.offset}, "
+              f"{info.dtype}")
+        view = arena.view("hidden_states")           # its own type and shape
+        assert view.dtype == "bfloat16" and view.shape == (256, config.hidden_size)
+        # torch.from_dlpack(view) is a bfloat16 tensor; numpy has no bfloat16,
+        # so numpy takes the BF16 bits as uint16.
         if not use_cuda:
-            view = arena.view("hidden_states", "float32", (256, 1024))
-            rows = np.asarray(view)                  # shares the arena's memory
-            rows[0, :4] = 1.0
-            assert float(rows.sum()) == 4.0
-            del rows, view                           # views alive at release: BufferError
+            bits = np.asarray(arena.view("hidden_states", "uint16", view.shape))
+            bits[0, :4] = 0x3F80                     # 1.0 in bfloat16
+            assert int(bits.sum()) == 4 * 0x3F80
+            del bits
+        del view                                     # views alive at release: BufferError
 
     # 6. Per-thread host scratch: lock-free, zero-filled, 64-byte aligned.
     scratch = ScratchSpaceManager.for_model(hidden_dim=config.hidden_size, max_threads=4)

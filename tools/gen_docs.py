@@ -270,10 +270,11 @@ the arena is sized for the paths that will run.
     w("""
 ## `env=` and the process environment
 
-`from_config(..., env=None)` reads the levers from `os.environ` at call time. Pass a
-mapping as `env=` and it is read instead of the process environment, entirely: a lever
-missing from the mapping is absent, whatever the shell has set. Tests and tools should pass
-`env={...}` rather than set process-global variables. `metrale plan` sizes with the
+`from_config(..., env=None)` and `BufferArena.new(..., env=None)` read the levers from
+`os.environ` at call time. Pass a mapping as `env=` and it is read instead of the process
+environment, entirely: a lever missing from the mapping is absent, whatever the shell has
+set (`resize` re-sizes with the levers the arena was built with). Tests and tools should
+pass `env={...}` rather than set process-global variables. `metrale plan` sizes with the
 process environment.
 
 ## `quantization_config`
