@@ -326,17 +326,27 @@ def under_asan():
 
 
 def process_resources():
-    """(open descriptors, mappings, memfd mappings) of this process, from /proc.
+    """(open descriptors, address-space reservations, memfd mappings) of this
+    process, from /proc.
 
-    Under AddressSanitizer (.ci/run preloads it) the sanitizer's allocator maps
-    memory whenever it likes, so the count of all mappings means nothing there
-    and is reported as 0; descriptors and metrale's memfd mappings still count."""
+    A reservation is what a host arena reserves: an anonymous PROT_NONE
+    mapping of at least 1 MiB (the interpreter's own mappings, which come and
+    go with its allocator, are read-write, and thread-stack guards are one
+    page).  Under AddressSanitizer (.ci/run preloads it) the sanitizer keeps
+    PROT_NONE shadow regions of its own, so they are reported as 0 there;
+    descriptors and metrale's memfd mappings still count."""
     import os
     fds = len(os.listdir("/proc/self/fd"))
     with open("/proc/self/maps") as f:
         maps = f.read().splitlines()
-    every = 0 if under_asan() else len(maps)
-    return fds, every, sum("memfd:metrale" in m for m in maps)
+    reserved = 0
+    if not under_asan():
+        for line in maps:
+            parts = line.split()
+            lo, hi = (int(x, 16) for x in parts[0].split("-"))
+            if parts[1] == "---p" and len(parts) < 6 and hi - lo >= 1 << 20:
+                reserved += 1
+    return fds, reserved, sum("memfd:metrale" in m for m in maps)
 
 
 def run_watched(fn, *args, timeout=60.0):
