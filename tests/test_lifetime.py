@@ -405,8 +405,9 @@ def test_release_racing_a_reshape_on_another_thread_ends(reshape):
 
 
 def _release_racing_reshapes_stress(rounds):
-    """Threads resize, sleep and wake in a loop while another releases at a
-    random moment: every thread ends, nothing stays reserved or mapped."""
+    """Threads zero, resize, sleep and wake in a loop while another releases at
+    a random moment (so a release often lands while a reshape waits for an
+    operation): every thread ends, nothing stays reserved or mapped."""
     import random
     import time
     from helpers import vm_counts
@@ -414,6 +415,14 @@ def _release_racing_reshapes_stress(rounds):
     for _ in range(rounds):
         gpu = FaultyBackend()
         arena = _reserved(gpu)
+
+        def zero():
+            while True:
+                try:
+                    arena.zero_all()
+                except MetraleError as e:
+                    if "released" in str(e):
+                        return
 
         def reshape():
             k = 0
@@ -430,7 +439,7 @@ def _release_racing_reshapes_stress(rounds):
                         return
                 k += 1
 
-        ts = [threading.Thread(target=reshape) for _ in range(2)]
+        ts = [threading.Thread(target=reshape) for _ in range(2)] + [threading.Thread(target=zero)]
         [t.start() for t in ts]
         time.sleep(rng.random() * 0.01)
         arena.release()
