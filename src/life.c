@@ -1,5 +1,8 @@
-/* metrale C core: the row-wise carve cursor and the arena's lifetime word.
- * See arena_core.h for the contract of each function. */
+/* metrale C core: the arena's lifetime word.  See arena_core.h for the
+ * contract of each function.  It keeps process-wide state (a thread-local
+ * operation depth, the fork generation), so it is compiled into one extension
+ * only (metrale._life), which every other module calls through: a copy per
+ * extension would give each its own depth and generation. */
 #define _POSIX_C_SOURCE 200809L     /* nanosleep under -std=c11 */
 #include "arena_core.h"
 
@@ -7,32 +10,6 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <time.h>
-
-/* ---- row-wise cursor ----------------------------------------------------- */
-
-struct mt_cursor { _Atomic uint64_t value; };
-
-mt_cursor *mt_cursor_new(void)
-{
-    mt_cursor *c = (mt_cursor *)malloc(sizeof *c);
-    if (c) atomic_init(&c->value, 0);
-    return c;
-}
-
-void mt_cursor_free(mt_cursor *c) { free(c); }
-
-int mt_cursor_take(mt_cursor *c, uint64_t bytes, uint64_t size, uint64_t *base)
-{
-    /* A CAS loop, not a fetch-and-add: the sum saturates instead of wrapping
-     * back into the slab.  Relaxed: carves only need disjointness. */
-    uint64_t cur = atomic_load_explicit(&c->value, memory_order_relaxed), next;
-    do {
-        next = cur > UINT64_MAX - bytes ? UINT64_MAX : cur + bytes;
-    } while (!atomic_compare_exchange_weak_explicit(&c->value, &cur, next,
-                                                    memory_order_relaxed, memory_order_relaxed));
-    *base = cur;
-    return (cur > size || bytes > size - cur) ? MT_ERR_LIMIT : MT_OK;
-}
 
 /* ---- arena lifetime ------------------------------------------------------ */
 
@@ -62,14 +39,18 @@ static _Thread_local char tls_me;
  * the generation in the child; a word made before it then refuses everything
  * but mt_life_close, which does not wait. */
 static _Atomic unsigned long fork_gen;
-static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
 
 static void on_fork_child(void) { atomic_fetch_add_explicit(&fork_gen, 1, memory_order_relaxed); }
-static void fork_register(void) { pthread_atfork(NULL, NULL, on_fork_child); }
+
+/* Registered when the library is loaded, before any word exists (and without
+ * pthread_once, whose glibc 2.34 symbol would narrow the wheels' manylinux tag). */
+__attribute__((constructor)) static void fork_register(void)
+{
+    pthread_atfork(NULL, NULL, on_fork_child);
+}
 
 unsigned long mt_fork_generation(void)
 {
-    pthread_once(&fork_once, fork_register);
     return atomic_load_explicit(&fork_gen, memory_order_relaxed);
 }
 

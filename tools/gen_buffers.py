@@ -1,15 +1,21 @@
-"""Generate the Python and Cython views of the buffer table (src/buffers.h).
+"""Generate the Python and Cython views of the buffer table (src/buffers.h),
+and the arena's forwarding methods.
 
-    python tools/gen_buffers.py src/buffers.h src/metrale/_arena.pyx.in OUT_PY OUT_PYX
+    python tools/gen_buffers.py src/buffers.h src/metrale/_arena.pyx.in OUT_PY OUT_PYX [CONCEPT.pyx ...]
 
 OUT_PY (installed as metrale/_buffers.py): the buffer names in canonical order,
 their flags and the helper groups, for the pure-Python modules.  OUT_PYX: the
 arena module, the template _arena.pyx.in with the buffer ids and, in the
 BufferArena class, one pointer and one byte accessor per buffer as the table's
-flags say.  The meson build runs this; the tests check both against the
-compiled C table.
+flags say, and one forwarding method per function ``_arena_NAME(BufferArena
+a, ...)`` of the concept modules given (metrale._reserve, _step, ...): the
+method ``NAME`` with the function's signature and docstring (written once,
+beside the code), calling it.  The meson build runs this; the tests check the
+table against the compiled C one.
 """
 
+import ast
+import os
 import re
 import sys
 
@@ -103,10 +109,36 @@ def accessors(rows, groups):
     return "\n".join(out)
 
 
-def fill_template(template, rows, groups):
-    """The template with its two @GENERATED lines (and their comment lines)
+_FORWARD = re.compile(r'^def _arena_(\w+)\(BufferArena a(?:,\s*(.*?))?\):\n    """(.*?)"""',
+                      re.M | re.S)
+
+
+def forwards(concepts):
+    """The forwarding methods, indented for a class body, from the
+    ``_arena_NAME`` functions of the concept modules {module: source}."""
+    out = []
+    for module, source in sorted(concepts.items()):
+        for name, params, doc in _FORWARD.findall(source):
+            params = " ".join(params.split())
+            sig = ast.parse(f"def f({params}): pass").body[0].args
+            if sig.vararg or sig.kwarg or sig.posonlyargs:
+                raise SystemExit(f"gen_buffers: {module}._arena_{name}: *args/**kwargs/"
+                                 "positional-only parameters are not forwarded")
+            call = [a.arg for a in sig.args] + [f"{a.arg}={a.arg}" for a in sig.kwonlyargs]
+            body = "\n".join(("        " + line[4:] if line.startswith("    ") else line)
+                             for line in doc.split("\n"))
+            out += [f"    def {name}(self{', ' + params if params else ''}):",
+                    f'        """{body}"""',
+                    f"        return _m({module!r})._arena_{name}(self{''.join(', ' + c for c in call)})",
+                    ""]
+    return "\n".join(out)
+
+
+def fill_template(template, rows, groups, concepts):
+    """The template with its @GENERATED lines (and their comment lines)
     followed by the generated code."""
-    parts = {"buffer ids": buffer_ids(rows), "accessors": accessors(rows, groups)}
+    parts = {"buffer ids": buffer_ids(rows), "accessors": accessors(rows, groups),
+             "forwards": forwards(concepts)}
     out, done = [], set()
     lines = template.split("\n")
     i = 0
@@ -130,8 +162,12 @@ def main(argv):
     src, template, out_py, out_pyx = argv[1:5]
     with open(src, encoding="utf-8") as f:
         rows, groups = parse(f.read())
+    concepts = {}
+    for path in argv[5:]:
+        with open(path, encoding="utf-8") as f:
+            concepts[os.path.basename(path).split(".")[0]] = f.read()
     with open(template, encoding="utf-8") as f:
-        arena = fill_template(f.read(), rows, groups)
+        arena = fill_template(f.read(), rows, groups, concepts)
     with open(out_py, "w", encoding="utf-8") as f:
         f.write(python_module(rows, groups))
     with open(out_pyx, "w", encoding="utf-8") as f:

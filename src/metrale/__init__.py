@@ -10,7 +10,7 @@ _LAZY = {
     "ModelConfig": "metrale.config",
     "BufferSizes": "metrale.sizes",
     "BufferArena": "metrale._arena",
-    "StepInputs": "metrale._arena",
+    "StepInputs": "metrale._step",
     "DecodeMetaLayout": "metrale.sizes",
     "MoeFp8Scratch": "metrale.moe",
     "Target": "metrale.sizes",

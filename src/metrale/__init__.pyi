@@ -1,4 +1,5 @@
-from metrale._arena import BufferArena as BufferArena, StepInputs as StepInputs
+from metrale._arena import BufferArena as BufferArena
+from metrale._step import StepInputs as StepInputs
 from metrale._backend import HostBackend as HostBackend
 from metrale._scratch import (ScratchSpace as ScratchSpace,
                               ScratchSpaceManager as ScratchSpaceManager,

@@ -13,6 +13,10 @@ types: the names and spellings numpy gives them (`dtype_info`).
 from cpython.number cimport PyNumber_Index
 from libc.stdint cimport uint64_t, uintptr_t
 
+from collections.abc import Mapping
+
+from metrale._buffers import BUFFER_INDEX
+
 __all__ = ["check_index", "resolve_dtype", "DTYPE_NAMES", "U64_MAX"]
 
 U64_MAX = 0xFFFFFFFFFFFFFFFF
@@ -272,3 +276,76 @@ def resolve_dtype(dtype):
         object, strings).
     """
     return dtype_info(dtype)[0]
+
+
+# -- buffer names and serving limits ------------------------------------------------------
+
+cdef object _log = None
+cdef tuple _LIMITS = ("max_batch_tokens", "max_seq_len", "kv_block_size", "max_batch_size")
+
+
+cdef object logger():
+    global _log
+    if _log is None:
+        import logging
+        _log = logging.getLogger("metrale")
+    return _log
+
+
+cdef tuple limit_tuple(object lim):
+    return (lim.max_batch_tokens, lim.max_seq_len, lim.kv_block_size, lim.max_batch_size)
+
+
+cdef object limit_arg(object value, str name, uint64_t minimum, object lim):
+    if value is None:
+        if lim is None:
+            raise TypeError(f"from_sizes: {name} is required: these sizes were not made by "
+                            "BufferSizes.from_config and record no limits")
+        return getattr(lim, name)
+    value = index_arg(value, name, minimum)
+    if lim is not None and value != getattr(lim, name):
+        raise ValueError(f"{name}={value} disagrees with the sizes, which were computed for "
+                         f"{name}={getattr(lim, name)}")
+    return value
+
+
+cdef list buffer_ids(object names, str arg):
+    if isinstance(names, str):
+        names = (names,)
+    try:
+        it = iter(names)
+    except TypeError:
+        raise TypeError(f"{arg} must be a buffer name or an iterable of buffer names, "
+                        f"got {type(names).__name__}") from None
+    ids = []
+    for name in it:
+        if not isinstance(name, str):
+            raise TypeError(f"{arg}: buffer names must be str, got {type(name).__name__}")
+        i = BUFFER_INDEX.get(name)
+        if i is None:
+            raise ValueError(f"{arg}: unknown buffer name {name!r}")
+        if i not in ids:
+            ids.append(i)
+    return ids
+
+
+cdef tuple reserve_limits(object reserve, tuple limits):
+    """The reserved limits: `reserve` as a 4-tuple or a dict, each >= the current."""
+    if isinstance(reserve, Mapping):
+        unknown = set(reserve) - set(_LIMITS)
+        if unknown:
+            raise ValueError(f"reserve: unknown limit(s) {', '.join(sorted(map(str, unknown)))}")
+        values = tuple(reserve.get(k, limits[i]) for i, k in enumerate(_LIMITS))
+    elif isinstance(reserve, (tuple, list)):
+        if len(reserve) != 4:
+            raise ValueError(f"reserve: expected the 4 limits {_LIMITS}, got {len(reserve)}")
+        values = tuple(reserve)
+    else:
+        raise TypeError(f"reserve must be a tuple or dict of the 4 limits, got {type(reserve).__name__}")
+    out = []
+    for i in range(4):
+        v = index_arg(values[i], "reserve: " + _LIMITS[i], 0)
+        if v < limits[i]:
+            raise ValueError(f"reserve: {_LIMITS[i]}={v} is below the current {_LIMITS[i]}={limits[i]}")
+        out.append(v)
+    return tuple(out)

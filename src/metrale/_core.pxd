@@ -3,7 +3,8 @@ from libc.stdint cimport uint64_t
 
 cdef extern from "arena_core.h" nogil:
     # The buffer table (buffers.h): group flags and counts.  The buffer ids
-    # MT_<ID> are declared by the generated _accessors.pxi (tools/gen_buffers.py).
+    # MT_<ID> are declared in the generated _arena.pyx (tools/gen_buffers.py);
+    # other modules look ids up by name (metrale._buffers.BUFFER_INDEX).
     enum:
         MT_NBUF
         MT_ALIGN
@@ -82,25 +83,10 @@ cdef extern from "arena_core.h" nogil:
     enum:
         MT_WAIT_OPERATIONS
         MT_WAIT_ALL
-    unsigned long mt_fork_generation()
+    # The lifetime word's functions are metrale._life's (see _life.pxd): the
+    # word keeps process-wide state that must not be copied per extension.
     ctypedef struct mt_life:
         pass
-    mt_life *mt_life_new(int nslots)
-    void mt_life_free(mt_life *l)
-    int mt_life_enter(mt_life *l)
-    void mt_life_leave(mt_life *l)
-    int mt_life_export(mt_life *l, int slot)
-    void mt_life_unexport(mt_life *l, int slot)
-    uint64_t mt_life_exports(const mt_life *l, int slot)
-    uint64_t mt_life_in_flight(const mt_life *l)
-    int mt_life_close(mt_life *l)
-    void mt_life_reopen(mt_life *l)
-    int mt_life_wait(mt_life *l, int until, long timeout_us)
-    int mt_life_released(const mt_life *l)
-    int mt_life_reshape_begin(mt_life *l)
-    void mt_life_reshape_end(mt_life *l, int stay_paused)
-    int mt_life_paused(const mt_life *l)
-    int mt_life_forked(const mt_life *l)
 
     ctypedef struct mt_scratch:
         pass

@@ -11,8 +11,9 @@ from libc.stdint cimport uint64_t, uintptr_t
 from libc.string cimport memcpy, memset as c_memset
 
 from cuda.bindings cimport cydriver
-from metrale._core cimport (MT_MAX_RANGES, mt_fork_generation, mt_range, mt_rows_args, mt_rows_count,
-                            mt_rows_segment, mt_zero_args)
+from metrale._core cimport (
+    MT_MAX_RANGES, mt_range, mt_rows_args, mt_rows_count, mt_rows_segment, mt_zero_args)
+from metrale._life cimport mt_fork_generation
 from metrale._backend cimport Backend
 from metrale._debug_core cimport (MT_DBG_FILL, MT_DBG_FINGERPRINT, MT_DBG_MAX_ITEMS,
                                   MT_DBG_NONFINITE, mt_debug_args, mt_debug_result)

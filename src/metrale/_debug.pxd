@@ -1,12 +1,7 @@
-# Debug arenas (see _debug.pyx): the operations BufferArena runs on its slab.
-from libc.stdint cimport uint64_t, uintptr_t
-from metrale._backend cimport Backend
-from metrale._core cimport mt_layout
+# Debug operations of a BufferArena (see _debug.pyx), for the modules that
+# change what backs its memory (_reserve refills the guard bands after a
+# resize or a wake).
+from metrale._arena cimport BufferArena
 
-cdef int fill_guards(Backend be, const mt_layout *L, uintptr_t base, uintptr_t stream) except -1
-cdef list check_guards(Backend be, const mt_layout *L, uintptr_t base, uintptr_t stream)
-cdef int poison_rows(Backend be, const mt_layout *L, uintptr_t base, uint64_t tokens,
-                     uintptr_t stream) except -1
-cdef list find_nonfinite(Backend be, const mt_layout *L, uintptr_t base, uint64_t tokens,
-                         uintptr_t stream)
-cdef dict fingerprint(Backend be, const mt_layout *L, uintptr_t base, list ids, uintptr_t stream)
+# Write the guard pattern over every guard band of a debug arena, and wait.
+cdef int refill_guards(BufferArena a) except -1

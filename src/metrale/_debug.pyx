@@ -1,20 +1,28 @@
 # cython: language_level=3, binding=False
-"""Debug arenas (docs/debug.md): guard bands, poisoned padding rows, NaN
-scans and fingerprints over an arena's slab.
+"""Debug operations of a BufferArena (docs/debug.md): guard bands, poisoned
+padding rows, NaN scans and fingerprints over its slab, and the reference's
+float checksum of the probed buffers.
 
 Each operation gathers its byte ranges (items) from the layout in the C core
 (debug.c: the guard bands; layout.c: the zero_all_rows row rule) and runs
 them through the backend in one call: one kernel launch on CUDA
 (kernels/debug_ops.cu), one C pass on the host (debug.c).  The element type
 of each buffer comes from the catalogue (metrale.catalogue), read once.
+BufferArena forwards its debug methods here.
 """
 
 from libc.stdint cimport uint64_t, uintptr_t
 from libc.string cimport memset
 
+from libc.stdlib cimport free, malloc
+
+from metrale._arena cimport BufferArena
 from metrale._backend cimport Backend
-from metrale._core cimport (MT_IN_ROWS, MT_NBUF, mt_buffer_flags, mt_layout, mt_range,
-                            mt_rows_length, mt_rows_stride)
+from metrale._common cimport as_stream, buffer_ids, logger, u64_arg
+from metrale._core cimport (
+    MT_IN_CHECKSUM, MT_IN_ROWS, MT_NBUF, mt_buffer_flags, mt_checksum_f32, mt_layout, mt_range,
+    mt_rows_length, mt_rows_stride)
+from metrale._life cimport mt_life_leave
 from metrale._debug_core cimport (
     MT_DBG_CHECK, MT_DBG_FILL, MT_DBG_FINGERPRINT, MT_DBG_NONFINITE, MT_EL_BF16, MT_EL_F32,
     MT_EL_FP8_E4M3, MT_EL_I8, MT_EL_I32, MT_EL_I64, MT_EL_NONE, MT_EL_U32, MT_GUARD_BYTE,
@@ -23,6 +31,7 @@ from metrale._debug_core cimport (
 
 from metrale._buffers import BUFFER_NAMES
 from metrale.debug import GuardDamage, NonFinite
+from metrale.errors import MetraleError
 
 # The catalogue's dtype names -> the kernels' element codes.
 _CODES = {"bfloat16": MT_EL_BF16, "float32": MT_EL_F32, "float8_e4m3fn": MT_EL_FP8_E4M3,
@@ -178,3 +187,289 @@ cdef dict fingerprint(Backend be, const mt_layout *L, uintptr_t base, list ids, 
         b = ids[i]
         result[BUFFER_NAMES[b]] = mt_fp_final(out[slot[i]].count if slot[i] >= 0 else 0, L.size[b])
     return result
+
+
+# -- the arena's debug methods (BufferArena forwards them here) ----------------------------
+
+cdef int refill_guards(BufferArena a) except -1:
+    if a._layout.guard and a._base:
+        fill_guards(a._gpu, &a._layout, a._base, 0)
+        a._gpu.sync(0)
+    return 0
+
+
+def _refill_guards(BufferArena a):
+    """`refill_guards`, for BufferArena's construction (which cannot cimport
+    this module)."""
+    refill_guards(a)
+
+
+def _arena_check_guards(BufferArena a, stream=None):
+    """The guard bands that no longer hold their pattern.
+
+    A debug arena has a guard band after every live buffer: from the
+    buffer's end to the next 256-byte boundary, plus the guard bytes of
+    its `DebugOptions`, filled with a known pattern when built and after
+    `resize` and `wake`; no zeroing helper touches it.  This scans every
+    band in one operation (one kernel launch, a small result copy and a
+    synchronization of `stream` on CUDA; one C pass on the host).  Call
+    it after the kernels you suspect, on their stream.
+
+    Parameters
+    ----------
+    stream : int or stream object, optional
+        Where the scan runs (after the work already enqueued there);
+        None or 0 is the default stream.
+
+    Returns
+    -------
+    list of GuardDamage
+        One per damaged band, in slab order: the buffer it follows, the
+        first damaged byte counted from that buffer's end, and how many
+        bytes differ.  Empty when every band is intact.
+
+    Raises
+    ------
+    MetraleError
+        The arena is not a debug arena, is released or sleeps, or the
+        driver failed.
+    TypeError, ValueError
+        `stream` is not a stream.
+    """
+    if a._debug is None:
+        raise MetraleError("check_guards: this arena has no guard bands (build it with debug=True)")
+    cdef uintptr_t s = as_stream(stream)
+    a._enter(None)
+    try:
+        return check_guards(a._gpu, &a._layout, a._base, s)
+    finally:
+        mt_life_leave(a._life)
+
+
+def _arena_verify_guards(BufferArena a, stream=None):
+    """`check_guards`, raising when a guard band is damaged.
+
+    Parameters
+    ----------
+    stream : int or stream object, optional
+        Where the scan runs; None or 0 is the default stream.
+
+    Raises
+    ------
+    MetraleError
+        A band is damaged (the message names every buffer whose band is,
+        with the first damaged offset and the byte count), or as
+        `check_guards`.
+    TypeError, ValueError
+        `stream` is not a stream.
+    """
+    damage = _arena_check_guards(a, stream)
+    if damage:
+        raise MetraleError(f"{len(damage)} guard band(s) overwritten: "
+                           + "; ".join(str(d) for d in damage))
+    return None
+
+
+def _arena_poison_rows(BufferArena a, stream=None, tokens=None):
+    """Fill the rows past `tokens` of the row-trimmed buffers with NaN.
+
+    For each buffer `zero_all_rows` trims (``GROUPS["rows"]``), the bytes
+    past the live rows, exactly those `zero_all_rows(tokens=tokens)`
+    leaves alone, get a pattern that is NaN in the buffer's element type
+    (``0x7FD1`` per BF16 element, ``0x7FD17FD1`` per FP32 element; an
+    invalid index in an integer buffer).  A kernel that reads a padding
+    row then carries NaN into live rows, where `find_nonfinite` sees it.
+    One operation enqueued on `stream` (one kernel launch on CUDA, which
+    a CUDA graph can capture); nothing waits.  Debug mode is not needed.
+
+    Parameters
+    ----------
+    stream : int or stream object, optional
+        Where the work is enqueued; None or 0 is the default stream.
+    tokens : int
+        Live rows of the step (required); ``tokens >= max_batch_tokens``
+        poisons nothing.
+
+    Raises
+    ------
+    TypeError
+        `tokens` is missing or not an int, or `stream` is not a stream.
+    ValueError
+        `tokens` is negative or does not fit 64 bits.
+    MetraleError
+        The arena is released or sleeps, or the driver failed.
+    """
+    if tokens is None:
+        raise TypeError("poison_rows() missing its tokens argument (the live rows)")
+    cdef uint64_t t = u64_arg(tokens, "tokens")
+    cdef uintptr_t s = as_stream(stream)
+    a._enter(None)
+    try:
+        poison_rows(a._gpu, &a._layout, a._base, t, s)
+    finally:
+        mt_life_leave(a._life)
+
+
+def _arena_find_nonfinite(BufferArena a, stream=None, tokens=None):
+    """NaN and Inf elements in the live rows of the row-trimmed buffers.
+
+    Scans rows ``0 .. tokens`` (the bytes `zero_all_rows(tokens=tokens)`
+    clears) of every row-trimmed buffer (``GROUPS["rows"]``, all of them
+    BF16 or FP32) as its element type, in one operation: one kernel
+    launch, a small result copy and a synchronization of `stream` on
+    CUDA; one C pass on the host.  Debug mode is not needed.
+
+    Parameters
+    ----------
+    stream : int or stream object, optional
+        Where the scan runs; None or 0 is the default stream.
+    tokens : int
+        Live rows of the step (required); ``tokens >= max_batch_tokens``
+        scans the buffers whole.
+
+    Returns
+    -------
+    list of NonFinite
+        One per buffer holding a NaN or Inf, in canonical order: the
+        counts and where the first one is (byte offset and token row).
+        Empty on a clean step.
+
+    Raises
+    ------
+    TypeError
+        `tokens` is missing or not an int, or `stream` is not a stream.
+    ValueError
+        `tokens` is negative or does not fit 64 bits.
+    MetraleError
+        The arena is released or sleeps, or the driver failed.
+    """
+    if tokens is None:
+        raise TypeError("find_nonfinite() missing its tokens argument (the live rows)")
+    cdef uint64_t t = u64_arg(tokens, "tokens")
+    cdef uintptr_t s = as_stream(stream)
+    a._enter(None)
+    try:
+        return find_nonfinite(a._gpu, &a._layout, a._base, t, s)
+    finally:
+        mt_life_leave(a._life)
+
+
+def _arena_fingerprint(BufferArena a, stream=None, names=None):
+    """A 64-bit hash of each buffer's bytes, computed where they live.
+
+    One operation over all the buffers asked for: one kernel launch, a
+    small result copy and a synchronization of `stream` on CUDA; one C
+    pass on the host, which gives the same values for the same bytes.
+    So two runs, two ranks, or a graph replay and an eager step can be
+    compared without copying the buffers.  The hash (docs/debug.md) sums
+    a bijective mix of each 8-byte word with its index, then mixes the
+    sum with the byte count: any one changed word changes it.  It is no
+    checksum of the reference's kind (`debug_buffer_checksum`).
+
+    Parameters
+    ----------
+    stream : int or stream object, optional
+        Where the work runs; None or 0 is the default stream.
+    names : str or iterable of str, optional
+        The buffers (an empty one hashes as 0 bytes); None (the default):
+        every buffer with a non-zero size.
+
+    Returns
+    -------
+    dict of str to int
+        Buffer name -> fingerprint (0 .. 2**64 - 1), in the order asked
+        (canonical order for None).
+
+    Raises
+    ------
+    TypeError
+        `names` holds something other than a str, or `stream` is not a
+        stream.
+    ValueError
+        `names` holds an unknown buffer name.
+    MetraleError
+        The arena is released or sleeps, or the driver failed.
+    """
+    cdef int i
+    cdef uintptr_t s = as_stream(stream)
+    ids = None if names is None else buffer_ids(names, "names")
+    a._enter(None)
+    try:
+        if ids is None:
+            ids = [i for i in range(MT_NBUF) if a._layout.size[i]]
+        return fingerprint(a._gpu, &a._layout, a._base, ids, s)
+    finally:
+        mt_life_leave(a._life)
+
+
+def _arena_debug_buffer_checksum(BufferArena a, gpu=None, stream=None, tag=""):
+    """Log sum, sum of squares and sum of |x| of the 16 probed buffers.
+
+    Each buffer of ``GROUPS["checksum"]`` is synchronized, copied to the
+    host and read as float32 lanes (NaN and infinite lanes skipped); one
+    WARNING record per buffer goes to the ``metrale`` logger:
+    ``METRALE_BUF_CKSUM[<tag>] <name> bytes=<n> sum=.. ssq=.. sabs=..``.
+    A failed copy skips that buffer: a debugging aid never raises for it.
+
+    Parameters
+    ----------
+    gpu : Backend, optional
+        The arena's own backend; None (the default) means that one.
+    stream : int or stream object, optional
+        Synchronized before, and used for, the copies.
+    tag : str, optional
+        Label of the records (e.g. the layer and step).
+
+    Raises
+    ------
+    TypeError
+        `tag` is not a str.
+    MetraleError
+        `gpu` is another backend or the arena is released.
+    """
+    cdef double out[3]
+    cdef void *host = NULL
+    cdef uint64_t most = 0, n
+    cdef uintptr_t s, base
+    cdef int b
+    cdef bint no_host = False
+    if not isinstance(tag, str):
+        raise TypeError(f"tag must be a str, got {type(tag).__name__}")
+    s = as_stream(stream)
+    records = []
+    # The sums are taken while the arena is held, the records logged after it
+    # is left: no logging handler runs while the slab is in use.
+    a._enter(gpu)
+    try:
+        base = a._base
+        try:
+            a._gpu.sync(s)
+        except Exception:
+            pass
+        for b in range(MT_NBUF):
+            if mt_buffer_flags[b] & MT_IN_CHECKSUM and a._layout.size[b] > most:
+                most = a._layout.size[b]
+        if most:
+            host = malloc(most)
+            no_host = host == NULL
+        for b in range(MT_NBUF if host != NULL else 0):     # canonical order
+            n = a._layout.size[b]
+            if not mt_buffer_flags[b] & MT_IN_CHECKSUM or n == 0:
+                continue
+            try:
+                a._gpu.d2h(host, base + a._layout.offset[b], n, s)
+            except Exception:
+                continue     # a failed copy skips that buffer: a debugging aid never raises
+            with nogil:
+                mt_checksum_f32(host, n, out)
+            records.append((BUFFER_NAMES[b], n, out[0], out[1], out[2]))
+    finally:
+        free(host)
+        mt_life_leave(a._life)
+    log = logger()
+    if no_host:
+        log.warning("METRALE_BUF_CKSUM[%s] skipped: no %d-byte host buffer", tag, most)
+    for name, n, x, xx, ax in records:
+        log.warning("METRALE_BUF_CKSUM[%s] %s bytes=%d sum=%.6f ssq=%.6f sabs=%.6f",
+                    tag, name, n, x, xx, ax)
+    return None

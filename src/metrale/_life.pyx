@@ -10,9 +10,72 @@ signals between them.
 
 from cpython.exc cimport PyErr_CheckSignals
 
+from libc.stdint cimport uint64_t
+
 from metrale._core cimport (
     MT_LIFE_BUSY, MT_LIFE_CLOSING, MT_LIFE_EXPORTED, MT_LIFE_FORKED, MT_LIFE_FULL,
-    MT_LIFE_IN_FLIGHT, MT_LIFE_PAUSED, MT_LIFE_RELEASED, MT_LIFE_SELF, mt_life, mt_life_wait)
+    MT_LIFE_IN_FLIGHT, MT_LIFE_PAUSED, MT_LIFE_RELEASED, MT_LIFE_SELF, mt_life)
+
+cdef extern from "arena_core.h" nogil:
+    unsigned long c_fork_generation "mt_fork_generation"()
+    mt_life *c_new "mt_life_new"(int nslots)
+    void c_free "mt_life_free"(mt_life *l)
+    int c_enter "mt_life_enter"(mt_life *l)
+    void c_leave "mt_life_leave"(mt_life *l)
+    int c_export "mt_life_export"(mt_life *l, int slot)
+    void c_unexport "mt_life_unexport"(mt_life *l, int slot)
+    uint64_t c_exports "mt_life_exports"(const mt_life *l, int slot)
+    int c_close "mt_life_close"(mt_life *l)
+    void c_reopen "mt_life_reopen"(mt_life *l)
+    int c_wait "mt_life_wait"(mt_life *l, int until, long timeout_us)
+    int c_released "mt_life_released"(const mt_life *l)
+    int c_reshape_begin "mt_life_reshape_begin"(mt_life *l)
+    void c_reshape_end "mt_life_reshape_end"(mt_life *l, int stay_paused)
+    int c_forked "mt_life_forked"(const mt_life *l)
+
+
+# The C core's functions, for the other modules (_life.pxd says why here).
+cdef unsigned long mt_fork_generation() noexcept nogil:
+    return c_fork_generation()
+
+cdef mt_life *mt_life_new(int nslots) noexcept nogil:
+    return c_new(nslots)
+
+cdef void mt_life_free(mt_life *l) noexcept nogil:
+    c_free(l)
+
+cdef int mt_life_enter(mt_life *l) noexcept nogil:
+    return c_enter(l)
+
+cdef void mt_life_leave(mt_life *l) noexcept nogil:
+    c_leave(l)
+
+cdef int mt_life_export(mt_life *l, int slot) noexcept nogil:
+    return c_export(l, slot)
+
+cdef void mt_life_unexport(mt_life *l, int slot) noexcept nogil:
+    c_unexport(l, slot)
+
+cdef uint64_t mt_life_exports(const mt_life *l, int slot) noexcept nogil:
+    return c_exports(l, slot)
+
+cdef int mt_life_close(mt_life *l) noexcept nogil:
+    return c_close(l)
+
+cdef void mt_life_reopen(mt_life *l) noexcept nogil:
+    c_reopen(l)
+
+cdef int mt_life_released(const mt_life *l) noexcept nogil:
+    return c_released(l)
+
+cdef int mt_life_reshape_begin(mt_life *l) noexcept nogil:
+    return c_reshape_begin(l)
+
+cdef void mt_life_reshape_end(mt_life *l, int stay_paused) noexcept nogil:
+    c_reshape_end(l, stay_paused)
+
+cdef int mt_life_forked(const mt_life *l) noexcept nogil:
+    return c_forked(l)
 
 from metrale.errors import MetraleError
 
@@ -56,7 +119,7 @@ cdef int wait_life(mt_life *l, int until) except -1:
     cdef int done = 0
     while True:
         with nogil:
-            done = mt_life_wait(l, until, _SLICE_US)
+            done = c_wait(l, until, _SLICE_US)
         if done:
             return 0
         PyErr_CheckSignals()

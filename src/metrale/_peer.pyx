@@ -1,19 +1,98 @@
 # cython: language_level=3, binding=False
-"""The backend calls of a tensor-parallel arena: export this rank's physical
-chunks as file descriptors, import and map a peer's, unmap them again.
+"""Tensor-parallel sharing of a BufferArena (docs/tensor-parallel.md): the
+arena side (a reserved arena of exportable chunks, shared by the collective
+setup of metrale/tp.py; `peer`), and the backend calls around it: export
+this rank's physical chunks as file descriptors, import and map a peer's,
+unmap them again.
 
-The protocol around them (the group, the checks, the descriptor passing) is
-metrale/tp.py; the backend's virtual-memory methods are C-level, so the calls
-that need them live here.  See docs/tensor-parallel.md.
+The protocol itself (the group, the checks, the descriptor passing) is
+metrale/tp.py; the backend's virtual-memory methods are C-level, so the
+calls that need them live here.  BufferArena forwards `peer`, `peer_ranks`
+and the construction of a shared arena here.
 """
 
 cimport cython
 from libc.stdint cimport uint64_t, uintptr_t
 
+from metrale._arena cimport BufferArena
 from metrale._backend cimport Backend
 from metrale._common cimport mt_py_finalizing
+from metrale._core cimport MT_NBUF
+from metrale._life cimport mt_life_released
+from metrale._mapping cimport free_reservation, release_orphans, unmap_chunks
+from metrale._reserve cimport build
 
 import os
+
+from metrale.errors import MetraleError
+
+
+def _build_shared(BufferArena a, sizes, top_sizes, group):
+    """A reserved arena of exportable chunks, then the collective setup of
+    metrale/tp.py; on any failure, on any rank, nothing is left."""
+    from metrale import tp
+    grp = group if isinstance(group, tp.PeerGroup) else tp.PeerGroup(group)   # TypeError first
+    a._shareable = True
+    try:
+        build(a, sizes, top_sizes)
+    except BaseException as e:
+        tp._abort(grp, e)           # the other ranks raise instead of waiting
+        raise
+    layout = tuple((a._layout.offset[i], a._layout.size[i], a._layout.room[i])
+                   for i in range(MT_NBUF))
+    try:
+        a._peers = tp._share(a._gpu, grp, a._base, a._layout.slab_bytes, list(a._chunks),
+                             layout, a._ptrs, a._granule, a._layout.max_batch_tokens)
+    except BaseException:
+        a._ptrs = (0,) * MT_NBUF
+        err, freed = free_reservation(a._gpu, a._base, a._layout.slab_bytes, a._chunks,
+                                      a._orphans, a._kept)
+        if freed:
+            a._base = 0
+        raise
+    return None
+
+
+def _arena_peer_ranks(BufferArena a):
+    """The ranks whose buffers `peer` gives: those on this host.
+
+    Returns
+    -------
+    tuple of int
+        Sorted, this rank included; ``()`` for an arena that is not shared.
+    """
+    return () if a._peers is None else tuple(a._peers.local)
+
+
+def _arena_peer(BufferArena a, rank):
+    """The buffers of another rank of the group, as this process maps them.
+
+    Parameters
+    ----------
+    rank : int
+        A rank of the group the arena was built with (its own rank
+        gives the arena's own pointers).
+
+    Returns
+    -------
+    metrale.tp.PeerBuffers
+        The same pointer accessors as the arena (``hidden_states()``
+        ...), at that rank's base plus the same offsets; the same object
+        for every call.
+
+    Raises
+    ------
+    TypeError, ValueError
+        `rank` is not an int, or not in ``[0, group size)``.
+    MetraleError
+        The arena is not shared or is released, or `rank` runs on
+        another host.
+    """
+    if a._peers is None:
+        raise MetraleError("peer: the arena is not shared (build it with group=...)")
+    if mt_life_released(a._life):
+        raise MetraleError("peer: the buffer arena has been released")
+    return a._peers.peer(rank)
 
 
 def export_chunks(Backend gpu, list chunks):
@@ -69,10 +148,12 @@ The peers' slabs mapped into this process, each in its own reservation.
     # an entry leaves the dict once its chunks are unmapped and its
     # reservation freed, so a failed close can be retried.
     cdef dict _slabs
+    cdef list _orphans            # [(handle, bytes)] unmapped, whose release failed: retried
 
     def __init__(self, Backend gpu):
         self._gpu = gpu
         self._slabs = {}
+        self._orphans = []
 
     def map_peer(self, rank, size_t nbytes, list chunks, list fds):
         """Reserve `nbytes`, import each descriptor and map it at its chunk.
@@ -125,29 +206,13 @@ The peers' slabs mapped into this process, each in its own reservation.
     cdef int _unmap_rank(self, rank) except -1:
         """Unmap and release `rank`'s chunks, then free its reservation; the
         first error propagates after every step was tried."""
-        cdef Backend be = self._gpu
         entry = self._slabs[rank]
-        first = None
-        for c in list(entry[2]):
-            try:
-                be.unmap(entry[0] + c[0], c[1])
-            except Exception as e:
-                first = first or e
-                continue
-            entry[2].remove(c)
-            try:
-                be.release_handle(c[2], c[1])
-            except Exception as e:
-                first = first or e
-        if not entry[2]:
-            try:
-                be.unreserve(entry[0], entry[1])
-            except Exception as e:
-                first = first or e
-            else:
-                del self._slabs[rank]
-        if first is not None:
-            raise first
+        err, freed = free_reservation(self._gpu, entry[0], entry[1], entry[2], self._orphans, [],
+                                      True)
+        if freed:
+            del self._slabs[rank]
+        if err is not None:
+            raise err
         return 0
 
     def close(self):
@@ -160,10 +225,11 @@ The peers' slabs mapped into this process, each in its own reservation.
             failed stays recorded and the next `close` tries it again.
         """
         first = None
-        if not self._slabs:
+        if not self._slabs and not self._orphans:
             return None
         try:
-            self._gpu.quiesce()         # no kernel may still read a peer's memory
+            if self._slabs:
+                self._gpu.quiesce()     # no kernel may still read a peer's memory
         except Exception as e:
             first = e
         for rank in list(self._slabs):
@@ -171,12 +237,13 @@ The peers' slabs mapped into this process, each in its own reservation.
                 self._unmap_rank(rank)
             except Exception as e:
                 first = first or e
+        first = first or release_orphans(self._gpu, self._orphans)
         if first is not None:
             raise first
         return None
 
     def __dealloc__(self):
-        if self._slabs and self._gpu is not None and not mt_py_finalizing():
+        if (self._slabs or self._orphans) and self._gpu is not None and not mt_py_finalizing():
             try:
                 self.close()
             except Exception:

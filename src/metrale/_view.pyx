@@ -1,8 +1,10 @@
 # cython: language_level=3, binding=False
-"""ArenaView: a typed window on one arena buffer for numpy, torch and CuPy,
-through DLPack and the (CUDA) array interface, never copied.  Each live view
-is counted in its arena's lifetime word, so the arena refuses to free the
-memory under it."""
+"""Views: a typed window (ArenaView) on one arena buffer for numpy, torch and
+CuPy, through DLPack and the (CUDA) array interface, never copied, and each
+buffer's own element type and shape.  Each live view is counted in its
+arena's lifetime word, so the arena refuses to free the memory under it.
+The FP8 MoE scratch regions (`moe_fp8_scratch`) are windows on one buffer
+too.  BufferArena forwards `view` and `moe_fp8_scratch` here."""
 
 cimport cython
 from cpython.pycapsule cimport PyCapsule_New, PyCapsule_IsValid, PyCapsule_GetPointer
@@ -10,15 +12,166 @@ from cpython.ref cimport Py_INCREF, Py_DECREF
 from libc.stdint cimport int64_t, uint64_t, uintptr_t
 from libc.stdlib cimport malloc, free
 
+from metrale._arena cimport BufferArena
 from metrale._common cimport MT_MAX_NDIM, dtype_info, index_arg
-from metrale._core cimport mt_life, mt_life_unexport
+from metrale._core cimport MT_LIFE_OK, mt_life
+from metrale._life cimport mt_life_export, mt_life_released, mt_life_unexport, raise_life
 from metrale._dlpack cimport DLManagedTensor, DLManagedTensorVersioned, DLTensor
 
-from metrale._buffers import BUFFER_NAMES
+from metrale._buffers import BUFFER_INDEX, BUFFER_NAMES
 from metrale.errors import MetraleError
+from metrale.moe import MoeFp8Scratch, moe_fp8_layout
+
+cdef int _MOE_SCRATCH = BUFFER_INDEX["moe_fp8_scratch"]
 
 # Private constructor key: views come from BufferArena.view().
 cdef object _TOKEN = object()
+
+
+cdef tuple _dtype_names = None
+
+
+cdef tuple buffer_dtypes():
+    global _dtype_names
+    if _dtype_names is None:
+        from metrale.catalogue import CATALOGUE
+        _dtype_names = tuple(CATALOGUE[n].dtype for n in BUFFER_NAMES)
+    return _dtype_names
+
+
+def _arena_view(BufferArena a, name, dtype=None, shape=None):
+    """A typed, zero-copy view of one buffer for numpy, torch or CuPy.
+
+    The view exports the buffer through DLPack (``np.from_dlpack``,
+    ``torch.from_dlpack``, ``cupy.from_dlpack``) and the array interface
+    of its device (``__array_interface__`` on the host,
+    ``__cuda_array_interface__`` on a GPU).  While the view, or any array
+    made from it, is alive, `release` refuses with BufferError: the
+    memory stays valid.
+
+    Parameters
+    ----------
+    name : str
+        The buffer (one of ``metrale.sizes.BUFFER_NAMES``).
+    dtype : str, numpy.dtype, type or torch.dtype, optional
+        Element type, as numpy reads it (``'float32'``, ``'<f4'``,
+        ``np.float16``, ``float`` is float64), or ``'bfloat16'``,
+        ``'float8_e4m3fn'``, ``'float8_e5m2'``.  None (the default): the
+        buffer's own element type (``buffers[name].dtype``, from
+        docs/buffers.md); a buffer of raw bytes or mixed elements has
+        none and needs one given.
+    shape : int or tuple of int, optional
+        Row-major shape; at most the buffer's bytes.  None: with `dtype`
+        given, all of it, 1-D; with neither, the buffer's own shape at
+        the arena's limits (``[max_batch_tokens, hidden_size]`` for
+        ``hidden_states``, per rank), or all of it, 1-D, where the
+        buffer has no exact shape (docs/buffers.md).
+
+    Returns
+    -------
+    ArenaView
+
+    Raises
+    ------
+    TypeError, ValueError
+        Unknown buffer, unsupported dtype, no dtype for a buffer that
+        has none, or a shape that is malformed or larger than the buffer.
+    MetraleError
+        The arena is released, or the buffer is empty and the shape not.
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a str, got {type(name).__name__}")
+    i = BUFFER_INDEX.get(name)
+    if i is None:
+        raise ValueError(f"unknown buffer name {name!r}")
+    if dtype is None:
+        dtype = buffer_dtypes()[i]
+        if dtype is None:
+            raise TypeError(f"view: {name} holds raw bytes or mixed elements and has no "
+                            "element type of its own (docs/buffers.md): give a dtype")
+        if shape is None:
+            shape = _own_shape(a, name)
+    request = view_request(dtype, shape)       # may run user code: before anything is read
+    rc = mt_life_export(a._life, i)
+    if rc != MT_LIFE_OK:
+        raise_life(rc, "the buffer arena", "view")
+    try:        # counted: no reshape can change the buffer until the view is gone
+        return make_view(a, a._life, i, a._bytes[i], a._ptrs[i], a._gpu.device_type,
+                         a._gpu.device_id, request)
+    except BaseException:
+        mt_life_unexport(a._life, i)
+        raise
+
+
+cdef object _own_shape(BufferArena a, str name):
+    """The catalogue's shape of buffer `name` at the arena's limits, or None
+    (then the view is 1-D) where it has none or the limits are unknown."""
+    if a._limits is None:
+        return None
+    from metrale.catalogue import CATALOGUE, shape_of, symbols
+    values = symbols(a._config, *a._limits, target=a._gpu.target(), env=a._sizes.levers())
+    shape = shape_of(name, values)
+    if shape is not None:
+        n = CATALOGUE[name].itemsize
+        for d in shape:
+            n *= d
+        if n > a._bytes[BUFFER_INDEX[name]]:
+            return None     # sizes made for another target or by hand: 1-D, all of it
+    return shape
+
+
+def _arena_moe_fp8_scratch(BufferArena a, config, rows):
+    """The regions of the grouped FP8 MoE scratch for `rows` tokens.
+
+    Pure: fixed offsets inside the ``moe_fp8_scratch`` buffer
+    (activations, scales, work lists and their counters); cached per
+    (config, rows).
+
+    Parameters
+    ----------
+    config : ModelConfig
+        The model's shape (its experts set the work list sizes).
+    rows : int
+        Tokens of the MoE layer call (<= max_batch_tokens).
+
+    Returns
+    -------
+    MoeFp8Scratch
+        Device pointers (ints) and sizes of each region.
+
+    Raises
+    ------
+    TypeError, ValueError
+        A bad `config` or `rows`.
+    MetraleError
+        The layout does not fit this arena's buffer (rows above
+        max_batch_tokens, a dense model, or a released arena).
+    """
+    key = (config, rows)            # exact ints only: True == 1 but must still raise
+    released = mt_life_released(a._life)
+    hit = None
+    if type(rows) is int:
+        try:
+            hit = a._moe_cache.get(key)
+        except TypeError:           # an unhashable config: validated below
+            pass
+    if hit is not None and not released:
+        return hit
+    layout = moe_fp8_layout(config, rows)      # checks config and rows
+    cap, base = a._bytes[_MOE_SCRATCH], a._ptrs[_MOE_SCRATCH]
+    if rows > a._max_tokens or layout.bytes == 0 or layout.bytes > cap or base == 0:
+        raise MetraleError(
+            f"FP8 MoE scratch does not fit the arena: rows={rows} (max_batch_tokens="
+            f"{a._max_tokens}) needs {layout.bytes} bytes, capacity {cap} bytes"
+            + (" (the arena was released)" if released else ""))
+    small = layout.small_bytes > 0
+    result = MoeFp8Scratch(
+        base, base + layout.scale, base + layout.worklist, base + layout.counter,
+        layout.counter - layout.worklist, base + layout.small_worklist if small else 0,
+        base + layout.small_counter if small else 0, layout.small_bytes)
+    if type(rows) is int and len(a._moe_cache) < 64:
+        a._moe_cache[key] = result
+    return result
 
 
 cdef tuple view_request(object dtype, object shape):

@@ -6,7 +6,7 @@ from metrale.sizes import BufferSizes, Target
 
 __all__ = [
     'Entry', 'Symbol', 'Term', 'Dependencies', 'CATALOGUE', 'SYMBOLS', 'TERMS',
-    'DTYPE_ITEMSIZE', 'DEFAULT_LIMITS', 'symbols', 'evaluate', 'dependencies',
+    'DTYPE_ITEMSIZE', 'DEFAULT_LIMITS', 'symbols', 'evaluate', 'shape_of', 'dependencies',
     'membership', 'levers_of', 'terms_of', 'explain',
 ]
 

@@ -1,17 +1,38 @@
-# StepInputs: the host side of what an engine uploads every step.  Included
-# by _arena.pyx (it reads the arena's layout, lifetime and backend directly).
-#
-# The slab places token_ids first and scratch right after it (src/layout.c),
-# so token_ids, the int32 token count at scratch + 32,752 and the decode
-# metadata at scratch + 32,768 lie in one device span: one pinned host buffer
-# laid out byte for byte like that span, copied by one cuMemcpyHtoDAsync.
+# cython: language_level=3, binding=False
+"""StepInputs: the host side of what an engine uploads every step
+(docs/step-inputs.md).
 
-from libc.stdint cimport int32_t
+The slab places token_ids first and scratch right after it (src/layout.c),
+so token_ids, the int32 token count at scratch + 32,752 and the decode
+metadata at scratch + 32,768 lie in one device span: one pinned host buffer
+laid out byte for byte like that span, copied by one cuMemcpyHtoDAsync.
+BufferArena.step_inputs makes them here.
+"""
+
+cimport cython
+from libc.stdint cimport int32_t, uint64_t, uintptr_t
 from libc.string cimport memcpy, memset as c_memset
 
+from metrale._arena cimport BufferArena
+from metrale._backend cimport Backend
+from metrale._common cimport as_stream, u64_arg
+from metrale._core cimport (
+    MT_LIFE_FORKED, MT_LIFE_OK, MT_LIFE_RELEASED, MT_WAIT_ALL, mt_life, mt_rows_args,
+    mt_rows_args_init)
+from metrale._life cimport (
+    mt_life_close, mt_life_enter, mt_life_export, mt_life_exports, mt_life_forked,
+    mt_life_free, mt_life_leave, mt_life_new, mt_life_released, mt_life_reopen,
+    mt_life_unexport, raise_life, wait_life)
 from metrale._debug_core cimport MT_GUARD_BYTE
 
+from metrale._buffers import BUFFER_INDEX
+from metrale.errors import MetraleError
 from metrale.sizes import _DECODE_META_OFFSET, _STEP_COUNT_OFFSET, kv_blocks_per_seq
+
+# Private constructor key: step inputs come from BufferArena.step_inputs().
+cdef object _TOKEN = object()
+cdef int _ID_TOKEN_IDS = BUFFER_INDEX["token_ids"]
+cdef int _ID_SCRATCH = BUFFER_INDEX["scratch"]
 
 # numpy dtype name -> the values it holds, for the range check of fill().
 _INT_RANGES = {"uint32": (0, 2**32 - 1), "int32": (-2**31, 2**31 - 1),
@@ -158,7 +179,7 @@ Pinned host staging for one step's inputs, uploaded with one copy.
     cdef unsigned char *_host
     cdef readonly uint64_t nbytes
     cdef uintptr_t _dst, _event
-    cdef uint64_t _count_off, _gen
+    cdef uint64_t _count_off, _built_at
     cdef bint _has_event
     cdef mt_rows_args _rows
     cdef dict _regions, _views
@@ -171,16 +192,16 @@ Pinned host staging for one step's inputs, uploaded with one copy.
         self._views = {}
 
     cdef int _build(self, BufferArena arena, uint64_t max_blocks) except -1:
-        cdef uint64_t tok = arena._L.offset[MT_TOKEN_IDS], scr = arena._L.offset[MT_SCRATCH]
+        cdef uint64_t tok = arena._layout.offset[_ID_TOKEN_IDS], scr = arena._layout.offset[_ID_SCRATCH]
         cdef uint64_t span, i
         cdef _Staging staging
         layout = arena._decode_meta
         meta = layout.meta_bytes(max_blocks)        # a Python int: may exceed 64 bits
-        if _DECODE_META_OFFSET + meta > arena._L.size[MT_SCRATCH]:
+        if _DECODE_META_OFFSET + meta > arena._layout.size[_ID_SCRATCH]:
             raise ValueError(f"max_blocks={max_blocks}: the decode metadata ({meta} bytes at "
                              f"scratch + {_DECODE_META_OFFSET}) does not fit scratch "
-                             f"({arena._L.size[MT_SCRATCH]} bytes)")
-        if arena._L.size[MT_TOKEN_IDS] == 0 or scr < tok:
+                             f"({arena._layout.size[_ID_SCRATCH]} bytes)")
+        if arena._layout.size[_ID_TOKEN_IDS] == 0 or scr < tok:
             raise MetraleError("this arena's slab does not place scratch after token_ids")
         span = scr - tok + _DECODE_META_OFFSET + meta
         self._arena = arena
@@ -188,8 +209,8 @@ Pinned host staging for one step's inputs, uploaded with one copy.
         self.layout = layout
         self.max_blocks = max_blocks
         # token_ids' rows: max_batch_tokens, unless from_sizes gave it fewer bytes
-        self.max_batch_tokens = min(arena._L.size[MT_TOKEN_IDS] // 4, arena._L.max_batch_tokens)
-        self._gen = arena._gen
+        self.max_batch_tokens = min(arena._layout.size[_ID_TOKEN_IDS] // 4, arena._layout.max_batch_tokens)
+        self._built_at = arena._reshapes
         self._dst = arena._base + tok
         self._count_off = scr - tok + _STEP_COUNT_OFFSET
         m = scr - tok + _DECODE_META_OFFSET
@@ -212,13 +233,13 @@ Pinned host staging for one step's inputs, uploaded with one copy.
         c_memset(self._host, 0, span)
         # A debug arena's guard band after token_ids lies in the span: the
         # staging carries its pattern, so an upload leaves it intact.
-        if arena._L.guard:
-            for i in range(arena._L.size[MT_TOKEN_IDS], scr - tok):
+        if arena._layout.guard:
+            for i in range(arena._layout.size[_ID_TOKEN_IDS], scr - tok):
                 self._host[i] = MT_GUARD_BYTE(tok + i)
         self._gpu.event_create(&self._event)
         self._has_event = True
         # The zeroing upload() enqueues spares the span: it was just written.
-        mt_rows_args_init(&arena._L, tok, tok + span, &self._rows)
+        mt_rows_args_init(&arena._layout, tok, tok + span, &self._rows)
         self._rows.base = arena._base
         self._rows.count_at = self._dst + self._count_off
         return 0
@@ -454,7 +475,7 @@ Pinned host staging for one step's inputs, uploaded with one copy.
         try:
             arena._enter(None)
             try:
-                if arena._gen != self._gen:
+                if arena._reshapes != self._built_at:
                     raise MetraleError("the arena was resized after these step inputs were made: "
                                        "make new ones with arena.step_inputs()")
                 self._gpu.copy_h2d(self._dst, self._host, self.nbytes, s)
@@ -541,3 +562,52 @@ Pinned host staging for one step's inputs, uploaded with one copy.
         state = "released" if mt_life_released(self._life) else f"{self.nbytes} bytes"
         return (f"StepInputs(max_batch_tokens={self.max_batch_tokens}, "
                 f"rows={self.layout.rows()}, max_blocks={self.max_blocks}, {state})")
+
+
+def _arena_step_inputs(BufferArena a, max_blocks=None):
+    """Pinned host staging for the inputs this arena's engine uploads every step.
+
+    See `StepInputs`: token ids, the token count and the decode metadata,
+    laid out like their device span so that `StepInputs.upload` is one
+    copy (plus, by default, the zeroing for the uploaded count).
+
+    Parameters
+    ----------
+    max_blocks : int, optional
+        Columns of the block table: KV blocks per sequence.  None takes
+        them from the arena's limits (``max_seq_len // kv_block_size +
+        1``, 256 for ``kv_block_size`` 0); an arena whose sizes record no
+        limits (made by hand) must be given them.
+
+    Returns
+    -------
+    StepInputs
+        Owns its pinned memory until `StepInputs.release` (or garbage
+        collection).
+
+    Raises
+    ------
+    TypeError
+        `max_blocks` is missing where the sizes record no limits, or not an
+        int.
+    ValueError
+        The decode metadata for `max_blocks` does not fit ``scratch``.
+    OutOfMemoryError
+        The pinned host memory was refused.
+    MetraleError
+        The arena is released or sleeps.
+    """
+    cdef StepInputs st
+    if max_blocks is None:
+        if a._limits is None:
+            raise TypeError("step_inputs: the arena's sizes record no max_seq_len and "
+                            "kv_block_size (made by hand): pass max_blocks")
+        max_blocks = kv_blocks_per_seq(a._limits[1], a._limits[2])
+    cdef uint64_t blocks = u64_arg(max_blocks, "max_blocks")
+    a._enter(None)
+    try:
+        st = StepInputs.__new__(StepInputs, _TOKEN)
+        st._build(a, blocks)
+    finally:
+        mt_life_leave(a._life)
+    return st

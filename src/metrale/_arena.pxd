@@ -1,0 +1,69 @@
+# BufferArena's fields, declared once: the modules of its other concepts
+# (_reserve: reserved memory, _step: step inputs, _debug: debug operations,
+# _peer: tensor-parallel sharing) cimport it and work on the arena directly.
+from libc.stdint cimport uint64_t, uintptr_t
+
+from metrale._backend cimport Backend
+from metrale._core cimport mt_cursor, mt_layout, mt_life
+
+
+cdef class BufferArena:
+    # -- what the buffers are sized for -----------------------------------------------
+    cdef object _config           # ModelConfig of one rank: what the sizes were computed from
+    cdef object _model            # the whole model's ModelConfig (`new`), which resize sizes
+                                  # again; None for `from_sizes`
+    cdef object _tp               # tensor-parallel ranks the sizes are per-rank sizes for
+    cdef object _sizes            # BufferSizes now
+    cdef object _limits           # (max_batch_tokens, max_seq_len, kv_block_size,
+                                  # max_batch_size) now; None when the sizes record none
+    cdef object _max_tokens       # max_batch_tokens now: the row stride zero_all_rows trims by
+    cdef object _max_seqs         # max_batch_size now
+    cdef object _decode_meta      # DecodeMetaLayout of _max_seqs
+    cdef object _debug            # DebugOptions of a debug arena, else None
+
+    # -- where the buffers are ---------------------------------------------------------
+    cdef Backend _gpu             # holds the memory; every operation goes through it
+    cdef mt_layout _layout        # offsets and sizes (C core), the zero ranges derive from it
+    cdef uintptr_t _base          # the slab (or the reservation); 0 once freed
+    cdef tuple _ptrs              # prebuilt pointer ints by buffer id: an accessor is one load;
+                                  # replaced (never mutated) whenever a pointer changes
+    cdef tuple _bytes             # sizes by buffer id; replaced whenever a size changes
+    cdef dict _infos              # name -> BufferInfo, made from the two tuples in _infos_of
+    cdef tuple _infos_of
+
+    # -- lifetime ------------------------------------------------------------------------
+    cdef mt_life *_life           # released flag, live views, operations in flight, reshape
+    cdef bint _freeing            # a release is freeing the memory now
+    cdef mt_cursor *_cursor       # the carve cursor of ssm_rowwise_w_bf16
+    cdef dict _moe_cache          # (config, rows) -> MoeFp8Scratch
+
+    # -- reserved memory (_reserve.pyx; docs/stable-addresses.md) -------------------------
+    cdef bint _reserved           # built with a reservation: pointers never move
+    cdef bint _sleeping           # sleep gave the physical memory back
+    cdef uint64_t _granule        # the backend's allocation granularity
+    cdef object _top_sizes        # BufferSizes of the reserved limits (each buffer's room)
+    cdef object _top_limits       # the reserved limits, as _limits
+    cdef list _chunks             # [(offset, bytes, handle)] mapped now, sorted
+    cdef list _kept               # [(buffer id, host pointer, bytes)] a sleep copied out
+    cdef list _orphans            # [(handle, bytes)] unmapped, whose release failed: retried
+    cdef uint64_t _reshapes       # resizes so far (StepInputs made before one refuse)
+
+    # -- tensor-parallel sharing (_peer.pyx; docs/tensor-parallel.md) ---------------------
+    cdef bint _shareable          # physical chunks created exportable
+    cdef object _peers            # the peers' mappings (metrale.tp._Sharing), or None
+
+    cdef object __weakref__
+
+    # Start an operation that holds the arena (pair with mt_life_leave): refused
+    # with the lifetime word's exception, or for a backend not the arena's own.
+    cdef int _enter(self, object gpu) except -1
+    # The live views by buffer, for a refusal's message.
+    cdef str _exported(self)
+    # Every buffer's pointer from _base and the layout (`room`: a reserved
+    # arena's pointers are those of its reserved room).
+    cdef tuple _pointers(self, bint room)
+    # Free the memory (a reservation with its chunks, host copies and the
+    # peers' mappings); what fails stays recorded for the next call.
+    cdef int _free(self) except -1
+    cdef int _zero_range(self, object gpu, object stream, unsigned group) except -1
+

@@ -1,0 +1,21 @@
+# Physical chunks mapped into a reservation (see _mapping.pyx): taking them
+# down, shared by reserved arenas (_arena, _reserve) and the peers' slabs (_peer).
+from libc.stdint cimport uintptr_t
+
+from metrale._backend cimport Backend
+
+# Unmap each chunk (offset, bytes, handle) of `chunks` at base + offset and
+# release its handle; a chunk unmapped leaves `mapped`, a handle whose release
+# fails goes to `orphans`.  Every chunk is tried; returns the first error or None.
+cdef object unmap_chunks(Backend be, uintptr_t base, list chunks, list mapped, list orphans)
+# Release again the (handle, bytes) of `orphans`; those that fail stay.  Returns
+# the first error or None.
+cdef object release_orphans(Backend be, list orphans)
+# Free a reservation at `base` of `nbytes` and what is in it: wait for the
+# device (unless `waited`: the caller just did), unmap every chunk of `chunks` (a list it empties), release the
+# orphans, free the host copies (id, pointer, bytes) of `kept`, then the
+# reservation itself if nothing stays mapped.  Returns (error or None, whether
+# the reservation was freed); an unmap or release error counts only if
+# something is still held.
+cdef tuple free_reservation(Backend be, uintptr_t base, size_t nbytes, list chunks,
+                            list orphans, list kept, bint waited=*)

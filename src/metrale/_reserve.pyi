@@ -1,0 +1,1 @@
+# No public names: BufferArena forwards to this module (see its docstring).

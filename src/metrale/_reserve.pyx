@@ -1,0 +1,477 @@
+# cython: language_level=3, binding=False
+"""Reserved memory of a BufferArena (docs/stable-addresses.md): building it,
+committing and trimming physical chunks, and the three reshapes (resize,
+sleep, wake) that change what backs the reservation while every pointer
+stays where it is.
+
+The arena is one virtual reservation; each buffer a granularity-aligned
+sub-range sized for the reserved limits (the C core's reserved layout).
+Physical memory is mapped only for the current sizes, one handle per run of
+adjacent missing granules; a chunk is unmapped only whole.  BufferArena
+forwards `resize`, `sleep`, `wake` and `committed_bytes` here.
+"""
+
+from libc.stdint cimport uint64_t, uintptr_t
+from libc.stdlib cimport free, malloc
+
+from metrale._arena cimport BufferArena
+from metrale._backend cimport Backend
+from metrale._common cimport buffer_ids, index_arg, limit_arg, limit_tuple, logger, u64_arg
+from metrale._core cimport (
+    MT_ERR_OVERFLOW, MT_IN_ZERO_ALL, MT_LIFE_EXPORTED, MT_LIFE_OK, MT_NBUF, MT_OK,
+    MT_WAIT_OPERATIONS, mt_chunk_needed, mt_commit_gaps, mt_commit_needed, mt_group_ranges,
+    mt_layout_plan_reserved, mt_layout_resize, mt_range)
+from metrale._life cimport (
+    mt_life_reshape_begin, mt_life_reshape_end, raise_life, wait_life)
+from metrale._debug cimport refill_guards
+from metrale._mapping cimport free_reservation, release_orphans, unmap_chunks
+
+from metrale._buffers import BUFFER_INDEX, BUFFER_NAMES
+from metrale.errors import MetraleError, OutOfMemoryError
+from metrale.sizes import BufferSizes, DecodeMetaLayout
+
+cdef tuple _LIMITS = ("max_batch_tokens", "max_seq_len", "kv_block_size", "max_batch_size")
+cdef int _NORM = BUFFER_INDEX["norm_unit_w"]
+
+
+# -- building ---------------------------------------------------------------------------
+
+cdef int build(BufferArena a, object sizes, object top_sizes) except -1:
+    """Lay `a` out for `sizes` inside a reservation sized for `top_sizes`,
+    reserve it and map what `sizes` need; on failure nothing is left."""
+    cdef uint64_t cur[MT_NBUF]
+    cdef uint64_t top[MT_NBUF]
+    cdef uintptr_t base = 0
+    cdef Backend be = a._gpu
+    cdef int rc, i
+    if not isinstance(top_sizes, BufferSizes):
+        raise TypeError(f"reserve_sizes must be a BufferSizes, got {type(top_sizes).__name__}")
+    values, tops = sizes.as_tuple(), top_sizes.as_tuple()
+    for i in range(MT_NBUF):
+        if values[i] > tops[i]:
+            raise ValueError(f"{BUFFER_NAMES[i]}: {values[i]} bytes exceed its reserved "
+                             f"{tops[i]} bytes")
+        cur[i] = values[i]
+        top[i] = tops[i]
+    a._granule = be.granularity()
+    rc = mt_layout_plan_reserved(&a._layout, cur, top, u64_arg(a._max_tokens, "max_batch_tokens", 1),
+                                 a._granule, a._debug.guard_bytes if a._debug is not None else 0)
+    if rc == MT_ERR_OVERFLOW:
+        raise ValueError("the reservation of these sizes exceeds 2^64 - 1 bytes")
+    if rc != MT_OK:
+        raise ValueError(f"granularity {a._granule} of {be!r} is not a power of two >= 256")
+    a._reserved = True
+    a._top_sizes = top_sizes
+    a._bytes = values
+    if a._layout.slab_bytes:
+        try:
+            be.reserve(a._layout.slab_bytes, &base)
+        except OutOfMemoryError as e:
+            raise OutOfMemoryError(f"buffer arena: cannot reserve {a._layout.slab_bytes} bytes "
+                                   f"of address space: {e}") from e
+        a._base = base
+        try:
+            commit(a)
+            zero_fresh(a, False)
+            refill_guards(a)
+        except BaseException:
+            err, freed = free_reservation(be, a._base, a._layout.slab_bytes, a._chunks,
+                                          a._orphans, a._kept)
+            if freed:
+                a._base = 0
+            raise
+    a._ptrs = a._pointers(True)
+    logger().info("Buffer arena (reserved): %d tokens x %.1f MiB mapped of %.1f MiB reserved",
+                  a._max_tokens, committed(a) / 1048576.0, a._layout.slab_bytes / 1048576.0)
+    return 0
+
+
+def _build(BufferArena a, sizes, top_sizes):
+    """`build`, for BufferArena.from_sizes (which cannot cimport this module)."""
+    build(a, sizes, top_sizes)
+
+
+# -- physical memory ------------------------------------------------------------------------
+
+cdef int commit(BufferArena a) except -1:
+    """Map what the current sizes need and is not mapped: one physical handle
+    per run of adjacent missing granules.  On failure the chunks this call
+    mapped are unmapped again and the error propagates."""
+    cdef mt_range need[MT_NBUF]
+    cdef mt_range *have = NULL
+    cdef mt_range *gaps = NULL
+    cdef int nneed, nhave = len(a._chunks), ngaps, i
+    cdef uint64_t h = 0
+    cdef Backend be = a._gpu
+    added = []
+    nneed = mt_commit_needed(&a._layout, a._granule, need)
+    have = <mt_range *>malloc((nhave + 1) * sizeof(mt_range))
+    gaps = <mt_range *>malloc((nneed + nhave + 1) * sizeof(mt_range))
+    try:
+        if have == NULL or gaps == NULL:
+            raise OutOfMemoryError("cannot allocate the arena's mapping bookkeeping")
+        for i in range(nhave):
+            have[i].offset = a._chunks[i][0]
+            have[i].length = a._chunks[i][1]
+        ngaps = mt_commit_gaps(need, nneed, have, nhave, gaps)
+        try:
+            for i in range(ngaps):
+                if a._shareable:
+                    be.create_exportable(gaps[i].length, &h)
+                else:
+                    be.create(gaps[i].length, &h)
+                try:
+                    be.map(a._base + gaps[i].offset, gaps[i].length, h)
+                except BaseException:
+                    be.release_handle(h, gaps[i].length)
+                    raise
+                added.append((gaps[i].offset, gaps[i].length, h))
+        except BaseException:
+            a._chunks.extend(added)
+            unmap_chunks(be, a._base, added, a._chunks, a._orphans)
+            raise
+        a._chunks.extend(added)
+        a._chunks.sort()
+    finally:
+        free(have)
+        free(gaps)
+    return 0
+
+
+cdef int trim(BufferArena a) except -1:
+    """Unmap the chunks the current sizes no longer touch (the device's work
+    waited for first)."""
+    cdef mt_range need[MT_NBUF]
+    cdef int nneed = mt_commit_needed(&a._layout, a._granule, need)
+    idle = [c for c in a._chunks if not mt_chunk_needed(need, nneed, c[0], c[1])]
+    if idle:
+        a._gpu.quiesce()
+        err = unmap_chunks(a._gpu, a._base, idle, a._chunks, a._orphans)
+        if err is not None:
+            raise err
+    return 0
+
+
+cdef int zero_fresh(BufferArena a, bint whole) except -1:
+    """Zero norm_unit_w (and, when `whole`, the zero_all set, in one fused
+    operation): what a new or woken arena starts from."""
+    cdef mt_range r[MT_NBUF]
+    cdef int n
+    cdef Backend be = a._gpu
+    if whole:
+        n = mt_group_ranges(&a._layout, MT_IN_ZERO_ALL, r)
+        if n:
+            be.zero_ranges(a._base, r, n, 0)
+    if a._layout.size[_NORM]:
+        be.memset(a._base + a._layout.offset[_NORM], a._layout.size[_NORM], 0)
+    be.sync(0)
+    return 0
+
+
+cdef uint64_t committed(BufferArena a):
+    cdef uint64_t n = 0
+    for c in a._chunks:
+        n += <uint64_t>c[1]
+    return n
+
+
+def _arena_committed_bytes(BufferArena a):
+    """Bytes of physical memory backing the arena now.
+
+    For an unreserved arena the slab (0 once freed); for a reserved one the
+    mapped chunks: each buffer's size at the current limits rounded up to
+    the allocation granularity, plus any chunk a shrink kept because part
+    of it is still needed (a chunk is unmapped only whole); 0 while
+    sleeping or once released.
+
+    Returns
+    -------
+    int
+    """
+    if a._reserved:
+        return committed(a)
+    return a._layout.slab_bytes if a._base else 0
+
+
+def _arena_is_reserved(BufferArena a):
+    """Whether the arena was built with a reservation (stable addresses).
+
+    Returns
+    -------
+    bool
+    """
+    return bool(a._reserved)
+
+
+def _arena_is_sleeping(BufferArena a):
+    """Whether `sleep` has given the arena's physical memory back.
+
+    Returns
+    -------
+    bool
+    """
+    return bool(a._sleeping)
+
+
+# -- reshapes -------------------------------------------------------------------------------
+
+cdef int begin(BufferArena a, str what) except -1:
+    """Start a reshape: refused (nothing changed) unless the arena is
+    reserved, not shared, and nothing else holds it; then wait for the
+    operations in flight.  Every argument is converted before this: no user
+    code runs while a reshape holds the arena."""
+    if not a._reserved:
+        raise MetraleError(f"{what}: the arena has no reservation (build it with reserve=...)")
+    if a._peers is not None:
+        raise MetraleError(f"{what}: the arena is shared with its tensor-parallel peers, whose "
+                           "mappings of it would go stale; release it and build it again on "
+                           "every rank (docs/tensor-parallel.md)")
+    rc = mt_life_reshape_begin(a._life)
+    if rc == MT_LIFE_EXPORTED and what == "wake":
+        # a live view means it is awake: say that, not BufferError
+        raise MetraleError("wake: the buffer arena is not sleeping")
+    if rc != MT_LIFE_OK:
+        raise_life(rc, "the buffer arena", what, a._exported())
+    try:
+        wait_life(a._life, MT_WAIT_OPERATIONS)
+    except BaseException:       # interrupted: as if it had not begun
+        mt_life_reshape_end(a._life, a._sleeping)
+        raise
+    release_orphans(a._gpu, a._orphans)
+    return 0
+
+
+def _arena_resize(BufferArena a, max_batch_tokens=None, max_seq_len=None, kv_block_size=None,
+                  max_batch_size=None, *, sizes=None):
+    """Change the limits of a reserved arena without moving a pointer.
+
+    Growing maps physical memory at the tail of each buffer that grew
+    (first, so that a refused mapping leaves the arena as it was);
+    then the chunks no buffer needs any more are unmapped and released.
+    Every pointer stays where it is; `sizes`, the ``*_bytes``
+    accessors, `buffers` and the zeroing helpers follow the new limits.
+    A CUDA graph captured before a growth replays correctly after it.
+    The device's pending work is waited for before anything is
+    unmapped.  A chunk is unmapped only whole, so a shrink keeps the
+    chunks still partly needed; on a sleeping arena resize only sets
+    the limits, and `wake` maps exactly what they need (sleep, resize,
+    wake gives back everything a shrink keeps).  Other threads'
+    operations on the arena are waited for; those that start meanwhile
+    raise MetraleError.
+
+    Parameters
+    ----------
+    max_batch_tokens, max_seq_len, kv_block_size, max_batch_size : int, optional
+        The new limits; None keeps the current one.  Each must be <= its
+        reserved limit.
+    sizes : BufferSizes, optional
+        For an arena built by `from_sizes`: the new sizes (each <= its
+        reserved size); then only `max_batch_tokens` and
+        `max_batch_size` may be given with it.
+
+    Raises
+    ------
+    ValueError
+        A limit above its reserved limit (named), or a size above its
+        reserved size.
+    TypeError
+        Both limits and `sizes` given, or a wrong type.
+    BufferError
+        A view of the arena is alive; nothing changed.
+    OutOfMemoryError
+        A physical allocation or mapping was refused; the arena is as
+        before.
+    MetraleError
+        The arena has no reservation or is released, or the backend
+        failed.
+    """
+    cdef uint64_t cur[MT_NBUF]
+    cdef uint64_t old[MT_NBUF]
+    cdef int i
+    if not a._reserved:
+        raise MetraleError("resize: the arena has no reservation (build it with reserve=...)")
+    if sizes is not None:
+        if max_seq_len is not None or kv_block_size is not None:
+            raise TypeError("resize: give either limits or sizes= (with max_batch_tokens "
+                            "and max_batch_size), not both")
+        if not isinstance(sizes, BufferSizes):
+            raise TypeError(f"sizes must be a BufferSizes, got {type(sizes).__name__}")
+        lim = sizes.limits
+        if lim is not None:         # limits recorded: derived, and a mismatch refused
+            if lim.tp_size != a._tp:
+                raise ValueError(f"resize: sizes for tp_size={lim.tp_size}, the arena's are "
+                                 f"for tp_size={a._tp}")
+            mbt = limit_arg(max_batch_tokens, "max_batch_tokens", 1, lim)
+            mbs = limit_arg(max_batch_size, "max_batch_size", 0, lim)
+            limits = limit_tuple(lim)
+        else:
+            mbt = a._max_tokens if max_batch_tokens is None else \
+                index_arg(max_batch_tokens, "max_batch_tokens", 1)
+            mbs = a._max_seqs if max_batch_size is None else index_arg(max_batch_size, "max_batch_size")
+            limits = None
+        new_sizes = sizes
+    else:
+        if a._model is None:
+            raise MetraleError("resize: this arena was built by from_sizes; pass sizes=")
+        given = (max_batch_tokens, max_seq_len, kv_block_size, max_batch_size)
+        if a._limits is None and None in given:
+            raise TypeError("resize: the current limits are unknown (the last resize was "
+                            "given sizes= that record none): give all four")
+        limits = tuple(a._limits[k] if given[k] is None else
+                       index_arg(given[k], _LIMITS[k], 1 if k in (0, 3) else 0) for k in range(4))
+        for k in range(4):
+            if limits[k] > a._top_limits[k]:
+                raise ValueError(f"resize: {_LIMITS[k]}={limits[k]} exceeds the reserved "
+                                 f"{_LIMITS[k]}={a._top_limits[k]}")
+        mbt, mbs = limits[0], limits[3]
+        new_sizes = BufferSizes.from_config(a._model, *limits, target=a._gpu.target(),
+                                            env=a._sizes.levers(), tp_size=a._tp)
+    decode_meta = DecodeMetaLayout.for_max_batch_size(mbs)
+    values, tops = new_sizes.as_tuple(), a._top_sizes.as_tuple()
+    for i in range(MT_NBUF):
+        if values[i] > tops[i]:
+            raise ValueError(f"resize: {BUFFER_NAMES[i]} needs {values[i]} bytes, above "
+                             f"its reserved {tops[i]} bytes")
+        cur[i] = values[i]
+    begin(a, "resize")
+    try:
+        for i in range(MT_NBUF):
+            old[i] = a._layout.size[i]
+        old_mbt = a._layout.max_batch_tokens
+        norm_grew = cur[_NORM] > old[_NORM]
+        if mt_layout_resize(&a._layout, cur, mbt, a._granule) != MT_OK:
+            raise ValueError("resize: a size exceeds its reserved room")
+        if not a._sleeping:         # asleep: wake maps for the new limits
+            try:
+                commit(a)           # grow first: on failure the arena is as before
+                if norm_grew:
+                    zero_fresh(a, False)
+                refill_guards(a)    # the bands after the buffers' new ends
+            except BaseException:
+                mt_layout_resize(&a._layout, old, old_mbt, a._granule)
+                try:
+                    trim(a)         # what the growth mapped goes back too
+                except Exception as e:
+                    logger().warning("buffer arena: unmapping after a failed resize failed: %s", e)
+                raise
+        a._sizes = new_sizes
+        a._bytes = values
+        a._max_tokens = mbt
+        a._decode_meta = decode_meta
+        a._max_seqs = mbs
+        a._reshapes += 1
+        a._moe_cache = {}
+        a._limits = limits          # None for sizes that record none
+        if not a._sleeping:
+            trim(a)                 # then give back what is no longer needed
+    finally:
+        mt_life_reshape_end(a._life, a._sleeping)    # paused while it sleeps
+    return None
+
+
+def _arena_sleep(BufferArena a, keep=()):
+    """Give back all physical memory; the pointers stay reserved.
+
+    The device's pending work is waited for; the buffers named in
+    `keep` are copied to host memory (pinned on CUDA); then every chunk
+    is unmapped and released.  Accessors keep returning the same
+    pointers; operations and views raise MetraleError until `wake`;
+    `resize` sets the limits `wake` maps for.  `release` of a sleeping
+    arena frees everything.
+
+    Parameters
+    ----------
+    keep : iterable of str, optional
+        Buffers whose contents `wake` restores.
+
+    Raises
+    ------
+    TypeError, ValueError
+        `keep` holds something other than a buffer name.
+    BufferError
+        A view of the arena is alive; nothing changed.
+    OutOfMemoryError
+        The host copies could not be allocated; nothing changed.
+    MetraleError
+        The arena has no reservation, already sleeps or is released; or
+        the backend failed a copy (nothing changed) or an unmap (the
+        arena then sleeps with that chunk still mapped; `wake` works).
+    """
+    cdef void *host = NULL
+    cdef Backend be = a._gpu
+    ids = buffer_ids(keep, "keep")
+    begin(a, "sleep")
+    try:
+        if a._sleeping:
+            raise MetraleError("sleep: the buffer arena is already sleeping")
+        be.quiesce()
+        kept = []
+        try:
+            for i in ids:
+                n = a._layout.size[i]
+                if n == 0:
+                    continue
+                be.host_alloc(n, &host)
+                kept.append((i, <uintptr_t>host, n))
+                be.d2h(host, a._base + a._layout.offset[i], n, 0)
+        except BaseException:
+            for _, p, _n in kept:
+                be.host_free(<void *><uintptr_t>p)
+            raise
+        a._kept = kept
+        a._sleeping = True
+        err = unmap_chunks(be, a._base, a._chunks, a._chunks, a._orphans)
+        if err is not None:
+            raise err
+    finally:
+        mt_life_reshape_end(a._life, a._sleeping)    # paused while it sleeps
+    return None
+
+
+def _arena_wake(BufferArena a):
+    """Map physical memory again at the same addresses after `sleep`.
+
+    Zeroes the zero_all set (one fused operation) and norm_unit_w, then
+    restores the buffers `sleep` kept (a kept buffer of the zero_all set
+    gets its kept contents; after a resize while asleep, up to the
+    buffer's new size); every other buffer's contents
+    are undefined (fresh memory).  A CUDA graph captured before the
+    sleep replays bit-identically afterwards.
+
+    Raises
+    ------
+    OutOfMemoryError
+        Physical memory was refused; the arena still sleeps (wake again
+        later).
+    MetraleError
+        The arena has no reservation, is not sleeping, is released, or
+        the backend failed; the arena then still sleeps.
+    """
+    cdef Backend be = a._gpu
+    begin(a, "wake")
+    try:
+        if not a._sleeping:
+            raise MetraleError("wake: the buffer arena is not sleeping")
+        try:
+            commit(a)
+            zero_fresh(a, True)     # then the kept buffers over it
+            for i, p, n in a._kept:     # up to the current size (a resize while asleep)
+                n = min(n, a._layout.size[i])
+                if n:
+                    be.h2d(a._base + a._layout.offset[i], <void *><uintptr_t>p, n, 0)
+            refill_guards(a)
+        except BaseException:
+            try:
+                be.quiesce()
+            except Exception:
+                pass
+            unmap_chunks(be, a._base, a._chunks, a._chunks, a._orphans)
+            raise
+        for _, p, _n in a._kept:
+            be.host_free(<void *><uintptr_t>p)
+        a._kept = []
+        a._sleeping = False
+        trim(a)                     # chunks a failed sleep left and the limits no longer need
+    finally:
+        mt_life_reshape_end(a._life, a._sleeping)    # paused while it sleeps
+    return None

@@ -1,0 +1,273 @@
+# cython: language_level=3, binding=False
+"""What a BufferArena holds, as values: each buffer as a `BufferInfo`
+(`arena.buffers`, a read-only mapping) and the whole arena as an
+`ArenaSummary` (`arena.summary()`; ``str()`` is a short report).
+BufferArena forwards `buffers` and `summary` here.
+"""
+
+cimport cython
+
+from metrale._arena cimport BufferArena
+from metrale._core cimport MT_NBUF
+from metrale._life cimport mt_life_released
+from metrale._view cimport buffer_dtypes
+
+from collections.abc import Mapping
+
+from metrale._buffers import BUFFER_INDEX, BUFFER_NAMES, GROUPS
+from metrale._record import Record
+
+# Private constructor key: ArenaBuffers come from BufferArena.buffers.
+cdef object _TOKEN = object()
+
+
+class BufferInfo(Record):
+    """One buffer of an arena: where it is and how big.
+
+    Attributes
+    ----------
+    name : str
+        The buffer's name.
+    ptr : int
+        Device pointer; 0 when the buffer is empty or the arena is released.
+    nbytes : int
+        Size in bytes as sized (unchanged by release).
+    offset : int or None
+        Offset from the start of the slab; None for an empty buffer.
+    dtype : str or None
+        Element type, as the catalogue records it (``"bfloat16"``,
+        ``"float32"``, ``"float8_e4m3fn"``, ``"int8"``, ``"int32"``,
+        ``"uint32"``); None where the buffer holds raw bytes, mixed
+        elements or q8_1 blocks (docs/buffers.md says what instead).
+    """
+
+    __slots__ = ("name", "ptr", "nbytes", "offset", "dtype")
+    _defaults = {"dtype": None}
+    _hex = ("ptr",)
+
+
+def _mib(n):
+    return f"{n / 1048576:,.2f} MiB"
+
+
+class ArenaSummary(Record):
+    """What an arena holds, as values (`BufferArena.summary`); ``str()`` is a
+    short text report.
+
+    Attributes
+    ----------
+    backend : str
+        repr of the backend.
+    max_batch_tokens : int
+        The token limit the buffers are sized for.
+    slab_bytes : int
+        Bytes of the one allocation, placement padding included.
+    total_bytes : int
+        The sizes' `BufferSizes.total_bytes`.
+    live_buffers : int
+        Buffers with a non-zero size.
+    null_buffers : tuple of str
+        Buffers sized 0 (pointer 0).
+    zero_all, zero_prefill : tuple of (int, int)
+        (offset, length) in the slab of the range each helper clears.
+    groups : dict of str to tuple of str
+        Helper -> the buffers it covers.
+    levers : dict of str to str
+        Environment levers in effect when the sizes were computed.
+    released : bool
+        Whether the arena has been released.
+    reserved : bool
+        Whether the arena is reserved (stable addresses): `slab_bytes` is
+        then the reservation, and zero_all / zero_prefill clear one range
+        per buffer inside the span given above (one fused operation).
+    committed_bytes : int
+        Physical bytes mapped now (`BufferArena.committed_bytes`).
+    sleeping : bool
+        Whether the arena sleeps (`BufferArena.sleep`).
+    guard_bytes : int
+        A debug arena's guard bytes after every live buffer (docs/debug.md);
+        0 without debug mode.  zero_all and zero_prefill then clear one
+        range per buffer inside the span given above (one fused operation),
+        leaving the guard bands out.
+    unreleased_handles : int
+        Physical handles of a reserved arena that are unmapped but whose
+        release the backend refused (a driver error during `sleep`, a
+        shrink or `release`); each is tried again at the next resize,
+        sleep, wake and release.  0 normally.
+    max_seq_len, kv_block_size : int or None
+        The other limits the buffers are sized for (None when the sizes
+        record none).
+    max_batch_size : int
+        The decode batch limit (it sets the decode metadata layout).
+    tp_size : int
+        The tensor-parallel ranks the buffers are per-rank sizes for.
+    """
+
+    __slots__ = ("backend", "max_batch_tokens", "slab_bytes", "total_bytes", "live_buffers",
+                 "null_buffers", "zero_all", "zero_prefill", "groups", "levers", "released",
+                 "reserved", "committed_bytes", "sleeping", "guard_bytes", "unreleased_handles",
+                 "max_seq_len", "kv_block_size", "max_batch_size", "tp_size")
+    _defaults = {"reserved": False, "committed_bytes": 0, "sleeping": False, "guard_bytes": 0,
+                 "unreleased_handles": 0, "max_seq_len": None, "kv_block_size": None,
+                 "max_batch_size": None, "tp_size": 1}
+
+    def __hash__(self):
+        return hash((self.backend, self.slab_bytes, self.zero_all, self.released))
+
+    def __str__(self):
+        state = " (released)" if self.released else " (sleeping)" if self.sleeping else ""
+        if self.reserved:
+            slab = (f"  slab:      {self.slab_bytes:,} bytes ({_mib(self.slab_bytes)}) reserved, "
+                    f"{self.committed_bytes:,} ({_mib(self.committed_bytes)}) mapped")
+            how = "one fused operation over {} ranges in {:,} bytes at offset {:,}"
+            za = how.format(len(self.groups["zero_all"]), self.zero_all[1], self.zero_all[0])
+            zp = how.format(len(self.groups["prefill"]), self.zero_prefill[1], self.zero_prefill[0])
+        else:
+            slab = f"  slab:      {self.slab_bytes:,} bytes ({_mib(self.slab_bytes)}), one allocation"
+            za = f"one range of {self.zero_all[1]:,} bytes at offset {self.zero_all[0]:,}"
+            zp = f"one range of {self.zero_prefill[1]:,} bytes at offset {self.zero_prefill[0]:,}"
+        if self.guard_bytes:
+            how = "one fused operation over {} ranges in {:,} bytes at offset {:,}"
+            za = how.format(len(self.groups["zero_all"]), self.zero_all[1], self.zero_all[0])
+            zp = how.format(len(self.groups["prefill"]), self.zero_prefill[1], self.zero_prefill[0])
+            slab += f"; debug: a guard band after every live buffer ({self.guard_bytes:,} bytes + padding)"
+        lines = [
+            f"BufferArena on {self.backend}" + state,
+            slab,
+            f"  buffers:   {self.live_buffers} live, {len(self.null_buffers)} empty"
+            + (f" ({', '.join(self.null_buffers)})" if self.null_buffers else ""),
+            f"  sized for: max_batch_tokens={self.max_batch_tokens}, max_seq_len="
+            f"{self.max_seq_len}, kv_block_size={self.kv_block_size}, max_batch_size="
+            f"{self.max_batch_size}" + (f", tp_size={self.tp_size}" if self.tp_size != 1 else ""),
+            f"  total_bytes(): {self.total_bytes:,} ({_mib(self.total_bytes)})",
+            f"  zero_all:                {len(self.groups['zero_all'])} buffers, {za}",
+            f"  zero_prefill_essentials: {len(self.groups['prefill'])} buffers, {zp}",
+            f"  zero_all_rows:           {len(self.groups['rows'])} buffers row-trimmed",
+            "  levers:    " + (", ".join(f"{k}={v}" for k, v in self.levers.items()) or "none"),
+        ]
+        if self.unreleased_handles:
+            lines.append(f"  WARNING:   {self.unreleased_handles} physical handle(s) unmapped but "
+                         "not released (the backend refused); retried at the next reshape "
+                         "and at release")
+        return "\n".join(lines)
+
+
+@cython.final
+cdef class ArenaBuffers:
+    """The buffers of an arena as a read-only mapping: name -> `BufferInfo`.
+
+    Iterates in canonical order over all 46 names, empty buffers included
+    (pointer 0); ``name in arena.buffers``, ``len(arena.buffers) == 46``.
+    A lookup gives the buffer as it is now: after a `resize` its new size,
+    after `release` pointer 0.  Got from `BufferArena.buffers`.
+    """
+
+    cdef BufferArena _arena      # the arena keeps no reference back: no cycle
+
+    def __cinit__(self, token=None):
+        if token is not _TOKEN:
+            raise TypeError("ArenaBuffers is got from BufferArena.buffers")
+
+    cdef dict _current(self):
+        return infos(self._arena)
+
+    def __getitem__(self, name):
+        try:
+            return self._current()[name]
+        except TypeError:           # an unhashable key is no buffer name either
+            raise KeyError(name) from None
+
+    def get(self, name, default=None):
+        """The `BufferInfo` of `name`, or `default` if it is no buffer.
+
+        Parameters
+        ----------
+        name : str
+            A buffer name.
+        default : object, optional
+            What to return for a name that is no buffer (None).
+
+        Returns
+        -------
+        BufferInfo or object
+        """
+        try:
+            return self[name]
+        except KeyError:
+            return default
+
+    def __iter__(self):
+        return iter(BUFFER_NAMES)
+
+    def __len__(self):
+        return MT_NBUF
+
+    def __contains__(self, name):
+        return isinstance(name, str) and name in BUFFER_INDEX
+
+    def keys(self):
+        """The buffer names, in canonical order (a keys view)."""
+        return self._current().keys()
+
+    def items(self):
+        """(name, `BufferInfo`) pairs, in canonical order (an items view)."""
+        return self._current().items()
+
+    def values(self):
+        """The `BufferInfo` of every buffer, in canonical order (a values view)."""
+        return self._current().values()
+
+    def __eq__(self, other):
+        if isinstance(other, Mapping):
+            return dict(self.items()) == dict(other.items())
+        return NotImplemented
+
+    __hash__ = None
+
+    def __repr__(self):
+        return f"<ArenaBuffers of {self._arena!r}: {MT_NBUF} buffers>"
+
+
+Mapping.register(ArenaBuffers)
+
+
+cdef dict infos(BufferArena a):
+    """The BufferInfo of every buffer of `a`, made again only when a buffer
+    changed: the arena replaces its pointer and size tuples whenever one does."""
+    if a._infos is None or a._infos_of[0] is not a._ptrs or a._infos_of[1] is not a._bytes:
+        of = (a._ptrs, a._bytes)
+        dtypes = buffer_dtypes()
+        a._infos = {BUFFER_NAMES[i]: BufferInfo(BUFFER_NAMES[i], a._ptrs[i], a._bytes[i],
+                                                a._layout.offset[i] if a._layout.size[i] else None,
+                                                dtypes[i])
+                    for i in range(MT_NBUF)}
+        a._infos_of = of
+    return a._infos
+
+
+def _buffer_map(BufferArena arena):
+    """BufferArena.buffers: a mapping that reads `arena` when looked up."""
+    cdef ArenaBuffers m = ArenaBuffers.__new__(ArenaBuffers, _TOKEN)
+    m._arena = arena
+    return m
+
+
+def _arena_summary(BufferArena a):
+    """What this arena holds: slab, live and empty buffers, zero ranges,
+    levers.
+
+    Returns
+    -------
+    ArenaSummary
+        Values as attributes; ``str(summary)`` is a text report.
+    """
+    return ArenaSummary(
+        repr(a._gpu), a._max_tokens, a._layout.slab_bytes, a._sizes.total_bytes(),
+        sum(1 for v in a._bytes if v),
+        tuple(BUFFER_NAMES[i] for i in range(MT_NBUF) if not a._bytes[i]),
+        (a._layout.zero_all.offset, a._layout.zero_all.length),
+        (a._layout.zero_prefill.offset, a._layout.zero_prefill.length),
+        {g: GROUPS[g] for g in ("zero_all", "prefill", "rows", "checksum")},
+        a._sizes.levers(), bool(mt_life_released(a._life)), bool(a._reserved),
+        a.committed_bytes(), bool(a._sleeping), a._layout.guard, len(a._orphans),
+        a.max_seq_len(), a.kv_block_size(), a._max_seqs, a._tp)
