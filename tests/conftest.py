@@ -44,11 +44,13 @@ def pytest_runtest_setup(item):
     # METRALE_REQUIRE_GPU=1 (the tools/gpu_*_check.sh scripts) it fails instead,
     # so that a GPU run cannot pass by skipping everything.
     missing = None
-    if item.get_closest_marker("gpu") or item.get_closest_marker("two_gpus"):
-        if cuda_backend() is None:
-            missing = cuda_reason()
-    if missing is None and item.get_closest_marker("two_gpus") and cuda_device_count() < 2:
-        missing = f"needs two CUDA devices (found {cuda_device_count()})"
+    if item.get_closest_marker("two_gpus"):
+        # Counted through the driver: the ranks run in processes of their own
+        # and need no CudaBackend in this one.
+        if cuda_device_count() < 2:
+            missing = f"needs two CUDA devices (found {cuda_device_count()})"
+    elif item.get_closest_marker("gpu") and cuda_backend() is None:
+        missing = cuda_reason()
     if missing is not None:
         if os.environ.get("METRALE_REQUIRE_GPU") == "1":
             pytest.fail(f"METRALE_REQUIRE_GPU=1 but {missing}", pytrace=False)
