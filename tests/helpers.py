@@ -40,12 +40,21 @@ def expected_rows_length(n, m, tokens):
     return n
 
 
+# The markers of the tests that need devices (registered in pyproject.toml,
+# applied and checked by conftest.py).
+DEVICE_MARKERS = {
+    "gpu": "needs one CUDA device (skipped without one; pytest -m gpu runs these)",
+    "two_gpus": "needs two CUDA devices (skipped without them; pytest -m two_gpus)",
+}
+
 _reason = None
 _backend = None
+_devices = None
 
 
 def cuda_backend():
-    """The shared CudaBackend(0), or None where none can be made (see cuda_reason())."""
+    """The shared CudaBackend(0), or None where none can be made (see
+    cuda_reason()).  Tests get it through the gpu and backend fixtures."""
     global _reason, _backend
     if _backend is None and _reason is None:
         try:
@@ -57,6 +66,21 @@ def cuda_backend():
 
 def cuda_reason():
     return _reason
+
+
+def cuda_device_count():
+    """CUDA devices the driver sees, 0 where there is no driver (asked once)."""
+    global _devices
+    if _devices is None:
+        _devices = 0
+        try:
+            from cuda.bindings import driver
+            if driver.cuInit(0)[0] == driver.CUresult.CUDA_SUCCESS:
+                err, n = driver.cuDeviceGetCount()
+                _devices = n if err == driver.CUresult.CUDA_SUCCESS else 0
+        except Exception:
+            pass
+    return _devices
 
 
 def live_counts(gpu):

@@ -1,21 +1,14 @@
 """GPU-only behaviour: target, graph capture of the zeroing helpers, views for
-torch / CuPy, driver errors.  Skipped with the reason where no GPU is usable."""
+torch / CuPy, driver errors (the tests taking the `gpu` fixture, skipped with
+the reason where no GPU is usable); and the CUDA backend's host-side errors."""
 
 import pytest
 
 import metrale
 from metrale import BufferArena, BufferSizes, MetraleError, OutOfMemoryError
 
-from helpers import (PREFILL, PRESET, ZERO_ALL, Mem, check_zeroed, cuda_backend, cuda_reason,
+from helpers import (PREFILL, PRESET, ZERO_ALL, Mem, check_zeroed, cuda_backend,
                      expected_rows_length, fill_all, rows_expectation, slab_base)
-
-
-@pytest.fixture
-def gpu():
-    g = cuda_backend()
-    if g is None:
-        pytest.skip(cuda_reason())
-    return g
 
 
 def test_unavailable_is_a_clear_error():
@@ -298,7 +291,7 @@ def test_shipped_ptx_matches_its_source(tmp_path):
     pkg = Path(metrale.__file__).parent
     kdir = pkg / "kernels"
     if not (kdir / "zero_ranges.ptx").exists():
-        pytest.skip("this build of metrale ships no CUDA kernels")
+        pytest.skip("this build of metrale ships no PTX")
     shipped = (kdir / "zero_ranges.ptx").read_text()
     # Not under the sanitizer stage's LD_PRELOAD: nvcc crashes with libasan preloaded.
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}

@@ -469,16 +469,7 @@ def test_element_types_on_the_buffer_mapping():
     assert metrale.DebugOptions is DebugOptions
 
 
-# -- GPU only: the kernels against the host's C, torch kernels, graph capture ----------
-@pytest.fixture
-def gpu():
-    from helpers import cuda_backend, cuda_reason
-    g = cuda_backend()
-    if g is None:
-        pytest.skip(cuda_reason())
-    return g
-
-
+# -- GPU only (the gpu fixture): the kernels against the host's C, torch kernels, graphs --
 def _torch():
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():

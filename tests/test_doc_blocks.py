@@ -5,8 +5,9 @@ whose working directory is the repository root, on the host backend (a block
 that defines ``test_*`` functions has them called, as pytest would).  A block
 preceded by the line ``<!-- doc-block: gpu -->`` needs a CUDA device: it runs
 on its own (its own namespace) where a CudaBackend can be made, and is skipped
-elsewhere; ``<!-- doc-block: two-gpus -->`` marks a torchrun script for two
-GPUs, run with ``torch.distributed.run`` where two are present.  Only the
+elsewhere (marker gpu); ``<!-- doc-block: two-gpus -->`` marks a torchrun script
+for two GPUs, run with ``torch.distributed.run`` where two are present (marker
+two_gpus).  Only the
 source tree has the pages: an installed copy of the tests skips them."""
 
 import pathlib
@@ -16,8 +17,6 @@ import sys
 import textwrap
 
 import pytest
-
-from helpers import cuda_backend, cuda_reason
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PAGES = ([ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))) \
@@ -80,18 +79,18 @@ def test_host_blocks_run_in_order(page, parts):
     _run(parts)
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("label,source", GPU, ids=[g[0] for g in GPU])
 def test_gpu_blocks_run(label, source):
-    if cuda_backend() is None:
-        pytest.skip(cuda_reason())
     _run([(label, source)])
 
 
+@pytest.mark.two_gpus
 @pytest.mark.parametrize("label,source", TWO, ids=[t[0] for t in TWO])
 def test_two_gpu_blocks_run_under_torchrun(label, source, tmp_path):
     torch = pytest.importorskip("torch")
     if torch.cuda.device_count() < 2:
-        pytest.skip("needs two CUDA devices")
+        pytest.skip("torch sees fewer than two CUDA devices")
     script = tmp_path / "block.py"
     script.write_text(source, encoding="utf-8")
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",

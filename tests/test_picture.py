@@ -1,11 +1,10 @@
-"""metrale.picture: the SVG of a slab, parsed and checked against the plan dict
-(geometry to scale, overlays, labels, NULL list, escaping, input validation),
+"""metrale.picture: the SVG of a slab, drawn as `metrale plan --svg` draws it,
+parsed and checked against the plan dict of `metrale plan --json` (geometry to
+scale, overlays, labels, NULL list, escaping, argument checks),
 plus the Chromium screenshot check of tools/render_svg.py where a browser is
 installed."""
 
-import copy
 import importlib.util
-import json
 import random
 import struct
 import xml.etree.ElementTree as ET
@@ -15,7 +14,8 @@ from pathlib import Path
 import pytest
 
 import helpers
-from metrale import cli
+from metrale import BufferSizes, ModelConfig, Target, cli
+from metrale._layout import plan_layout
 from metrale.picture import render_svg
 
 NS = "{http://www.w3.org/2000/svg}"
@@ -31,24 +31,36 @@ TOL = 1e-4
 OVERLAP_TOL = 2e-4
 
 
+def args_of(*argv):
+    return cli._parser().parse_args(["plan", *argv])
+
+
 def make_plan(*argv):
-    return cli.plan(cli._parser().parse_args(["plan", *argv]))
+    return cli.plan(args_of(*argv))
 
 
-PLANS = {
-    "qwen3-next-80b": make_plan("--preset", "qwen3-next-80b"),
-    "gemma-4-dense": make_plan("--preset", "gemma-4-dense", "--tokens", "7"),
-    "nemotron-h": make_plan("--preset", "nemotron-h", "--tokens", "0"),
+def draw(*argv):
+    """The SVG of `metrale plan ARGV --svg FILE`, as the CLI draws it."""
+    args = args_of(*argv)
+    return cli._picture(args, cli._Planned(args))
+
+
+ARGV = {
+    "qwen3-next-80b": ("--preset", "qwen3-next-80b"),
+    "gemma-4-dense": ("--preset", "gemma-4-dense", "--tokens", "7"),
+    "nemotron-h": ("--preset", "nemotron-h", "--tokens", "0"),
     # 1000 is not a multiple of 16: the ceil16 branch of zero_all_rows.
-    "qwen-m1000-t3": make_plan("--preset", "qwen3-next-80b", "--max-batch-tokens", "1000",
-                               "--tokens", "3"),
+    "qwen-m1000-t3": ("--preset", "qwen3-next-80b", "--max-batch-tokens", "1000",
+                      "--tokens", "3"),
     # A tiny max_batch_tokens: tokens >= m, rows ranges are zero_all's.
-    "qwen-m1": make_plan("--preset", "qwen3-next-80b", "--max-batch-tokens", "1"),
+    "qwen-m1": ("--preset", "qwen3-next-80b", "--max-batch-tokens", "1"),
 }
+PLANS = {key: make_plan(*argv) for key, argv in ARGV.items()}
+SVGS = {key: draw(*argv) for key, argv in ARGV.items()}
 
 
-def parse(plan):
-    return ET.fromstring(render_svg(plan))
+def parse(key):
+    return ET.fromstring(SVGS[key])
 
 
 def human(n):
@@ -84,7 +96,7 @@ def box(r):
 @pytest.mark.parametrize("key", list(PLANS))
 def test_every_buffer_one_rect_to_scale(key):
     plan = PLANS[key]
-    root = parse(plan)
+    root = parse(key)
     top, scale, x, width = frame(root)
     (slab,) = rects(root, "data-slab")
     assert int(slab.get("data-bytes")) == plan["slab_bytes"]
@@ -106,7 +118,7 @@ def test_every_buffer_one_rect_to_scale(key):
 @pytest.mark.parametrize("key", list(PLANS))
 def test_rects_do_not_overlap_and_gaps_are_the_padding(key):
     plan = PLANS[key]
-    root = parse(plan)
+    root = parse(key)
     top, scale, _, _ = frame(root)
     spans = sorted(box(r) for r in rects(root, "data-buffer"))
     for (y0, h0), (y1, _) in zip(spans, spans[1:]):
@@ -136,7 +148,7 @@ def test_rects_do_not_overlap_and_gaps_are_the_padding(key):
 @pytest.mark.parametrize("key", list(PLANS))
 def test_zero_range_overlays(key):
     plan = PLANS[key]
-    root = parse(plan)
+    root = parse(key)
     top, scale, _, _ = frame(root)
     expected = {"zero_all": [plan["zero_all"]], "zero_prefill": [plan["zero_prefill"]],
                 "zero_all_rows": plan["zero_all_rows"]["ranges"]}
@@ -172,7 +184,7 @@ def test_zero_columns_follow_arena_rules():
     for key, m in (("qwen3-next-80b", 8192), ("qwen-m1000-t3", 1000), ("qwen-m1", 1)):
         plan = PLANS[key]
         tokens = plan["zero_all_rows"]["tokens"]
-        cells = {t.get("data-zero"): t.text for t in texts(parse(plan), "data-zero")}
+        cells = {t.get("data-zero"): t.text for t in texts(parse(key), "data-zero")}
         for b in plan["buffers"]:
             name, n = b["buffer"], b["bytes"]
             if b["null"]:
@@ -190,7 +202,7 @@ def test_zero_columns_follow_arena_rules():
 @pytest.mark.parametrize("key", ["qwen3-next-80b", "gemma-4-dense"])
 def test_labels_name_every_buffer_with_its_size(key):
     plan = PLANS[key]
-    root = parse(plan)
+    root = parse(key)
     names = {t.get("data-label"): t.text for t in texts(root, "data-label")}
     sizes = {t.get("data-size"): t.text for t in texts(root, "data-size")}
     for b in plan["buffers"]:
@@ -210,7 +222,7 @@ def test_labels_name_every_buffer_with_its_size(key):
 
 
 def test_known_size_labels():
-    root = parse(PLANS["qwen3-next-80b"])
+    root = parse("qwen3-next-80b")
     inline = {t.text for t in texts(root, "data-inline")}
     assert "logits 46.4 MiB" in inline and "ssm_conv_out_f32 384 MiB" in inline
     sizes = {t.get("data-size"): t.text for t in texts(root, "data-size")}
@@ -221,7 +233,7 @@ def test_known_size_labels():
 @pytest.mark.parametrize("key", list(PLANS))
 def test_null_buffers_listed(key):
     plan = PLANS[key]
-    root = parse(plan)
+    root = parse(key)
     listed = [t.text for t in texts(root, "data-null")]
     assert listed == plan["null_buffers"]
     assert {b["buffer"] for b in plan["buffers"] if b["null"]} == set(listed)
@@ -230,7 +242,7 @@ def test_null_buffers_listed(key):
 
 def test_title_and_limits():
     plan = PLANS["gemma-4-dense"]
-    all_text = " ".join(t.text or "" for t in texts(parse(plan)))
+    all_text = " ".join(t.text or "" for t in texts(parse("gemma-4-dense")))
     assert "Slab of gemma-4-dense (gemma4)" in all_text
     for k in ("max_batch_tokens", "max_seq_len", "kv_block_size", "max_batch_size"):
         assert f"{k} {plan[k]:,}" in all_text
@@ -238,13 +250,20 @@ def test_title_and_limits():
     assert f"target {plan['target']['sm_count']} SMs" in all_text
 
 
+# Typed plans made here, not by the CLI: the qwen-m1 case, without levers.
+SIZES = BufferSizes.from_config(helpers.PRESET, 1, 4096, 16, 32, env=helpers.NOENV)
+LAYOUT = plan_layout(SIZES, 1)
+ARGS = {"target": Target.reference(), "tokens": 1, "model": "qwen3-next-80b",
+        "model_type": "qwen3_next"}
+
+
+def draw_typed(layout=LAYOUT, sizes=SIZES, **changes):
+    return render_svg(layout, sizes, **{**ARGS, **changes})
+
+
 def test_special_characters_are_escaped(tmp_path):
-    plan = copy.deepcopy(PLANS["qwen-m1"])
     evil = "/tmp/<svg onload='x'>&amp;\"q\"\x01\udce9/config.json"
-    plan["model"] = evil
-    plan["model_type"] = "<b>&"
-    plan["target"]["splitk"] = "a<b"
-    doc = render_svg(plan)
+    doc = draw_typed(model=evil, model_type="<b>&")
     assert "<svg onload" not in doc and "<b>" not in doc
     root = ET.fromstring(doc)                     # still parses
     (title,) = [t for t in texts(root) if t.get("data-title") == "model"]
@@ -258,19 +277,17 @@ def test_special_characters_are_escaped(tmp_path):
 
 
 def test_long_model_name_is_shortened_in_the_middle():
-    plan = copy.deepcopy(PLANS["qwen-m1"])
-    plan["model"] = "/data/" + "d" * 300 + "/config.json"
-    root = parse(plan)
+    model = "/data/" + "d" * 300 + "/config.json"
+    root = ET.fromstring(draw_typed(model=model))
     (title,) = [t for t in texts(root) if t.get("data-title") == "model"]
     assert len(title.text) < 100 and title.text.endswith("/config.json (qwen3_next)")
     assert "\u2026" in title.text
-    assert plan["model"] in root.find(NS + "title").text
+    assert model in root.find(NS + "title").text
 
 
 def test_standalone_small_and_deterministic():
-    plan = PLANS["qwen3-next-80b"]
-    doc = render_svg(plan)
-    assert doc == render_svg(copy.deepcopy(plan))
+    doc = SVGS["qwen3-next-80b"]
+    assert doc == draw(*ARGV["qwen3-next-80b"])
     assert len(doc.encode()) < 1_000_000
     for external in ("<script", "<image", "@import", "@font-face", "href=", "<foreignObject"):
         assert external not in doc
@@ -280,52 +297,57 @@ def test_standalone_small_and_deterministic():
     assert all(el.tag.startswith(NS) for el in root.iter())
 
 
-def test_accepts_json_and_ignores_unknown_keys():
-    plan = json.loads(json.dumps(PLANS["nemotron-h"]))
-    plan["levers"] = [{"name": "X", "on": True}]
-    plan["something_new"] = object()
-    assert render_svg(plan) == render_svg(PLANS["nemotron-h"])
+def test_cli_draws_the_plan_it_prints():
+    """The CLI hands the picture the model, limits, target and T it was given:
+    the same picture from typed objects made here with the CLI's defaults
+    (8192 / 4096 / 16 / 32, the reference target) written out."""
+    sizes = BufferSizes.from_config(ModelConfig.preset("gemma-4-dense"), 8192, 4096, 16, 32,
+                                    target=Target(48, "legacy"))
+    doc = render_svg(plan_layout(sizes, 8192), sizes, target=Target(48, "legacy"), tokens=7,
+                     model="gemma-4-dense", model_type="gemma4")
+    assert doc == SVGS["gemma-4-dense"]
 
 
-def _broken(change):
-    plan = copy.deepcopy(PLANS["qwen-m1"])
-    change(plan)
-    return plan
+def test_kv_block_size_0_is_drawn():
+    # 0 means 256 blocks: a limit the plan accepts, so the picture draws it.
+    plan = make_plan("--preset", "nemotron-h", "--kv-block-size", "0")
+    root = ET.fromstring(draw("--preset", "nemotron-h", "--kv-block-size", "0"))
+    assert "kv_block_size 0 \u00b7" in " ".join(t.text or "" for t in texts(root))
+    assert {r.get("data-buffer"): int(r.get("data-offset"))
+            for r in rects(root, "data-buffer")} == \
+        {b["buffer"]: b["offset"] for b in plan["buffers"] if not b["null"]}
+
+
+def test_a_layout_is_checked_against_its_sizes():
+    # Sizes that differ only inside the placement padding plan to the same
+    # layout: the picture of sizes with that layout is the picture of their own plan.
+    sizes = SIZES.replace(o_latent=SIZES.o_latent - 1)
+    assert draw_typed(sizes=sizes) == draw_typed(plan_layout(sizes, 1), sizes)
+    assert draw_typed(sizes=sizes) != draw_typed()
+
+
+ZEROS = SIZES.replace(**{name: 0 for name in SIZES})
 
 
 @pytest.mark.parametrize("change, error, words", [
-    (lambda p: p.pop("slab_bytes"), ValueError, "'slab_bytes'"),
-    (lambda p: p.pop("zero_all_rows"), ValueError, "'zero_all_rows'"),
-    (lambda p: p["buffers"][3].update(bytes="64"), TypeError, "['buffers'][3]['bytes']"),
-    (lambda p: p["buffers"][3].update(bytes=True), TypeError, "['bytes']"),
-    (lambda p: p["buffers"][3].update(offset=-256), ValueError, "['offset']"),
-    (lambda p: p.update(buffers="hidden_states"), TypeError, "plan['buffers']"),
-    (lambda p: p["buffers"].__setitem__(0, None), TypeError, "plan['buffers'][0]"),
-    (lambda p: p["buffers"][1].update(offset=0), ValueError, "overlap"),
-    (lambda p: p["buffers"][1].update(buffer="hidden_states"), ValueError, "twice"),
-    (lambda p: p["buffers"][0].update(offset=p["slab_bytes"]), ValueError, "past the slab"),
-    (lambda p: p["buffers"][0].update(null=True), ValueError, "null"),
-    (lambda p: p["buffers"][0].update(null="no"), TypeError, "['null']"),
-    (lambda p: p["buffers"][0].update(bytes=0), ValueError, "0 bytes"),
-    (lambda p: p["zero_all"].update(length=p["slab_bytes"] + 1), ValueError, "plan['zero_all']"),
-    (lambda p: p["zero_all_rows"].update(tokens=-1), ValueError, "['tokens']"),
-    (lambda p: p["zero_all_rows"]["ranges"].append(3), TypeError, "['ranges'][1]"),
-    (lambda p: p.update(null_buffers=[1]), TypeError, "['null_buffers'][0]"),
-    (lambda p: p.update(model=None), TypeError, "plan['model']"),
-    (lambda p: p.update(target={"sm_count": 48}), ValueError, "'splitk'"),
-    (lambda p: p.update(max_seq_len=0), ValueError, "plan['max_seq_len']"),
-    (lambda p: p.update(buffers=[b for b in p["buffers"] if b["null"]]), ValueError,
-     "no buffer"),
+    ({"layout": PLANS["qwen-m1"]}, TypeError, "layout must be a SlabPlan, not dict"),
+    ({"sizes": dict(SIZES)}, TypeError, "sizes must be a BufferSizes, not dict"),
+    ({"target": (48, "legacy")}, TypeError, "target must be a Target, not tuple"),
+    ({"model": None}, TypeError, "model must be a str, not NoneType"),
+    ({"model_type": None}, TypeError, "model_type must be a str, not NoneType"),
+    ({"tokens": -1}, ValueError, "tokens must be >= 0"),
+    ({"tokens": "1"}, TypeError, "tokens must be an int"),
+    ({"sizes": BufferSizes(**SIZES)}, ValueError, "sizes has no limits"),
+    ({"layout": plan_layout(SIZES, 2)}, ValueError, "not the plan of sizes"),
+    ({"layout": plan_layout(SIZES.replace(logits=SIZES.logits + 4096), 1)}, ValueError,
+     "not the plan of sizes"),
+    ({"sizes": SIZES.replace(logits=SIZES.logits + 4096)}, ValueError, "not the plan of sizes"),
+    ({"sizes": ZEROS, "layout": plan_layout(ZEROS, 1)}, ValueError, "no buffer"),
 ])
-def test_invalid_plans_are_named(change, error, words):
+def test_bad_arguments_are_named(change, error, words):
     with pytest.raises(error) as info:
-        render_svg(_broken(change))
+        draw_typed(**change)
     assert words in str(info.value)
-
-
-def test_not_a_mapping():
-    with pytest.raises(TypeError, match="plan must be a dict, not list"):
-        render_svg([])
 
 
 # -- tools/render_svg.py: the PNG decoder and the Chromium check ----------------
@@ -341,6 +363,16 @@ def tool():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def test_docs_image_is_current():
+    # docs/slab.svg is `metrale plan --preset qwen3-next-80b --svg` (written by
+    # tools/render_svg.py --write-docs): a change to the picture shows here.
+    svg = TOOL.parent.parent / "docs" / "slab.svg"
+    if not svg.exists():
+        pytest.skip(f"{svg} is not here (tests run from a copy, outside the source tree)")
+    assert svg.read_text(encoding="utf-8") == SVGS["qwen3-next-80b"], \
+        "docs/slab.svg is stale: python tools/render_svg.py --write-docs"
 
 
 def _encode_png(width, height, pixels, ctype, bpp, filters):
@@ -440,7 +472,7 @@ def test_chromium_screenshot_shows_the_picture(tool, tmp_path):
     if chromium is None:
         pytest.skip("no chromium on PATH (Debian: apt-get install chromium)")
     svg, png = tmp_path / "slab.svg", tmp_path / "slab.png"
-    svg.write_text(render_svg(PLANS["gemma-4-dense"]), encoding="utf-8")
+    svg.write_text(SVGS["gemma-4-dense"], encoding="utf-8")
     tool.screenshot(svg, png, chromium)
     report = tool.check_screenshot(svg, png)
     assert any(line.startswith("buffer fills") for line in report)

@@ -490,9 +490,7 @@ def test_resize_while_asleep_gives_back_what_a_shrink_cannot(backend):
 
 # -- CUDA only: graphs captured over a reserved arena -----------------------------
 
-def _cuda_torch(backend):
-    if isinstance(backend, metrale.HostBackend):
-        pytest.skip("CUDA graphs need a GPU")
+def _cuda_torch():
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("torch has no CUDA here")
@@ -500,9 +498,9 @@ def _cuda_torch(backend):
 
 
 @pytest.mark.parametrize("tokens", [1, 17])
-def test_graph_replays_after_wake_and_growth(backend, tokens):
-    torch = _cuda_torch(backend)
-    with reserved(backend) as a:
+def test_graph_replays_after_wake_and_growth(gpu, tokens):
+    torch = _cuda_torch()
+    with reserved(gpu) as a:
         ptrs = pointers(a)
         stream = torch.cuda.Stream()
         g = torch.cuda.CUDAGraph()
@@ -520,7 +518,7 @@ def test_graph_replays_after_wake_and_growth(backend, tokens):
                 a.resize(*TOP)
             elif step == "after shrink":
                 a.resize(*LIMITS)
-            m = fill_all(a, backend)
+            m = fill_all(a, gpu)
             g.replay()
             torch.cuda.synchronize()
             check_zeroed(a, m, expect)
@@ -532,18 +530,18 @@ def test_graph_replays_after_wake_and_growth(backend, tokens):
         del g
 
 
-def test_graph_with_a_writing_node_replays_after_wake_and_growth(backend):
+def test_graph_with_a_writing_node_replays_after_wake_and_growth(gpu):
     """A graph capturing zero_all_rows and a node that writes a buffer (a
     device-to-device copy of a pattern into hidden_states, enqueued through
     the driver on the capturing stream), captured before sleep: after wake,
     a growth and a shrink each replay writes the same bytes at the same
     addresses, sentinel-checked around them."""
     import numpy as np
-    torch = _cuda_torch(backend)
+    torch = _cuda_torch()
     driver = pytest.importorskip("cuda.bindings.driver")
     tokens, n = 2, 1024                                 # one hidden_states row of COMPACT
     pattern = (np.arange(n) % 251).astype(np.uint8)
-    with reserved(backend) as a:
+    with reserved(gpu) as a:
         ptrs = pointers(a)
         src = torch.from_numpy(pattern).cuda()
         g = torch.cuda.CUDAGraph()
@@ -566,7 +564,7 @@ def test_graph_with_a_writing_node_replays_after_wake_and_growth(backend):
             elif step == "after shrink":
                 a.resize(*LIMITS)
             assert pointers(a) == ptrs, step
-            m = fill_all(a, backend)
+            m = fill_all(a, gpu)
             g.replay()
             torch.cuda.synchronize()
             hs = m.read("hidden_states")
@@ -589,17 +587,15 @@ def test_clear_ranges_accepts_mapped_memory(backend):
             backend.clear_ranges([(past, 256)])
 
 
-def test_cuda_memory_given_back(backend):
-    if isinstance(backend, metrale.HostBackend):
-        pytest.skip("cuMemGetInfo: CUDA only")
-    with reserved(backend, limits=TOP) as a:
-        before = backend.mem_info()[0]
+def test_cuda_memory_given_back(gpu):
+    with reserved(gpu, limits=TOP) as a:
+        before = gpu.mem_info()[0]
         committed = a.committed_bytes()
         a.sleep()
-        freed = backend.mem_info()[0] - before
+        freed = gpu.mem_info()[0] - before
         assert freed >= 0.99 * committed
         a.wake()
-        assert before - backend.mem_info()[0] < 0.01 * committed
+        assert before - gpu.mem_info()[0] < 0.01 * committed
 
 
 # -- any sequence of reshapes keeps the invariants ------------------------------------

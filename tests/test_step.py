@@ -470,13 +470,9 @@ def _torch():
 
 
 @pytest.mark.parametrize("preset", ["qwen3-next-80b", "deepseek-v4", "nemotron-h"])
-def test_one_graph_replays_every_batch_size(preset):
+def test_one_graph_replays_every_batch_size(gpu, preset):
     """Captured once at capacity; each replay leaves the slab as eager
     zero_all_rows(n) followed by writing the staging, and as ARENA §5.2 says."""
-    from helpers import cuda_backend, cuda_reason
-    gpu = cuda_backend()
-    if gpu is None:
-        pytest.skip(cuda_reason())
     torch = _torch()
     M = 8192
     rng = np.random.default_rng(1)

@@ -1,8 +1,8 @@
 """Tensor-parallel arenas on two GPUs (docs/tensor-parallel.md): two ranks
 (spawned processes, one device each, the file-backed group double of
 tests/helpers.py, no torch) share their slabs as POSIX-fd handles and read and
-write each other's buffers through the peer mappings.  Skipped without two
-CUDA devices; the host half of the protocol is tests/test_tp.py."""
+write each other's buffers through the peer mappings.  Marked two_gpus (skipped
+without two CUDA devices); the host half of the protocol is tests/test_tp.py."""
 
 import pytest
 
@@ -15,19 +15,7 @@ from helpers import COMPACT, FileGroup, process_resources, run_ranks, vm_counts
 CFG = COMPACT
 LIMITS = (64, 512, 16, 8)
 
-
-def _device_count():
-    try:
-        from cuda.bindings import driver
-        if driver.cuInit(0)[0] != driver.CUresult.CUDA_SUCCESS:
-            return 0
-        err, n = driver.cuDeviceGetCount()
-        return n if err == driver.CUresult.CUDA_SUCCESS else 0
-    except Exception:
-        return 0
-
-
-pytestmark = pytest.mark.skipif(_device_count() < 2, reason="needs two CUDA devices")
+pytestmark = pytest.mark.two_gpus
 
 
 def cuda_rank_share(rank, size, path, cycles):

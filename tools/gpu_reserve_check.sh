@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# On a GPU machine: build metrale, run the reserved-arena tests and the CUDA
-# tests on the GPU, the same under compute-sanitizer memcheck, and
+# On a GPU machine: build metrale, run every device test (pytest -m gpu: the
+# tests marked gpu, each failing rather than skipping if it finds no device),
+# the reserved-arena ones again under compute-sanitizer memcheck, and
 # bench/bench_reserve.py; logs go to $OUT (default ./gpu-reserve-out).
 #   bash tools/gpu_reserve_check.sh
 # Needs python3 with cuda-bindings 13, meson, ninja, Cython and meson-python,
@@ -15,11 +16,12 @@ OUT=${OUT:-$PWD/gpu-reserve-out}
 TAIL=25
 . tools/gpu_common.sh
 nvidia-smi >"$OUT/nvidia-smi.log" 2>&1
-step tests "$PY" -m pytest -q -p no:cacheprovider tests/test_reserve.py tests/test_cuda.py tests/test_lifetime.py
+export METRALE_REQUIRE_GPU=1
+step tests "$PY" -m pytest -q -p no:cacheprovider -rs -m gpu tests
 SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 if [ -x "$SAN" ]; then
     step memcheck "$SAN" --tool memcheck --error-exitcode 9 "$PY" -m pytest -q -p no:cacheprovider \
-        tests/test_reserve.py -k cuda
+        -m gpu tests/test_reserve.py
 else
     echo "compute-sanitizer not found: memcheck skipped" | tee "$OUT/memcheck.log"
 fi

@@ -404,8 +404,8 @@ def check_screenshot(svg_path, png_path, tolerance=4):
 # -- the docs image -------------------------------------------------------------
 
 def write_docs(docs=REPO / "docs", chromium=None):
-    """Regenerate docs/slab.svg from the preset through the CLI's plan, then
-    its screenshot docs/slab.png, and check it.
+    """Regenerate docs/slab.svg with ``metrale plan --preset qwen3-next-80b
+    --svg``, then its screenshot docs/slab.png, and check it.
 
     Parameters
     ----------
@@ -422,16 +422,22 @@ def write_docs(docs=REPO / "docs", chromium=None):
     Raises
     ------
     RenderError, CheckError
-        As `screenshot` and `check_screenshot`.
+        As `screenshot` and `check_screenshot`; RenderError also when
+        ``metrale plan`` fails.
     """
-    from metrale import cli
-    from metrale.picture import render_svg
+    import contextlib
+    import io
 
-    plan = cli.plan(cli._parser().parse_args(["plan", "--preset", _DOCS_PRESET]))
+    from metrale import cli
+
     docs = Path(docs)
     docs.mkdir(parents=True, exist_ok=True)
     svg, png = docs / "slab.svg", docs / "slab.png"
-    svg.write_text(render_svg(plan), encoding="utf-8")
+    # Exactly `metrale plan --preset ... --svg docs/slab.svg`; its ledger is not wanted.
+    with contextlib.redirect_stdout(io.StringIO()):
+        status = cli.main(["plan", "--preset", _DOCS_PRESET, "--svg", str(svg)])
+    if status:
+        raise RenderError(f"metrale plan --svg {svg} failed with status {status}")
     screenshot(svg, png, chromium)
     return [f"wrote {svg} and {png}"] + check_screenshot(svg, png)
 

@@ -136,6 +136,23 @@ def _target(args):
                   args.splitk or ("auto" if args.sm_count is not None else ref.splitk))
 
 
+class _Planned:
+    """What one ``metrale plan`` computes, as typed objects: the dict of
+    ``--json`` and the picture of ``--svg`` are both read from it."""
+
+    __slots__ = ("model", "config", "notes", "target", "sizes", "layout")
+
+    def __init__(self, args):
+        from metrale._layout import plan_layout
+        (self.config, self.notes), self.target = _model(args), _target(args)
+        self.model = args.preset or args.config      # as the reader named it
+        self.sizes = BufferSizes.from_config(self.config, args.max_batch_tokens,
+                                             args.max_seq_len, args.kv_block_size,
+                                             args.max_batch_size, target=self.target,
+                                             env=os.environ, tp_size=args.tp)
+        self.layout = plan_layout(self.sizes, args.max_batch_tokens)
+
+
 def plan(args):
     """The plan of `metrale plan` as a JSON-ready dict.
 
@@ -158,16 +175,15 @@ def plan(args):
     MetraleError, MemoryError
         ``--allocate`` failed.
     """
-    from metrale._layout import plan_layout
+    return _report(args, _Planned(args))
 
+
+def _report(args, planned):
     from metrale.catalogue import membership
 
-    (config, notes), target = _model(args), _target(args)
+    config, target, sizes, layout = planned.config, planned.target, planned.sizes, planned.layout
     limits = (args.max_batch_tokens, args.max_seq_len, args.kv_block_size, args.max_batch_size)
-    env = os.environ
-    sizes = BufferSizes.from_config(config, *limits, target=target, env=env, tp_size=args.tp)
     rank_config = config.shard(args.tp)
-    layout = plan_layout(sizes, args.max_batch_tokens)
     offsets = layout.offsets
     rows = []
     for name in layout.slab_order:
@@ -183,15 +199,15 @@ def plan(args):
         rows.append({"buffer": name, "bytes": n, "offset": offsets[name],
                      "groups": groups, "null": n == 0})
     result = {
-        "model": args.preset or args.config,
+        "model": planned.model,
         "model_type": config.model_type,
-        "config_warnings": notes,
+        "config_warnings": planned.notes,
         "tp_size": args.tp,
         "max_batch_tokens": args.max_batch_tokens, "max_seq_len": args.max_seq_len,
         "kv_block_size": args.kv_block_size, "max_batch_size": args.max_batch_size,
         "target": {"sm_count": target.sm_count, "splitk": target.splitk,
                    "splitk_switched": args.sm_count is not None and args.splitk is None},
-        "levers": _lever_report(config, sizes, limits, target, env, args.tp),
+        "levers": _lever_report(config, sizes, limits, target, os.environ, args.tp),
         "quantization": _quantization_report(config),
         "buffers": rows,
         "total_bytes": sizes.total_bytes(),
@@ -216,18 +232,21 @@ def plan(args):
     return result
 
 
-def _explain(args):
+def _picture(args, planned):
+    """The SVG of ``--svg``: the typed plan, drawn."""
+    from metrale.picture import render_svg
+    return render_svg(planned.layout, planned.sizes, target=planned.target, tokens=args.tokens,
+                      model=planned.model, model_type=planned.config.model_type)
+
+
+def _explain(args, planned):
     """The catalogue entry of one buffer, evaluated for this plan's model,
     limits and target."""
     from metrale.catalogue import explain
-    (config, _), target = _model(args), _target(args)
-    sizes = BufferSizes.from_config(config, args.max_batch_tokens, args.max_seq_len,
-                                    args.kv_block_size, args.max_batch_size, target=target,
-                                    tp_size=args.tp)
-    config = config.shard(args.tp)           # the formula, evaluated for one rank
-    return explain(args.explain, sizes, config, max_batch_tokens=args.max_batch_tokens,
+    config = planned.config.shard(args.tp)   # the formula, evaluated for one rank
+    return explain(args.explain, planned.sizes, config, max_batch_tokens=args.max_batch_tokens,
                    max_seq_len=args.max_seq_len, kv_block_size=args.kv_block_size,
-                   max_batch_size=args.max_batch_size, target=target)
+                   max_batch_size=args.max_batch_size, target=planned.target)
 
 
 def _print(result, out):
@@ -310,11 +329,11 @@ def main(argv=None):
         except SystemExit as e:              # --help
             return e.code if isinstance(e.code, int) else 0
         try:
-            result = plan(args)
-            text = _explain(args) if args.explain else None
+            planned = _Planned(args)
+            result = _report(args, planned)
+            text = _explain(args, planned) if args.explain else None
             if args.svg:
-                from metrale.picture import render_svg
-                svg = render_svg(result)
+                svg = _picture(args, planned)
                 with open(args.svg, "w", encoding="utf-8") as f:
                     f.write(svg)
         except (ValueError, TypeError, OSError) as e:

@@ -1,6 +1,7 @@
 """The picture of a slab: an SVG memory map of a `metrale plan`.
 
-`render_svg` draws the plan's slab as one tall column, to scale: every placed
+`render_svg` draws the slab of a plan (a `SlabPlan` and the `BufferSizes` it
+places, as the CLI passes them) as one tall column, to scale: every placed
 buffer is one rectangle whose top is at its offset and whose height is its
 size, so the placement padding between buffers shows as gaps (a hatched
 background).  Buffers thin enough to vanish at that scale keep their exact
@@ -19,8 +20,11 @@ font or image.
 """
 
 import math
+import operator
 import re
-from collections.abc import Mapping
+
+from metrale._layout import SlabPlan, plan_layout
+from metrale.sizes import BufferSizes, Target
 
 __all__ = ["render_svg"]
 
@@ -72,122 +76,52 @@ _RANGE_KINDS = (("zero_all", "zero_all", "zero_all"),
 _NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
 
-# -- input validation -----------------------------------------------------------
-
-def _where(path):
-    return "plan" + "".join(f"[{p!r}]" for p in path)
-
-
-def _get(mapping, key, path):
-    if key not in mapping:
-        raise ValueError(f"{_where(path)} has no key {key!r}")
-    return mapping[key]
-
-
-def _int(value, path, minimum=0):
-    # bool is an int subclass, but True as a byte count is a caller's mistake.
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{_where(path)} must be an int, not {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{_where(path)} must be >= {minimum}, got {value}")
-    return value
-
-
-def _str(value, path):
-    if not isinstance(value, str):
-        raise TypeError(f"{_where(path)} must be a str, not {type(value).__name__}")
-    return value
-
-
-def _dict(value, path):
-    if not isinstance(value, Mapping):
-        raise TypeError(f"{_where(path)} must be a dict, not {type(value).__name__}")
-    return value
-
-
-def _list(value, path):
-    if not isinstance(value, (list, tuple)):
-        raise TypeError(f"{_where(path)} must be a list, not {type(value).__name__}")
-    return value
-
-
-def _range(value, path, slab):
-    d = _dict(value, path)
-    off = _int(_get(d, "offset", path), path + ("offset",))
-    length = _int(_get(d, "length", path), path + ("length",))
-    if off + length > slab:
-        raise ValueError(f"{_where(path)} [{off}, {off + length}) runs past the slab "
-                         f"({slab} bytes)")
-    return off, length
-
+# -- what is drawn ----------------------------------------------------------------
 
 class _Plan:
-    """The validated subset of a plan dict that the picture draws."""
+    """The facts the picture draws, read from the typed plan once."""
 
-    def __init__(self, plan):
-        p = _dict(plan, ())
-        self.model = _str(_get(p, "model", ()), ("model",))
-        mt = _get(p, "model_type", ())
-        self.model_type = "" if mt is None else _str(mt, ("model_type",))
-        self.limits = [(k, _int(_get(p, k, ()), (k,), 1)) for k in
+    def __init__(self, layout, sizes, target, tokens, model, model_type):
+        for value, name, kind in ((layout, "layout", SlabPlan), (sizes, "sizes", BufferSizes),
+                                  (target, "target", Target), (model, "model", str),
+                                  (model_type, "model_type", str)):
+            if not isinstance(value, kind):
+                raise TypeError(f"{name} must be a {kind.__name__}, not {type(value).__name__}")
+        limits = sizes.limits
+        if limits is None:
+            raise ValueError("sizes has no limits (made by hand): the picture shows the limits "
+                             "they were computed for; use BufferSizes.from_config")
+        rows_ranges = layout.rows_ranges(tokens)        # checks tokens, naming it
+        # Each fact below is read from `layout`; a layout planned from other
+        # sizes would draw these sizes at another plan's offsets.
+        m = limits.max_batch_tokens
+        if _layout_facts(layout, tokens) != _layout_facts(plan_layout(sizes, m), tokens):
+            raise ValueError(f"layout is not the plan of sizes: plan_layout(sizes, {m}) "
+                             "places them otherwise")
+        self.model = model
+        self.model_type = model_type
+        self.limits = [(k, getattr(limits, k)) for k in
                        ("max_batch_tokens", "max_seq_len", "kv_block_size", "max_batch_size")]
-        target = _dict(_get(p, "target", ()), ("target",))
-        self.sm_count = _int(_get(target, "sm_count", ("target",)), ("target", "sm_count"), 1)
-        self.splitk = str(_get(target, "splitk", ("target",)))
-        self.slab = _int(_get(p, "slab_bytes", ()), ("slab_bytes",), 1)
-        self.total = _int(_get(p, "total_bytes", ()), ("total_bytes",))
-
-        self.placed = []          # (name, offset, bytes), in the plan's order
-        flagged_null = []
-        seen = set()
-        for i, b in enumerate(_list(_get(p, "buffers", ()), ("buffers",))):
-            at = ("buffers", i)
-            b = _dict(b, at)
-            name = _str(_get(b, "buffer", at), at + ("buffer",))
-            if name in seen:
-                raise ValueError(f"{_where(at)}: buffer {name!r} is listed twice")
-            seen.add(name)
-            n = _int(_get(b, "bytes", at), at + ("bytes",))
-            off = _get(b, "offset", at)
-            null = _get(b, "null", at)
-            if not isinstance(null, bool):
-                raise TypeError(f"{_where(at + ('null',))} must be a bool, "
-                                f"not {type(null).__name__}")
-            if null or off is None:
-                if not null or n or off is not None:
-                    raise ValueError(f"{_where(at)}: {name!r} must have null true, 0 bytes "
-                                     f"and offset None together (got null={null}, "
-                                     f"bytes={n}, offset={off!r})")
-                flagged_null.append(name)
-                continue
-            off = _int(off, at + ("offset",))
-            if n == 0:
-                raise ValueError(f"{_where(at)}: {name!r} has 0 bytes but is not null")
-            if off + n > self.slab:
-                raise ValueError(f"{_where(at)}: {name!r} [{off}, {off + n}) runs past the "
-                                 f"slab ({self.slab} bytes)")
-            self.placed.append((name, off, n))
+        self.sm_count = target.sm_count
+        self.splitk = target.splitk
+        self.slab = layout.slab_bytes
+        self.total = sizes.total_bytes()
+        offsets = layout.offsets
+        # (name, offset, bytes) in slab order; the empty (NULL) buffers have
+        # no place and are listed apart, in canonical order.
+        self.placed = [(n, offsets[n], sizes[n]) for n in layout.slab_order if sizes[n]]
         if not self.placed:
-            raise ValueError("plan['buffers'] places no buffer in the slab")
-        ordered = sorted(self.placed, key=lambda t: t[1])
-        for (a, ao, an), (b, bo, _) in zip(ordered, ordered[1:]):
-            if ao + an > bo:
-                raise ValueError(f"plan['buffers']: {a!r} [{ao}, {ao + an}) and {b!r} "
-                                 f"starting at {bo} overlap")
+            raise ValueError("sizes places no buffer in the slab: every size is 0")
+        self.nulls = [n for n, b in sizes.items() if not b]
+        self.tokens = operator.index(tokens)
+        self.ranges = {"zero_all": [layout.zero_all], "zero_prefill": [layout.zero_prefill],
+                       "zero_all_rows": rows_ranges}
 
-        nulls = [_str(n, ("null_buffers", i))
-                 for i, n in enumerate(_list(_get(p, "null_buffers", ()), ("null_buffers",)))]
-        # The list the plan gives, then any buffer flagged null that it missed.
-        self.nulls = nulls + [n for n in flagged_null if n not in nulls]
 
-        self.ranges = {}
-        for key, _, _ in _RANGE_KINDS[:2]:
-            self.ranges[key] = [_range(_get(p, key, ()), (key,), self.slab)]
-        rows = _dict(_get(p, "zero_all_rows", ()), ("zero_all_rows",))
-        self.tokens = _int(_get(rows, "tokens", ("zero_all_rows",)), ("zero_all_rows", "tokens"))
-        rr = _list(_get(rows, "ranges", ("zero_all_rows",)), ("zero_all_rows", "ranges"))
-        self.ranges["zero_all_rows"] = [_range(r, ("zero_all_rows", "ranges", i), self.slab)
-                                        for i, r in enumerate(rr)]
+def _layout_facts(layout, tokens):
+    # Everything _Plan reads from a SlabPlan.
+    return (layout.max_batch_tokens, layout.slab_bytes, layout.slab_order, layout.offsets,
+            layout.zero_all, layout.zero_prefill, layout.rows_ranges(tokens))
 
 
 # -- text helpers ---------------------------------------------------------------
@@ -288,20 +222,26 @@ def _axis_label(v):
 
 # -- the drawing ----------------------------------------------------------------
 
-def render_svg(plan):
+def render_svg(layout, sizes, *, target, tokens, model, model_type):
     """Draw the slab of a plan, to scale, as a standalone SVG document.
+
+    ``metrale plan --svg FILE`` calls it with the plan it prints.
 
     Parameters
     ----------
-    plan : dict (or any Mapping)
-        The plan that ``metrale.cli.plan`` returns (the JSON of ``metrale plan
-        --json``).  The keys read are ``model``, ``model_type``,
-        ``max_batch_tokens``, ``max_seq_len``, ``kv_block_size``,
-        ``max_batch_size``, ``target`` (``sm_count``, ``splitk``),
-        ``buffers`` (each ``buffer``, ``bytes``, ``offset``, ``null``),
-        ``total_bytes``, ``slab_bytes``, ``zero_all``, ``zero_prefill``
-        (each ``offset``, ``length``), ``zero_all_rows`` (``tokens`` and
-        ``ranges``) and ``null_buffers``; any other key is ignored.
+    layout : SlabPlan
+        The placement drawn: ``plan_layout(sizes, max_batch_tokens)``.
+    sizes : BufferSizes
+        The sizes `layout` was planned from, made by
+        `BufferSizes.from_config` (the title shows their `limits`).
+    target : Target
+        The device the sizes were computed for (shown in the title).
+    tokens : int
+        The T of the ``zero_all_rows(T)`` ranges drawn (>= 0).
+    model : str
+        The model as the reader knows it: a preset's name or a config path.
+    model_type : str
+        The config's ``model_type`` ("" is shown as "?").
 
     Returns
     -------
@@ -318,14 +258,12 @@ def render_svg(plan):
     Raises
     ------
     TypeError
-        If `plan` is not a dict, or a value in it has the wrong type (the
-        message names the key, e.g. ``plan['buffers'][3]['bytes']``).
+        An argument of the wrong type (the message names it).
     ValueError
-        If a key is missing, a number is out of range, two buffers overlap,
-        a buffer or range runs past ``slab_bytes``, a buffer is listed twice,
-        or a buffer's ``null``, ``bytes`` and ``offset`` disagree.
+        `sizes` has no limits (built by hand) or no non-empty buffer,
+        `layout` is not the plan of `sizes`, or `tokens` is negative.
     """
-    p = _Plan(plan)
+    p = _Plan(layout, sizes, target, tokens, model, model_type)
     rows = p.placed
     n_rows = len(rows)
     height = max(_MIN_HEIGHT, n_rows * _ROW_MIN)

@@ -1,5 +1,9 @@
-from typing import Any, Mapping
+from typing import SupportsIndex
+
+from metrale._layout import SlabPlan
+from metrale.sizes import BufferSizes, Target
 
 __all__ = ['render_svg']
 
-def render_svg(plan: Mapping[str, Any]) -> str: ...
+def render_svg(layout: SlabPlan, sizes: BufferSizes, *, target: Target, tokens: SupportsIndex,
+               model: str, model_type: str) -> str: ...
