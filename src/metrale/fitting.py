@@ -251,43 +251,75 @@ class _Sizer:
             return None
 
 
+def _line(m0, s0, m1, s1, budget):
+    """The largest m the line through (m0, s0) and (m1, s1), m0 < m1 and
+    s0 < s1, puts at or under `budget` (exact integer arithmetic)."""
+    return m0 + (budget - s0) * (m1 - m0) // (s1 - s0)
+
+
 def _largest_fitting(arena, first, budget):
     """The largest m with arena(m) <= budget, given arena(1) = `first` fits.
 
     arena(m) never decreases as m grows: every size formula is
     non-decreasing in max_batch_tokens, and the layout places the buffers in
-    a fixed order, each at the running end rounded up (tests/test_fit.py
-    checks both).  So the m that fit are 1 ... M, and a bracket
-    lo (fits) < hi (does not) holds M.  Each step evaluates one m: a guess
-    from the line through the two nearest points (the arena grows about
-    linearly), every other step a halving of the bracket (or a doubling
-    while no hi is known), so at most about 4 log2(M) steps, and usually 4
-    to 6.  Returns (M, arena(M), arena(M + 1) or None)."""
+    a fixed order, each at the running end rounded up (tests/test_fitting.py
+    checks both).  So the m that fit are 1 ... M: a bracket lo (fits) <
+    hi (does not) holds M, and a probe at any m moves one end of it.
+
+    The arena grows about linearly with m, but in steps (GEMM tiles of 16
+    rows, granules of a reserved arena), so a line predicts M closely but
+    not exactly.  First a hi is found: probes at the m the line through the
+    last two fitting points predicts not to fit, every other probe a
+    doubling of lo.  Then, until hi = lo + 1: one probe where the line
+    through lo and hi predicts M, and a gallop from there (steps 1, 2, 4,
+    ... towards the side not yet bounded), which bounds M within twice the
+    prediction's error for the next, closer line.  Returns (M, arena(M),
+    arena(M + 1), the last None when M + 1 is past what the formulas
+    allow)."""
     lo, s_lo = 1, first
     prev, s_prev = None, None           # the fitting point before lo
     hi, s_hi = None, None
-    step = 0
-    while hi is None or hi - lo > 1:
-        guess = None
-        if step % 2 == 0:
-            if hi is not None and s_hi is not None and s_hi > s_lo:
-                guess = lo + (budget - s_lo) * (hi - lo) // (s_hi - s_lo)
-            elif hi is None and prev is not None and s_lo > s_prev:
-                # the smallest m the line through prev and lo puts over the budget
-                guess = lo + cdiv((budget - s_lo + 1) * (lo - prev), s_lo - s_prev)
-        if guess is None:
-            guess = (lo + hi) // 2 if hi is not None else 2 * lo
-        top = hi - 1 if hi is not None else U64_MAX
-        c = min(max(guess, lo + 1), top)
-        if c <= lo:                     # lo == 2**64 - 1: nothing above it
-            break
-        s = arena.beyond(c)
+
+    def probe(m):
+        nonlocal lo, s_lo, prev, s_prev, hi, s_hi
+        s = arena.beyond(m)
         if s is not None and s <= budget:
-            prev, s_prev, lo, s_lo = lo, s_lo, c, s
-        else:
-            hi, s_hi = c, s
+            prev, s_prev, lo, s_lo = lo, s_lo, m, s
+            return True
+        hi, s_hi = m, s
+        return False
+
+    step = 0
+    while hi is None:                   # find a point that does not fit
+        guess = 2 * lo
+        if step % 2 == 0 and prev is not None and s_lo > s_prev:
+            guess = _line(prev, s_prev, lo, s_lo, budget) + 1
+        c = min(max(guess, lo + 1), U64_MAX)
+        if c <= lo:                     # lo == 2**64 - 1: nothing above it
+            return lo, s_lo, None
+        probe(c)
         step += 1
-    return lo, s_lo, (s_hi if hi == lo + 1 else None)
+    while hi - lo > 1:
+        # A probe where a line says M is, then a gallop away from it.  A
+        # hi past the formulas (s_hi None) has no value to draw a line to:
+        # then the line through the last two fitting points, in turn with
+        # a halving.
+        guess = None
+        if s_hi is not None:
+            guess = _line(lo, s_lo, hi, s_hi, budget)
+        elif step % 2 == 0 and prev is not None and s_lo > s_prev:
+            guess = _line(prev, s_prev, lo, s_lo, budget)
+        step += 1
+        if guess is None:
+            probe((lo + hi) // 2)
+            continue
+        fits = probe(min(max(guess, lo + 1), hi - 1))
+        if not fits and s_hi is None:
+            continue                    # no gallop down from past the formulas
+        span = 1
+        while hi - lo > 2 * span and probe(lo + span if fits else hi - span) == fits:
+            span *= 2
+    return lo, s_lo, s_hi
 
 
 def growth(config, max_batch_tokens, max_seq_len, kv_block_size, max_batch_size, *,
