@@ -15,6 +15,7 @@ from fractions import Fraction
 
 from ._buffers import GROUPS
 from ._common import check_index
+from ._layout import plan_layout
 from ._math import U64_MAX, cdiv, ceil_to
 from ._record import Record
 from .debug import DebugOptions
@@ -199,9 +200,9 @@ def _reserved_bytes(sizes, order, guard, gran):
     # the rule of mt_layout_plan_reserved (src/layout.c) over the slab order
     # of the C plan.  Kept until metrale._layout exposes that plan
     # (tests/test_fit.py checks it against built arenas).
-    cur = 0
+    cur, values = 0, sizes.as_dict()
     for name in order:
-        n = sizes[name]
+        n = values[name]
         if n == 0:
             continue
         span = n if not guard else ceil_to(n, _ALIGN) + guard
@@ -211,15 +212,16 @@ def _reserved_bytes(sizes, order, guard, gran):
 
 def _arena_bytes(sizes, m, guard, gran):
     """The device bytes of the arena of `sizes` at max_batch_tokens `m`."""
-    from ._layout import plan_layout
     plan = plan_layout(sizes, m)            # the arena's own planner (layout.c)
     if gran is not None:
         nbytes = _reserved_bytes(sizes, plan.slab_order, guard, gran)
     else:
-        # A guard band (a multiple of 256) after each live buffer moves every
-        # later 256-aligned offset by exactly the guard: the slab grows by it
-        # once per live buffer (mt_layout_plan).
-        nbytes = plan.slab_bytes + guard * sum(1 for v in sizes.as_tuple() if v)
+        nbytes = plan.slab_bytes
+        if guard:
+            # A guard band (a multiple of 256) after each live buffer moves
+            # every later 256-aligned offset by exactly the guard: the slab
+            # grows by it once per live buffer (mt_layout_plan).
+            nbytes += guard * sum(1 for v in sizes.as_tuple() if v)
     if nbytes > U64_MAX:
         raise ValueError(f"the arena at max_batch_tokens={m} exceeds 2^64 - 1 bytes")
     return nbytes
