@@ -16,7 +16,7 @@ from fractions import Fraction
 from ._buffers import GROUPS
 from ._common import check_index
 from ._layout import plan_layout
-from ._math import U64_MAX, cdiv, ceil_to
+from ._math import U64_MAX, ceil_to
 from ._record import Record
 from .debug import DebugOptions
 from .sizes import BufferSizes
@@ -174,7 +174,8 @@ class ArenaFit(Record):
             why = (f"at {self.max_batch_tokens + 1:,} the arena takes "
                    f"{self.next_arena_bytes:,} bytes, over the budget")
         elif self.limited_by == "formulas":
-            why = "the most the sizing formulas allow: at one more the arena would exceed 2^64 - 1 bytes"
+            why = ("the most the sizing formulas allow: at one more the arena would exceed "
+                   "2^64 - 1 bytes")
         else:
             why = "as given"
         lines = [
@@ -347,9 +348,8 @@ def growth(config, max_batch_tokens, max_seq_len, kv_block_size, max_batch_size,
     -------
     list of (str, int, int)
         ``(buffer, bytes at the span's start, bytes at its end)`` for every
-        buffer that grows over the span, the fastest-growing first (ties in
-        canonical order); the span is ``(lo, hi)`` of the first two entries
-        of `growth_span`.
+        buffer that grows over the span ``growth_span(max_batch_tokens)``,
+        the fastest-growing first (ties in canonical order).
 
     Raises
     ------
@@ -412,8 +412,9 @@ def fit(config, budget, max_seq_len, kv_block_size, max_batch_size, *, tp_size=1
     formulas and the arena's layout, nothing is allocated.  The answer is
     exact: the arena at the returned M fits in `budget` and the arena at
     M + 1 does not (``limited_by="budget"``), or M + 1 is past what the
-    formulas allow (``limited_by="formulas"``).  It costs a few sizing
-    evaluations (`ArenaFit.evaluations`), about 1 ms.
+    formulas allow (``limited_by="formulas"``).  It costs about ten sizing
+    evaluations, at most a few dozen (`ArenaFit.evaluations`): well under a
+    millisecond (bench/RESULTS.md).
 
     With `max_batch_tokens` given, nothing is searched: the arena at that M
     must fit, and the answer says what it leaves.  With
