@@ -33,8 +33,9 @@ SIZE_UNITS = {
 _SIZE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*")
 
 # What fit(budget=None) keeps back from the device's free memory: 2 MiB, the
-# allocation granularity of H100/H200 (cuMemAlloc takes whole 2 MiB pages, so
-# the one slab may cost up to that much more than its bytes), plus 62 MiB for
+# allocation granularity of H100/H200 (the driver backs a large cuMemAlloc with
+# 2 MiB pages, so the one slab may cost up to that much more than its bytes;
+# to be measured on the H200 with cuMemGetInfo), plus 62 MiB for
 # what the CUDA context creates on first use after the free memory was read
 # (lazily loaded kernel modules, metrale's own among them; the 1 MiB printf
 # FIFO and 8 MiB malloc heap of kernels that use them).  A choice, not a
