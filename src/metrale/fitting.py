@@ -201,7 +201,7 @@ def _reserved_bytes(sizes, order, guard, gran):
     # limits: its whole reservation (each granule of it is mapped), placed by
     # the rule of mt_layout_plan_reserved (src/layout.c) over the slab order
     # of the C plan.  Kept until metrale._layout exposes that plan
-    # (tests/test_fit.py checks it against built arenas).
+    # (tests/test_fitting.py checks it against built arenas).
     cur, values = 0, sizes.as_dict()
     for name in order:
         n = values[name]
