@@ -95,11 +95,12 @@ def _limit_args(p):
 def _fit_parser(sub):
     fit = sub.add_parser(
         "fit", help="the largest max_batch_tokens whose arena fits a budget",
-        description="How many tokens fit: the largest max_batch_tokens whose arena fits in a "
-        "memory budget (or, with --max-batch-tokens, the arena at that M), the KV-cache tokens "
-        "that fit in what it leaves, and the headroom. Computed from the sizing formulas and "
-        "the layout; nothing is allocated. Sizes take a unit: B, kB, MB, GB, TB (powers of "
-        "1000) or KiB, MiB, GiB, TiB (powers of 1024), e.g. 12GiB or '80 GB'.",
+        description="How many tokens fit: the largest max_batch_tokens whose arena fits in a\n"
+        "memory budget (or, with --max-batch-tokens, the arena at that M), the KV-cache\n"
+        "tokens that fit in what it leaves, and the headroom. Computed from the sizing\n"
+        "formulas and the layout; nothing is allocated. Sizes take a unit: B, kB, MB, GB,\n"
+        "TB, PB (powers of 1000) or KiB, MiB, GiB, TiB, PiB (powers of 1024), e.g. 12GiB\n"
+        "or '80 GB'; no unit means bytes.",
         epilog=_levers_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
     _model_args(fit)
     budget = fit.add_mutually_exclusive_group(required=True)
