@@ -133,6 +133,49 @@ class Mem:
         return np.frombuffer(self.gpu.download(ptr_of(self.arena, name), n), dtype=np.uint8).copy()
 
 
+# The slab order the layout's contract describes (src/arena_core.h): the step
+# inputs zero_all does not cover, then the others (scratch), then the
+# zero_prefill_essentials buffers, the other row-trimmed ones, the rest of
+# zero_all, everything else; each part in canonical order.  Written out here
+# from the contract, apart from the C core, as the oracle of the arena's bytes.
+STEP = ("scratch", "token_ids")
+
+
+def _slab_part(name):
+    if name in STEP:
+        return 0 if name not in ZERO_ALL else 1
+    for part, group in ((2, PREFILL), (3, ROWS), (4, ZERO_ALL)):
+        if name in group:
+            return part
+    return 5
+
+
+SLAB_ORDER = tuple(sorted(BUFFER_NAMES, key=lambda n: (_slab_part(n), BUFFER_NAMES.index(n))))
+
+
+def arena_bytes(sizes, guard=0, granularity=None):
+    """The device bytes of an arena of `sizes`, from the layout's contract.
+
+    A plain arena: each live buffer at the running end, which then moves to
+    the next 256-byte boundary plus `guard` (the debug band).  A reserved
+    arena reserved at its own limits (granularity given): each live buffer's
+    sub-range (its bytes, or with a guard its bytes up to 256 plus the
+    guard) ends on a granule, token_ids' on the next 256 bytes (scratch
+    shares its granule); every granule of it is mapped."""
+    cur = 0
+    for name in SLAB_ORDER:
+        n = sizes[name]
+        if n == 0:
+            continue
+        if granularity is None:
+            cur = -(-(cur + n) // 256) * 256 + guard
+        else:
+            span = n if not guard else -(-n // 256) * 256 + guard
+            unit = 256 if _slab_part(name) == 0 else granularity
+            cur = -(-(cur + span) // unit) * unit
+    return cur
+
+
 def ptr_of(arena, name):
     """The pointer of any of the 46 entries (the two without an accessor via a view)."""
     if name in ("moe_fp8_scratch", "ssm_rowwise_w_bf16"):

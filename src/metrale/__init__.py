@@ -28,6 +28,8 @@ _LAZY = {
     "Q12_SIZING_STREAMS": "metrale.sizes",
     "VERIFY_ROW_CAP": "metrale.sizes",
     "DebugOptions": "metrale.debug",
+    "fit": "metrale.fitting",
+    "ArenaFit": "metrale.fitting",
 }
 
 __all__ = list(_LAZY)
