@@ -527,7 +527,9 @@ def test_info_log(caplog):
         with new(gpu, m=128):
             pass
     msg = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO][0]
-    assert msg.startswith("Buffer arena: 128 tokens x ") and "kv_lora_rank=0" in msg
+    slab = plan_layout(BufferSizes.from_config(PRESET, 128, 4096, 16, 32, env=NOENV), 128).slab_bytes
+    assert msg.startswith(f"buffer arena for max_batch_tokens=128: {slab / 2**20:.1f} MiB in "
+                          "one slab (total_bytes() ") and "kv_lora_rank 0)" in msg
 
 
 # -- views ----------------------------------------------------------------------------------
@@ -654,3 +656,61 @@ def test_buffers_lookups_follow_the_arena():
         b[["unhashable"]]
     a.release()
     assert b["hidden_states"].ptr == 0
+
+
+# -- the memory ledger (issue 24): memory_stats and metrale.stats -------------------------
+
+def test_memory_stats_follow_the_backend():
+    """Every counter against the backend's own (HostBackend counts what it
+    maps, reserves and holds) through construction, growth, sleep and wake."""
+    import metrale
+    gpu = HostBackend()
+    plain = BufferArena.new(COMPACT, 64, 512, 16, 8, gpu, env=NOENV)
+    m = plain.memory_stats()
+    assert m["slab_bytes"] == m["committed_bytes"] == m["peak_committed_bytes"] == gpu.live_bytes
+    assert m["reserved_bytes"] == m["physical_handles"] == m["kept_bytes"] == 0
+    assert m["buffer_bytes"] == plain.sizes().as_dict()
+    assert (m["reserved"], m["sleeping"], m["released"], m["max_batch_tokens"],
+            m["tp_size"]) == (False, False, False, 64, 1)
+    v = plain.view("hidden_states")
+    assert plain.memory_stats()["live_views"] == 1
+    del v
+    a = BufferArena.new(COMPACT, 64, 512, 16, 8, gpu, env=NOENV, reserve=(512, 1024, 16, 16))
+    m0 = a.memory_stats()
+    assert m0["reserved_bytes"] == m0["slab_bytes"] == gpu.reserved_bytes
+    assert m0["committed_bytes"] == gpu.mapped_bytes and m0["physical_handles"] == gpu.handle_count
+    a.resize(*(512, 1024, 16, 16))
+    m1 = a.memory_stats()
+    assert m1["committed_bytes"] == gpu.mapped_bytes > m0["committed_bytes"]
+    assert m1["peak_committed_bytes"] == m1["committed_bytes"]
+    a.resize(64, 512, 16, 8)
+    a.sleep(keep=("hidden_states",))
+    m2 = a.memory_stats()
+    assert m2["committed_bytes"] == gpu.mapped_bytes == 0 and m2["sleeping"]
+    assert m2["kept_bytes"] == a.sizes().hidden_states and m2["peak_committed_bytes"] == \
+        m1["peak_committed_bytes"]
+    s = metrale.stats()
+    assert s["arenas"] >= 2 and s["sleeping"] >= 1
+    a.wake()
+    assert a.memory_stats()["committed_bytes"] == gpu.mapped_bytes
+    before = metrale.stats()
+    plain.release()
+    after = metrale.stats()
+    assert after["arenas"] == before["arenas"] - 1
+    assert after["slab_bytes"] == before["slab_bytes"] - m["slab_bytes"]
+    assert plain.memory_stats()["released"] and plain.memory_stats()["committed_bytes"] == 0
+    a.release()
+
+
+def test_checksum_records_at_the_level_asked(caplog):
+    gpu = HostBackend()
+    with new(gpu, m=16) as arena:
+        with caplog.at_level(logging.DEBUG, logger="metrale"):
+            arena.debug_buffer_checksum(tag="d", level=logging.DEBUG)
+            arena.debug_buffer_checksum(tag="w")
+        levels = {r.getMessage().split("]")[0]: r.levelno for r in caplog.records
+                  if r.getMessage().startswith("METRALE_BUF_CKSUM")}
+        assert levels == {"METRALE_BUF_CKSUM[d": logging.DEBUG, "METRALE_BUF_CKSUM[w": logging.WARNING}
+        for bad, exc in ((True, TypeError), ("DEBUG", TypeError), (-1, ValueError)):
+            with pytest.raises(exc, match="level"):
+                arena.debug_buffer_checksum(level=bad)

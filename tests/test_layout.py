@@ -8,7 +8,7 @@ from metrale import BufferSizes, HostBackend, ModelConfig
 from metrale._layout import SlabPlan, plan_layout, zero_rows_ranges
 from metrale.sizes import BUFFER_NAMES
 
-from helpers import (CHECKSUM, NOENV, PREFILL, PRESET, ROWS, ZERO_ALL, check_placement,
+from helpers import (CHECKSUM, COMPACT, NOENV, PREFILL, PRESET, ROWS, ZERO_ALL, check_placement,
                      expected_rows_length, live_counts, new)
 
 
@@ -129,3 +129,35 @@ def test_rows_length_is_the_row_rule_per_buffer():
         plan.rows_length("nope", 1)
     with pytest.raises(ValueError, match="tokens"):
         plan.rows_length("logits", -1)
+
+
+def test_plans_of_debug_and_reserved_arenas_are_the_arenas_own():
+    """plan_layout(guard_bytes=) and plan_reserved place every buffer where a
+    debug or reserved arena built from the same sizes does, and a reserved
+    plan's committed_bytes is what that arena maps."""
+    import os
+    from metrale import BufferArena, DebugOptions, HostBackend
+    from metrale._layout import plan_reserved
+    gpu = HostBackend()
+    page = os.sysconf("SC_PAGESIZE")
+    assert gpu.allocation_granularity() == page
+    sizes = BufferSizes.from_config(COMPACT, 64, 512, 16, 8, env=NOENV)
+    top = BufferSizes.from_config(COMPACT, 256, 1024, 16, 8, env=NOENV)
+    with BufferArena.from_sizes(COMPACT, sizes, None, None, gpu, debug=True) as a:
+        plan = plan_layout(sizes, 64, guard_bytes=a.debug_options().guard_bytes)
+        assert plan.slab_bytes == a.slab_bytes() and not plan.reserved
+        assert {n: i.offset for n, i in a.buffers.items()} == plan.offsets
+    for guard in (0, 4096):
+        with BufferArena.from_sizes(COMPACT, sizes, None, None, gpu, reserve_sizes=top,
+                                    debug=DebugOptions(guard_bytes=guard) if guard else None) as a:
+            plan = plan_reserved(sizes, top, 64, page, guard_bytes=guard)
+            assert plan.reserved and plan.slab_bytes == a.slab_bytes()
+            assert plan.committed_bytes == a.committed_bytes() == gpu.mapped_bytes
+            assert {n: i.offset for n, i in a.buffers.items() if i.nbytes} == \
+                {n: o for n, o in plan.offsets.items() if o is not None}
+    with pytest.raises(ValueError, match="granularity"):
+        plan_reserved(sizes, top, 64, 1000)
+    with pytest.raises(ValueError, match="exceed its reserved"):
+        plan_reserved(top, sizes, 64, page)
+    with pytest.raises(TypeError, match="reserve_sizes"):
+        plan_reserved(sizes, {}, 64, page)

@@ -28,6 +28,7 @@ _LAZY = {
     "Q12_SIZING_STREAMS": "metrale.sizes",
     "VERIFY_ROW_CAP": "metrale.sizes",
     "DebugOptions": "metrale.debug",
+    "stats": "metrale._summary",
     "fit": "metrale.fitting",
     "ArenaFit": "metrale.fitting",
 }

@@ -7,6 +7,7 @@ from metrale._scratch import (ScratchSpace as ScratchSpace,
 from metrale.config import ModelConfig as ModelConfig
 from metrale.debug import DebugOptions as DebugOptions
 from metrale.cuda import CudaBackend as CudaBackend
+from metrale._summary import stats as stats
 from metrale.fitting import ArenaFit as ArenaFit, fit as fit
 from metrale.errors import (ConfigWarning as ConfigWarning, MetraleError as MetraleError,
                             OutOfMemoryError as OutOfMemoryError)
@@ -21,6 +22,7 @@ __all__ = [
     'MetraleError', 'OutOfMemoryError', 'ConfigWarning', 'GATEUP_FUSED_MAX_M',
     'DECODE_META_MIN_ROWS',
     'DECODE_META_MAX_ROWS', 'Q12_SIZING_STREAMS', 'VERIFY_ROW_CAP', 'DebugOptions', 'fit', 'ArenaFit',
+    'stats',
 ]
 
 GATEUP_FUSED_MAX_M: int

@@ -47,6 +47,7 @@ cdef class BufferArena:
     cdef list _kept               # [(buffer id, host pointer, bytes)] a sleep copied out
     cdef list _orphans            # [(handle, bytes)] unmapped, whose release failed: retried
     cdef uint64_t _reshapes       # resizes so far (StepInputs made before one refuse)
+    cdef uint64_t _peak           # the most bytes ever committed (memory_stats)
 
     # -- tensor-parallel sharing (_peer.pyx; docs/tensor-parallel.md) ---------------------
     cdef bint _shareable          # physical chunks created exportable

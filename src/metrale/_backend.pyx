@@ -175,6 +175,24 @@ cdef class Backend:
     cdef int import_handle(self, int fd, size_t n, uint64_t *handle) except -1:
         return _unusable(self)
 
+    def allocation_granularity(self):
+        """The unit a reserved arena's buffers are placed and mapped in.
+
+        Returns
+        -------
+        int
+            The host's page size for `HostBackend`; the device's minimum
+            physical allocation granularity for `CudaBackend` (2 MiB on
+            H100 / H200).
+
+        Raises
+        ------
+        MetraleError
+            The backend has no virtual memory (the base class), or the
+            driver failed.
+        """
+        return self.granularity()
+
     def target(self):
         """The target arenas on this backend are sized for.
 

@@ -18,7 +18,7 @@ from libc.stdlib cimport free, malloc
 
 from metrale._arena cimport BufferArena
 from metrale._backend cimport Backend
-from metrale._common cimport as_stream, buffer_ids, logger, u64_arg
+from metrale._common cimport as_stream, buffer_ids, index_arg, logger, u64_arg
 from metrale._core cimport (
     MT_IN_CHECKSUM, MT_IN_ROWS, MT_NBUF, mt_buffer_flags, mt_checksum_f32, mt_layout, mt_range,
     mt_rows_length, mt_rows_stride)
@@ -402,12 +402,13 @@ def _arena_fingerprint(BufferArena a, stream=None, names=None):
         mt_life_leave(a._life)
 
 
-def _arena_debug_buffer_checksum(BufferArena a, gpu=None, stream=None, tag=""):
+def _arena_debug_buffer_checksum(BufferArena a, gpu=None, stream=None, tag="", *, level=None):
     """Log sum, sum of squares and sum of |x| of the 16 probed buffers.
 
     Each buffer of ``GROUPS["checksum"]`` is synchronized, copied to the
     host and read as float32 lanes (NaN and infinite lanes skipped); one
-    WARNING record per buffer goes to the ``metrale`` logger:
+    record per buffer (WARNING, as the reference logs them, unless `level`
+    says otherwise) goes to the ``metrale`` logger:
     ``METRALE_BUF_CKSUM[<tag>] <name> bytes=<n> sum=.. ssq=.. sabs=..``.
     A failed copy skips that buffer: a debugging aid never raises for it.
 
@@ -419,11 +420,14 @@ def _arena_debug_buffer_checksum(BufferArena a, gpu=None, stream=None, tag=""):
         Synchronized before, and used for, the copies.
     tag : str, optional
         Label of the records (e.g. the layer and step).
+    level : int, keyword-only, optional
+        The logging level of the records (``logging.DEBUG`` ...); None (the
+        default) is ``logging.WARNING``.
 
     Raises
     ------
     TypeError
-        `tag` is not a str.
+        `tag` is not a str, or `level` not an int.
     MetraleError
         `gpu` is another backend or the arena is released.
     """
@@ -435,6 +439,7 @@ def _arena_debug_buffer_checksum(BufferArena a, gpu=None, stream=None, tag=""):
     cdef bint no_host = False
     if not isinstance(tag, str):
         raise TypeError(f"tag must be a str, got {type(tag).__name__}")
+    lvl = 30 if level is None else index_arg(level, "level", 0, 0x7FFFFFFF)   # 30: WARNING
     s = as_stream(stream)
     records = []
     # The sums are taken while the arena is held, the records logged after it
@@ -468,8 +473,8 @@ def _arena_debug_buffer_checksum(BufferArena a, gpu=None, stream=None, tag=""):
         mt_life_leave(a._life)
     log = logger()
     if no_host:
-        log.warning("METRALE_BUF_CKSUM[%s] skipped: no %d-byte host buffer", tag, most)
+        log.log(lvl, "METRALE_BUF_CKSUM[%s] skipped: no %d-byte host buffer", tag, most)
     for name, n, x, xx, ax in records:
-        log.warning("METRALE_BUF_CKSUM[%s] %s bytes=%d sum=%.6f ssq=%.6f sabs=%.6f",
-                    tag, name, n, x, xx, ax)
+        log.log(lvl, "METRALE_BUF_CKSUM[%s] %s bytes=%d sum=%.6f ssq=%.6f sabs=%.6f",
+                tag, name, n, x, xx, ax)
     return None

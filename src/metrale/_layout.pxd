@@ -9,3 +9,4 @@ cdef int plan_into(mt_layout *L, object sizes, object max_batch_tokens, uint64_t
 
 cdef class SlabPlan:
     cdef mt_layout L
+    cdef uint64_t gran            # a reserved plan's granularity (0 for a plain one)

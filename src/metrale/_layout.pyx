@@ -7,8 +7,9 @@ cimport cython
 from libc.stdint cimport uint64_t
 
 from metrale._common cimport u64_arg
-from metrale._core cimport (MT_N_ZERO_ALL, MT_NBUF, MT_OK, mt_buffer_flags, mt_buffer_names,
-                            mt_layout, mt_layout_plan, mt_range, mt_rows_length,
+from metrale._core cimport (MT_ERR_OVERFLOW, MT_N_ZERO_ALL, MT_NBUF, MT_OK, mt_buffer_flags,
+                            mt_buffer_names, mt_commit_needed, mt_layout, mt_layout_plan,
+                            mt_layout_plan_reserved, mt_range, mt_rows_length,
                             mt_zero_rows_ranges)
 
 from metrale._buffers import BUFFER_INDEX, BUFFER_NAMES, GROUPS
@@ -38,9 +39,10 @@ cdef class SlabPlan:
     """Where each buffer sits in the arena's one allocation, and the byte
     ranges the zeroing helpers clear.
 
-    Offsets are relative to the slab's base.  Made by `plan_layout`, which
-    allocates nothing; an arena built from the same sizes and
-    max_batch_tokens places its buffers exactly so.
+    Offsets are relative to the slab's base.  Made by `plan_layout` (or
+    `plan_reserved`, for a reserved arena), which allocates nothing; an
+    arena built from the same sizes and max_batch_tokens places its buffers
+    exactly so.
     """
 
     def __cinit__(self, token=None):
@@ -56,6 +58,28 @@ cdef class SlabPlan:
     def max_batch_tokens(self):
         """The max_batch_tokens the plan was made for (int)."""
         return self.L.max_batch_tokens
+
+    @property
+    def reserved(self):
+        """Whether this is a reserved arena's plan (`plan_reserved`): then
+        `slab_bytes` is the reservation (bool)."""
+        return bool(self.L.reserved)
+
+    @property
+    def committed_bytes(self):
+        """Bytes of memory the arena maps for the plan's sizes (int): the
+        slab for a plain plan; for a reserved one each buffer's bytes
+        rounded up to the granularity, guard bands included, as a freshly
+        built reserved arena maps them."""
+        cdef mt_range need[MT_NBUF]
+        cdef int n, i
+        cdef uint64_t total = 0
+        if not self.L.reserved:
+            return self.L.slab_bytes
+        n = mt_commit_needed(&self.L, self.gran, need)
+        for i in range(n):
+            total += need[i].length
+        return total
 
     @property
     def offsets(self):
@@ -153,7 +177,7 @@ cdef class SlabPlan:
                 f"zero_all={self.zero_all}>")
 
 
-def plan_layout(sizes, max_batch_tokens):
+def plan_layout(sizes, max_batch_tokens, *, guard_bytes=0):
     """The slab plan of an arena built from `sizes`, without allocating.
 
     Parameters
@@ -163,6 +187,9 @@ def plan_layout(sizes, max_batch_tokens):
     max_batch_tokens : int
         The arena's max_batch_tokens (>= 1); it decides the rows the
         zeroing helpers trim to.
+    guard_bytes : int, optional
+        A debug arena's guard bytes after every live buffer
+        (`DebugOptions.guard_bytes`; 0: no guard bands).
 
     Returns
     -------
@@ -178,7 +205,62 @@ def plan_layout(sizes, max_batch_tokens):
         slab would exceed 2**64 - 1 bytes.
     """
     cdef SlabPlan plan = SlabPlan.__new__(SlabPlan, _TOKEN)
-    plan_into(&plan.L, sizes, max_batch_tokens)
+    plan_into(&plan.L, sizes, max_batch_tokens, u64_arg(guard_bytes, "guard_bytes"))
+    return plan
+
+
+def plan_reserved(sizes, reserve_sizes, max_batch_tokens, granularity, *, guard_bytes=0):
+    """The plan of a reserved arena: each buffer a sub-range sized for
+    `reserve_sizes`, of which `sizes` are mapped.
+
+    Parameters
+    ----------
+    sizes : BufferSizes
+        The current sizes (each <= its entry in `reserve_sizes`).
+    reserve_sizes : BufferSizes
+        Each buffer's largest size: its room in the reservation.
+    max_batch_tokens : int
+        The arena's max_batch_tokens for `sizes` (>= 1).
+    granularity : int
+        The backend's allocation granularity: a power of two >= 256 (the
+        host's page size; 2 MiB on H100 / H200).
+    guard_bytes : int, optional
+        A debug arena's guard bytes after every live buffer.
+
+    Returns
+    -------
+    SlabPlan
+        With `slab_bytes` the reservation and `committed_bytes` what the
+        arena maps for `sizes`.
+
+    Raises
+    ------
+    TypeError
+        An argument of the wrong type.
+    ValueError
+        A size above its reserved size, a granularity that is not a power
+        of two >= 256, or a reservation over 2**64 - 1 bytes.
+    """
+    cdef uint64_t cur[MT_NBUF]
+    cdef uint64_t top[MT_NBUF]
+    cdef SlabPlan plan = SlabPlan.__new__(SlabPlan, _TOKEN)
+    cdef int i, rc
+    for arg, value in (("sizes", sizes), ("reserve_sizes", reserve_sizes)):
+        if not isinstance(value, BufferSizes):
+            raise TypeError(f"{arg} must be a BufferSizes, got {type(value).__name__}")
+    values, tops = sizes.as_tuple(), reserve_sizes.as_tuple()
+    for i in range(MT_NBUF):
+        if values[i] > tops[i]:
+            raise ValueError(f"{BUFFER_NAMES[i]}: {values[i]} bytes exceed its reserved "
+                             f"{tops[i]} bytes")
+        cur[i], top[i] = values[i], tops[i]
+    plan.gran = u64_arg(granularity, "granularity", 1)
+    rc = mt_layout_plan_reserved(&plan.L, cur, top, u64_arg(max_batch_tokens, "max_batch_tokens", 1),
+                                 plan.gran, u64_arg(guard_bytes, "guard_bytes"))
+    if rc == MT_ERR_OVERFLOW:
+        raise ValueError("the reservation of these sizes exceeds 2^64 - 1 bytes")
+    if rc != MT_OK:
+        raise ValueError(f"granularity must be a power of two >= 256, got {plan.gran}")
     return plan
 
 

@@ -215,6 +215,16 @@ The peers' slabs mapped into this process, each in its own reservation.
             raise err
         return 0
 
+    def mapped(self):
+        """The peers' physical handles mapped here, and their bytes.
+
+        Returns
+        -------
+        tuple of (int, int)
+        """
+        chunks = [c for entry in self._slabs.values() for c in entry[2]]
+        return len(chunks), sum(c[1] for c in chunks)
+
     def close(self):
         """Wait for the device, then unmap every peer slab (idempotent).
 

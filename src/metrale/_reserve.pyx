@@ -81,8 +81,11 @@ cdef int build(BufferArena a, object sizes, object top_sizes) except -1:
                 a._base = 0
             raise
     a._ptrs = a._pointers(True)
-    logger().info("Buffer arena (reserved): %d tokens x %.1f MiB mapped of %.1f MiB reserved",
-                  a._max_tokens, committed(a) / 1048576.0, a._layout.slab_bytes / 1048576.0)
+    logger().info("buffer arena for max_batch_tokens=%d: %.1f MiB mapped of a %.1f MiB "
+                  "reservation (total_bytes() %.1f MiB; attn_output %d bytes, ssm_deinterleaved "
+                  "%d bytes, kv_lora_rank %d)", a._max_tokens, committed(a) / 1048576.0,
+                  a._layout.slab_bytes / 1048576.0, sizes.total_bytes() / 1048576.0,
+                  sizes.attn_output, sizes.ssm_deinterleaved, a._config.kv_lora_rank)
     return 0
 
 
@@ -132,6 +135,7 @@ cdef int commit(BufferArena a) except -1:
             raise
         a._chunks.extend(added)
         a._chunks.sort()
+        a._peak = max(a._peak, committed(a))
     finally:
         free(have)
         free(gaps)

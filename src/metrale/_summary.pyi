@@ -1,4 +1,4 @@
-from typing import Iterator, Mapping, TypeVar, final
+from typing import Any, Iterator, Mapping, TypeVar, final
 
 from metrale._arena import BufferArena
 from metrale._record import Record
@@ -75,3 +75,5 @@ class ArenaSummary(Record):
     def max_batch_size(self) -> int | None: ...
     @property
     def tp_size(self) -> int: ...
+
+def stats() -> dict[str, int]: ...

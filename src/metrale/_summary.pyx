@@ -1,14 +1,17 @@
 # cython: language_level=3, binding=False
 """What a BufferArena holds, as values: each buffer as a `BufferInfo`
-(`arena.buffers`, a read-only mapping) and the whole arena as an
-`ArenaSummary` (`arena.summary()`; ``str()`` is a short report).
-BufferArena forwards `buffers` and `summary` here.
+(`arena.buffers`, a read-only mapping), the whole arena as an `ArenaSummary`
+(`arena.summary()`; ``str()`` is a short report) and as the flat counters of
+`arena.memory_stats()` for exporters, and the process's arenas
+(`metrale.stats()`).  BufferArena forwards `buffers`, `summary` and
+`memory_stats` here.
 """
 
 cimport cython
 
 from metrale._arena cimport BufferArena
 from metrale._core cimport MT_NBUF
+from metrale._life cimport mt_life_exports
 from metrale._life cimport mt_life_released
 from metrale._view cimport buffer_dtypes
 
@@ -271,3 +274,74 @@ def _arena_summary(BufferArena a):
         a._sizes.levers(), bool(mt_life_released(a._life)), bool(a._reserved),
         a.committed_bytes(), bool(a._sleeping), a._layout.guard, len(a._orphans),
         a.max_seq_len(), a.kv_block_size(), a._max_seqs, a._tp)
+
+
+def _arena_memory_stats(BufferArena a):
+    """The arena's memory as flat counters, for metrics exporters.
+
+    The keys are stable (new ones may be added, none renamed): gauges an
+    exporter can publish as they are (Prometheus-style: ``metrale_<key>``).
+
+    Returns
+    -------
+    dict
+        ``"slab_bytes"``: the one allocation, or the reservation's bytes;
+        ``"reserved_bytes"``: the reservation (0 unless reserved);
+        ``"committed_bytes"``: physical bytes backing the arena now;
+        ``"peak_committed_bytes"``: the most ever committed;
+        ``"buffer_bytes"``: buffer name -> bytes, every buffer;
+        ``"physical_handles"``: handles mapped now (0 unless reserved);
+        ``"unreleased_handles"``: handles whose release the backend refused;
+        ``"kept_bytes"``: host copies a sleep holds;
+        ``"exported_handles"``: this arena's handles exported to peers;
+        ``"imported_handles"``, ``"imported_bytes"``: peers' handles mapped
+        here; ``"live_views"``: views (and arrays made from them) alive;
+        ``"reserved"``, ``"sleeping"``, ``"released"``: bools;
+        ``"max_batch_tokens"``, ``"tp_size"``: the limits the sizes are for.
+    """
+    cdef int i
+    imported = a._peers.imported() if a._peers is not None else (0, 0)
+    return {
+        "slab_bytes": a._layout.slab_bytes,
+        "reserved_bytes": a._layout.slab_bytes if a._reserved else 0,
+        "committed_bytes": a.committed_bytes(),
+        "peak_committed_bytes": a._peak,
+        "buffer_bytes": dict(zip(BUFFER_NAMES, a._bytes)),
+        "physical_handles": len(a._chunks),
+        "unreleased_handles": len(a._orphans),
+        "kept_bytes": sum(k[2] for k in a._kept),
+        "exported_handles": a._peers.exported if a._peers is not None else 0,
+        "imported_handles": imported[0],
+        "imported_bytes": imported[1],
+        "live_views": sum(mt_life_exports(a._life, i) for i in range(MT_NBUF)),
+        "reserved": bool(a._reserved),
+        "sleeping": bool(a._sleeping),
+        "released": bool(mt_life_released(a._life)),
+        "max_batch_tokens": a._max_tokens,
+        "tp_size": a._tp,
+    }
+
+
+def stats():
+    """The buffer arenas of this process: how many, and their memory.
+
+    Counts the arenas alive (not yet garbage-collected) and not released.
+
+    Returns
+    -------
+    dict
+        ``"arenas"``: their number; ``"committed_bytes"``,
+        ``"reserved_bytes"``, ``"slab_bytes"``: the sums of their
+        `memory_stats` entries; ``"sleeping"``: how many sleep.
+    """
+    from metrale._arena import _LIVE
+    out = {"arenas": 0, "committed_bytes": 0, "reserved_bytes": 0, "slab_bytes": 0, "sleeping": 0}
+    for arena in list(_LIVE):
+        m = _arena_memory_stats(arena)
+        if m["released"]:
+            continue
+        out["arenas"] += 1
+        for key in ("committed_bytes", "reserved_bytes", "slab_bytes"):
+            out[key] += m[key]
+        out["sleeping"] += m["sleeping"]
+    return out

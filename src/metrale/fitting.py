@@ -13,10 +13,9 @@ use of ``metrale.fit``.
 import re
 from fractions import Fraction
 
-from ._buffers import GROUPS
 from ._common import check_index
-from ._layout import plan_layout
-from ._math import U64_MAX, ceil_to
+from ._layout import plan_layout, plan_reserved
+from ._math import U64_MAX
 from ._record import Record
 from .debug import DebugOptions
 from .sizes import BufferSizes
@@ -43,10 +42,6 @@ _SIZE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*")
 FREE_MEMORY_MARGIN = 64 * 2**20
 
 _ALIGN = 256            # the slab's placement alignment (MT_ALIGN, src/arena_core.h)
-# Buffers placed first in a reserved slab whose sub-range ends at the next
-# 256 bytes, not at a granule (src/layout.c, slab part 0): the step inputs
-# that zero_all does not cover.
-_SHARED_GRANULE = frozenset(GROUPS["step"]) - frozenset(GROUPS["zero_all"])
 
 
 def parse_size(value, name="size"):
@@ -196,34 +191,14 @@ class ArenaFit(Record):
         return "\n".join(lines)
 
 
-def _reserved_bytes(sizes, order, guard, gran):
-    # The physical bytes of a reserved arena whose reserved limits are its
-    # limits: its whole reservation (each granule of it is mapped), placed by
-    # the rule of mt_layout_plan_reserved (src/layout.c) over the slab order
-    # of the C plan.  Kept until metrale._layout exposes that plan
-    # (tests/test_fitting.py checks it against built arenas).
-    cur, values = 0, sizes.as_dict()
-    for name in order:
-        n = values[name]
-        if n == 0:
-            continue
-        span = n if not guard else ceil_to(n, _ALIGN) + guard
-        cur = ceil_to(cur + span, _ALIGN if name in _SHARED_GRANULE else gran)
-    return cur
-
-
 def _arena_bytes(sizes, m, guard, gran):
-    """The device bytes of the arena of `sizes` at max_batch_tokens `m`."""
-    plan = plan_layout(sizes, m)            # the arena's own planner (layout.c)
+    """The device bytes of the arena of `sizes` at max_batch_tokens `m`: the
+    slab of the arena's own planner (layout.c), or for a reserved arena
+    (reserved at its own limits) what it maps."""
     if gran is not None:
-        nbytes = _reserved_bytes(sizes, plan.slab_order, guard, gran)
+        nbytes = plan_reserved(sizes, sizes, m, gran, guard_bytes=guard).committed_bytes
     else:
-        nbytes = plan.slab_bytes
-        if guard:
-            # A guard band (a multiple of 256) after each live buffer moves
-            # every later 256-aligned offset by exactly the guard: the slab
-            # grows by it once per live buffer (mt_layout_plan).
-            nbytes += guard * sum(1 for v in sizes.as_tuple() if v)
+        nbytes = plan_layout(sizes, m, guard_bytes=guard).slab_bytes
     if nbytes > U64_MAX:
         raise ValueError(f"the arena at max_batch_tokens={m} exceeds 2^64 - 1 bytes")
     return nbytes
@@ -449,7 +424,9 @@ def fit(config, budget, max_seq_len, kv_block_size, max_batch_size, *, tp_size=1
     granularity : int or str, optional
         The allocation granularity of a reserved arena, in bytes (a power
         of two >= 256): 2 MiB for CUDA on H100 and H200, the page size for
-        the host backend.  Required with ``reserve=True``; refused without.
+        the host backend.  With ``reserve=True``, None takes
+        ``gpu.allocation_granularity()`` (required without `gpu`); refused
+        without `reserve`.
     max_batch_tokens : int, optional
         Do not search: size the arena at this M (>= 1).
     kv_bytes_per_token : int, optional
@@ -503,9 +480,12 @@ def fit(config, budget, max_seq_len, kv_block_size, max_batch_size, *, tp_size=1
     guard = opts.guard_bytes if opts is not None else 0
     gran = None
     if reserve:
+        if granularity is None and gpu is not None and hasattr(gpu, "allocation_granularity"):
+            granularity = gpu.allocation_granularity()
         if granularity is None:
             raise ValueError("granularity: reserve=True needs the allocation granularity in "
-                             "bytes (2 MiB for CUDA on H100/H200, the page size on the host)")
+                             "bytes (2 MiB for CUDA on H100/H200, the page size on the host), "
+                             "or gpu=")
         gran = parse_size(granularity, "granularity")
         if gran < _ALIGN or gran & (gran - 1):
             raise ValueError(f"granularity must be a power of two >= {_ALIGN}, got {gran}")

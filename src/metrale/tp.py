@@ -267,12 +267,17 @@ class _Sharing:
     """What a shared arena keeps: the group's shape, the peers' mappings and
     the pointer cells handed out through PeerBuffers."""
 
-    __slots__ = ("rank", "size", "local", "_slabs", "_cells", "_peers")
+    __slots__ = ("rank", "size", "local", "exported", "_slabs", "_cells", "_peers")
 
-    def __init__(self, rank, size, local, slabs, cells):
+    def __init__(self, rank, size, local, slabs, cells, exported):
         self.rank, self.size, self.local = rank, size, local
+        self.exported = exported        # this rank's handles exported (one per chunk)
         self._slabs, self._cells = slabs, cells
         self._peers = {}
+
+    def imported(self):
+        """(handles, bytes) of the peers' slabs mapped here."""
+        return self._slabs.mapped()
 
     def peer(self, rank):
         r = check_index(rank, "rank", 0, self.size - 1)
@@ -440,7 +445,7 @@ def _share(gpu, group, base, nbytes, chunks, layout, ptrs, granularity, max_batc
     cells = {me: [tuple(ptrs)]}
     for r, b in bases.items():
         cells[r] = [tuple(p - base + b if p else 0 for p in ptrs)]
-    return _Sharing(me, size, local, slabs, cells)
+    return _Sharing(me, size, local, slabs, cells, len(chunks) if bases else 0)
 
 
 def _header(me, to, chunks, error):
