@@ -1,6 +1,7 @@
 # BufferArena's fields, declared once: the modules of its other concepts
 # (_reserve: reserved memory, _step: step inputs, _debug: debug operations,
 # _peer: tensor-parallel sharing) cimport it and work on the arena directly.
+from cpython.ref cimport PyObject
 from libc.stdint cimport uint64_t, uintptr_t
 
 from metrale._backend cimport Backend
@@ -54,6 +55,10 @@ cdef class BufferArena:
     cdef object _peers            # the peers' mappings (metrale.tp._Sharing), or None
 
     cdef object __weakref__
+    # The process's arenas, a list linked through the arenas themselves (no
+    # reference held: __dealloc__ unlinks), for metrale.stats().
+    cdef PyObject *_live_prev
+    cdef PyObject *_live_next
 
     # Start an operation that holds the arena (pair with mt_life_leave): refused
     # with the lifetime word's exception, or for a backend not the arena's own.
@@ -66,5 +71,8 @@ cdef class BufferArena:
     # Free the memory (a reservation with its chunks, host copies and the
     # peers' mappings); what fails stays recorded for the next call.
     cdef int _free(self) except -1
-    cdef int _zero_range(self, object gpu, object stream, unsigned group) except -1
+
+
+# Every arena alive in the process (new references, in no particular order).
+cdef list live_arenas()
 

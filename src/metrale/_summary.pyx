@@ -9,7 +9,7 @@
 
 cimport cython
 
-from metrale._arena cimport BufferArena
+from metrale._arena cimport BufferArena, live_arenas
 from metrale._core cimport MT_NBUF
 from metrale._life cimport mt_life_exports
 from metrale._life cimport mt_life_released
@@ -334,9 +334,8 @@ def stats():
         ``"reserved_bytes"``, ``"slab_bytes"``: the sums of their
         `memory_stats` entries; ``"sleeping"``: how many sleep.
     """
-    from metrale._arena import _LIVE
     out = {"arenas": 0, "committed_bytes": 0, "reserved_bytes": 0, "slab_bytes": 0, "sleeping": 0}
-    for arena in list(_LIVE):
+    for arena in live_arenas():
         m = _arena_memory_stats(arena)
         if m["released"]:
             continue
