@@ -12,8 +12,10 @@
 // metrale_debug_nonfinite    NONFINITE: NaN / Inf elements
 // metrale_debug_fingerprint  FINGERPRINT: the word sum of mt_fp_word
 //
-// Build the shipped PTX with (from the repository root):
-//   nvcc -ptx -arch=compute_75 -I src src/metrale/kernels/debug_ops.cu -o src/metrale/kernels/debug_ops.ptx
+// The build compiles this file to debug_ops.ptx where nvcc is found
+// (tools/kernels.py, which also checks the PTX against the headers); the
+// checked-in debug_ops.ptx, for builds without nvcc, is refreshed with
+// `python tools/kernels.py update`.
 #include "debug_ops.h"
 
 #define MT_DBG_THREADS 256
