@@ -337,3 +337,28 @@ def test_driver_errors_name_the_call_its_bytes_and_the_error(gpu):
     zero = BufferSizes(**dict.fromkeys(metrale.sizes.BUFFER_NAMES, 0))
     with pytest.raises(OutOfMemoryError, match=r"cuMemAlloc\(\d+ bytes\): CUDA_ERROR_OUT_OF_MEMORY$"):
         BufferArena.from_sizes(PRESET, zero.replace(o_latent=2 ** 50), 1, 0, gpu)
+
+
+def test_a_forked_child_is_refused_before_any_driver_call(gpu):
+    """CUDA cannot be used in a child forked after it was initialized: the
+    context step (CudaBackend._current, without the GIL) raises before any
+    driver call, for a Python method and for the arena's C-level calls."""
+    import os
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)     # fork() with threads alive
+        pid = os.fork()
+    if pid == 0:
+        code = 0
+        for call in (gpu.mem_info, gpu.synchronize):
+            try:
+                call()
+                code |= 1
+            except MetraleError as e:
+                code |= 0 if "forked after CUDA was initialized" in str(e) else 2
+            except BaseException:
+                code |= 4
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert gpu.mem_info()[1] > 0                               # the parent is untouched
