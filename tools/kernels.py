@@ -145,6 +145,24 @@ def check(kdir, cc=None):
     return problems
 
 
+def check_files(files, read, scratch):
+    """`check` of kernels packed in an archive (a wheel, an sdist): `files`
+    maps each path as installed under metrale/ ("kernels/zero_ranges.ptx",
+    "arena_core.h") to its member name and `read` gives a member's bytes; they
+    are written under `scratch`/metrale first.  A check that cannot run is a
+    problem too."""
+    for rel, member in files.items():
+        if rel.endswith("/"):           # a folder entry of the archive
+            continue
+        dest = Path(scratch, "metrale", rel)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(read(member))
+    try:
+        return check(Path(scratch, "metrale", "kernels"))
+    except (OSError, RuntimeError, ValueError, subprocess.CalledProcessError) as e:
+        return [f"the kernel check could not run: {e}"]
+
+
 def nvcc_release(kdir):
     """The nvcc release ("13.0") that built the PTX in `kdir` (all of it), from
     the PTX's header.  The build uses only an nvcc of that release: a newer one

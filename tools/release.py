@@ -238,22 +238,6 @@ def expected_members(src, tag):
     return names
 
 
-def kernel_problems(files, read, scratch):
-    """The problems of shipped kernels against their headers (tools/kernels.py):
-    `files` maps each installed path under metrale/ ("kernels/zero_ranges.ptx",
-    "arena_core.h") to its member name, `read` gives a member's bytes; they are
-    laid out under `scratch`/metrale as installed."""
-    for rel, member in files.items():
-        dest = os.path.join(scratch, "metrale", rel)
-        os.makedirs(os.path.dirname(dest), exist_ok=True)
-        with open(dest, "wb") as f:
-            f.write(read(member))
-    try:
-        return kernels.check(os.path.join(scratch, "metrale", "kernels"))
-    except (OSError, RuntimeError, ValueError, subprocess.CalledProcessError) as e:
-        return [f"the kernel check could not run: {e}"]
-
-
 def elf_problems(path):
     problems = []
     dyn = run(["readelf", "-d", path])
@@ -317,8 +301,8 @@ def check_wheel(whl, src, version, xy, license_bytes, scratch):
             problems.append(f"_version.py says {ns.get('__version__')!r}")
         shipped = {n[len("metrale/"):]: n for n in names
                    if n.startswith("metrale/kernels/") or re.fullmatch(r"metrale/[^/]+\.h", n)}
-        problems += [f"kernels: {p}" for p in kernel_problems(shipped, z.read,
-                                                               os.path.join(scratch, "kernels"))]
+        problems += [f"kernels: {p}" for p in kernels.check_files(shipped, z.read,
+                                                                   os.path.join(scratch, "kernels"))]
         needed_all = set()
         for n in sorted(x for x in names if x.endswith(".so")):
             path = z.extract(n, scratch)
@@ -343,7 +327,7 @@ def check_sdist(sdist, version, license_bytes, scratch):
         kdir = f"{top}/src/metrale/kernels/"
         shipped = {"kernels/" + n[len(kdir):]: n for n in names if n.startswith(kdir)}
         shipped |= {n.rpartition("/")[2]: n for n in names if re.fullmatch(rf"{top}/src/[^/]+\.h", n)}
-        problems += [f"kernels: {p}" for p in kernel_problems(
+        problems += [f"kernels: {p}" for p in kernels.check_files(
             shipped, lambda n: t.extractfile(n).read(), scratch)]
         meta = t.extractfile(f"{top}/PKG-INFO").read().decode()
         for want in (f"Version: {version}", "License-Expression: MIT", "License-File: LICENSE"):
