@@ -114,6 +114,32 @@ def test_a_missing_ptx_or_entry_point_is_reported(tool, tmp_path):
     assert any("entry points" in p and "metrale_debug_old" in p for p in problems), problems
 
 
+def test_the_release_checks_the_kernels_a_wheel_ships(tool, tmp_path):
+    """check_files (tools/release.py's check of each wheel and sdist) on a
+    wheel-like zip, folder entries included: clean as built, stale once a
+    header grows."""
+    import zipfile
+    names = {f"metrale/kernels/{p.name}": p for p in SOURCE.iterdir() if p.is_file()}
+    names |= {f"metrale/{h}": ROOT / "src" / h for h in ("arena_core.h", "buffers.h")}
+    for grow in (False, True):
+        whl = tmp_path / f"w{grow:d}.zip"
+        with zipfile.ZipFile(whl, "w") as z:
+            z.writestr("metrale/kernels/", b"")
+            for n, p in names.items():
+                data = p.read_bytes()
+                if grow and p.name == "zero_ranges.h":
+                    data = data.replace(b"    int count;\n} mt_zero_args;",
+                                        b"    int count;\n    int added[3];\n} mt_zero_args;")
+                z.writestr(n, data)
+        with zipfile.ZipFile(whl) as z:
+            files = {n[len("metrale/"):]: n for n in z.namelist()}
+            problems = tool.check_files(files, z.read, tmp_path / f"scratch{grow:d}")
+        if grow:
+            assert len(problems) == 1 and "metrale_zero_ranges takes" in problems[0], problems
+        else:
+            assert problems == []
+
+
 def test_shipped_ptx_matches_its_source(tool, tmp_path):
     """Each PTX is what its .cu (with the parameter blocks of its headers)
     compiles to; skipped without the nvcc release that built it."""
