@@ -108,8 +108,9 @@ def main():
           "alone / per op over 20 back to back")
     print(f"{'n':>6} {'grid/SM':>7} {'tile':>5} {'spread':>6} {'host count':>22} {'device count':>22} {'x alone':>8} {'x b2b':>7}")
     cell = torch.zeros(1, dtype=torch.int32, device="cuda")
+    default = gpu.rows_at_tuning()
     for per_sm, per, spread in ((4, 512, 8), (8, 512, 8), (4, 256, 32), (8, 256, 32), (4, 256, 4)):
-        gpu._rows_at_blocks_per_sm, gpu._rows_at_per, gpu._rows_at_spread = per_sm, per, spread
+        gpu.tune_rows_at(blocks_per_sm=per_sm, tile_chunks=per, spread=spread)
         for n in (1, 16, 4096):
             cell.fill_(n)
             torch.cuda.synchronize()
@@ -122,7 +123,7 @@ def main():
             bd = timed_back_to_back(dev, s, max(args.runs // 3, 5))
             print(f"{n:>6} {per_sm:>7} {per:>5} {spread:>6} {rh[0]:>8.1f} ({rh[1]:.1f}..{rh[2]:.1f}) "
                   f"{rd[0]:>8.1f} ({rd[1]:.1f}..{rd[2]:.1f}) {rd[0] / rh[0]:>8.3f} {bd / bh:>7.3f}")
-    gpu._rows_at_blocks_per_sm, gpu._rows_at_per, gpu._rows_at_spread = 8, 512, 8
+    gpu.tune_rows_at(**default)
 
     # -- 2. decode prologue host cost ---------------------------------------------------
     rng = np.random.default_rng(0)

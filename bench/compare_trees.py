@@ -16,7 +16,6 @@ import argparse
 import json
 import statistics
 import subprocess
-import sys
 import time
 
 # (label, setup-free statement, calls per timing); `arena`, `empty`, `gpu`,

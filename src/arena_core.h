@@ -155,7 +155,7 @@ void mt_checksum_f32(const void *data, size_t n, double out[3]);
 /* The row-wise slab cursor (opaque so that this header needs no <stdatomic.h>).
  * A carve advances it atomically by `bytes`, saturating at 2^64 - 1 instead of
  * wrapping, so once a carve has overrun the slab every later one fails too,
- * whatever the interleaving of callers (once one carve has overrun, every later one fails). */
+ * whatever the interleaving of callers. */
 typedef struct mt_cursor mt_cursor;
 mt_cursor *mt_cursor_new(void);
 void mt_cursor_free(mt_cursor *c);

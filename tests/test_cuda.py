@@ -1,14 +1,15 @@
 """GPU-only behaviour: target, graph capture of the zeroing helpers, views for
-torch / CuPy, driver errors (the tests taking the `gpu` fixture, skipped with
-the reason where no GPU is usable); and the CUDA backend's host-side errors."""
+torch / CuPy, driver errors, the launch shape of zero_all_rows(tokens_at=...)
+(the tests taking the `gpu` fixture, skipped with the reason where no GPU is
+usable); and the CUDA backend's host-side errors."""
 
 import pytest
 
 import metrale
 from metrale import BufferArena, BufferSizes, MetraleError, OutOfMemoryError
 
-from helpers import (PREFILL, PRESET, ZERO_ALL, Mem, check_zeroed, cuda_backend,
-                     expected_rows_length, fill_all, rows_expectation, slab_base)
+from helpers import (COMPACT, PREFILL, PRESET, ZERO_ALL, Mem, check_zeroed, cuda_backend,
+                     expected_rows_length, fill_all, new, ptr_of, rows_expectation, slab_base)
 
 
 def test_unavailable_is_a_clear_error():
@@ -276,34 +277,80 @@ def test_missing_bindings_is_a_clear_error():
         assert "CudaBackend is unavailable" in r.stdout and "metrale[cuda]" in r.stdout, r.stdout
 
 
-def test_shipped_ptx_matches_its_source(tmp_path):
-    """The PTX in the package is what its .cu (with the parameter block of its
-    header) compiles to (no GPU needed; skipped without the nvcc release that
-    built it)."""
-    import os
-    import re
-    import shutil
-    import subprocess
-    from pathlib import Path
-    nvcc = shutil.which("nvcc")
-    if nvcc is None:
-        pytest.skip("no nvcc here")
-    pkg = Path(metrale.__file__).parent
-    kdir = pkg / "kernels"
-    if not (kdir / "zero_ranges.ptx").exists():
-        pytest.skip("this build of metrale ships no PTX")
-    shipped = (kdir / "zero_ranges.ptx").read_text()
-    # Not under the sanitizer stage's LD_PRELOAD: nvcc crashes with libasan preloaded.
-    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
-    m = re.search(r"V\d+\.\d+\.\d+", subprocess.run([nvcc, "--version"], capture_output=True,
-                                                    text=True, env=env).stdout)
-    if m is None or m.group(0) not in shipped:
-        pytest.skip(f"nvcc here is {m and m.group(0)}, not the release that built the shipped PTX")
-    # arena_core.h sits beside the package (installed) or above it (source tree)
-    subprocess.run([nvcc, "-ptx", "-arch=compute_75", "-I", str(pkg), "-I", str(pkg.parent),
-                    str(kdir / "zero_ranges.cu"), "-o", str(tmp_path / "z.ptx")],
-                   check=True, env=env)
+ROWS_AT_DEFAULT = {"blocks_per_sm": 8, "tile_chunks": 512, "spread": 8}   # documented
 
-    def code(text):
-        return [line for line in text.splitlines() if not line.startswith("//")]
-    assert code((tmp_path / "z.ptx").read_text()) == code(shipped)
+
+def test_rows_at_tuning_is_checked_all_or_nothing(gpu):
+    """tune_rows_at refuses what the kernel cannot take, naming the argument,
+    and changes nothing then; None keeps a value; the getter round-trips."""
+    assert gpu.rows_at_tuning() == ROWS_AT_DEFAULT
+    try:
+        for kw, bad, exc in (("blocks_per_sm", 0, ValueError), ("blocks_per_sm", 33, ValueError),
+                             ("blocks_per_sm", True, TypeError), ("tile_chunks", 0, ValueError),
+                             ("tile_chunks", 3, ValueError), ("tile_chunks", 768, ValueError),
+                             ("tile_chunks", 8192, ValueError), ("tile_chunks", 2.0, TypeError),
+                             ("spread", 0, ValueError), ("spread", 2**32, ValueError),
+                             ("spread", "8", TypeError)):
+            others = {k: 1 for k in ROWS_AT_DEFAULT if k != kw}
+            with pytest.raises(exc, match=kw):
+                gpu.tune_rows_at(**others, **{kw: bad})
+            assert gpu.rows_at_tuning() == ROWS_AT_DEFAULT, kw
+        gpu.tune_rows_at(blocks_per_sm=32, tile_chunks=4096, spread=2**32 - 1)
+        assert gpu.rows_at_tuning() == {"blocks_per_sm": 32, "tile_chunks": 4096, "spread": 2**32 - 1}
+        gpu.tune_rows_at(tile_chunks=1)
+        assert gpu.rows_at_tuning() == {"blocks_per_sm": 32, "tile_chunks": 1, "spread": 2**32 - 1}
+    finally:
+        gpu.tune_rows_at(**ROWS_AT_DEFAULT)
+    assert gpu.rows_at_tuning() == ROWS_AT_DEFAULT
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1), (32, 4096, 1), (4, 256, 32), (1, 16, 2**32 - 1)])
+def test_tuned_rows_at_clears_what_the_host_count_does(gpu, shape):
+    """Every launch shape clears exactly the rows zero_all_rows(tokens) does
+    (helpers.rows_expectation, written from ARENA §5.2)."""
+    blocks_per_sm, tile_chunks, spread = shape
+    gpu.tune_rows_at(blocks_per_sm=blocks_per_sm, tile_chunks=tile_chunks, spread=spread)
+    try:
+        for tokens in (0, 1, 17, 100, -1):
+            with new(gpu, COMPACT, m=100) as arena:
+                fill_all(arena, gpu)
+                at = ptr_of(arena, "token_ids")           # never zeroed by zero_all_rows
+                gpu.upload(at, tokens.to_bytes(4, "little", signed=True))
+                arena.zero_all_rows(tokens_at=at)
+                gpu.synchronize()
+                expect = rows_expectation(arena.sizes(), 100, tokens if tokens >= 0 else 100)
+                check_zeroed(arena, Mem(arena, gpu), expect, spared=[("token_ids", 0, 4)])
+    finally:
+        gpu.tune_rows_at(**ROWS_AT_DEFAULT)
+
+
+def test_driver_errors_name_the_call_its_bytes_and_the_error(gpu):
+    """The one error path (_driver.pxd): "call(N bytes): CUDA_ERROR_..."."""
+    zero = BufferSizes(**dict.fromkeys(metrale.sizes.BUFFER_NAMES, 0))
+    with pytest.raises(OutOfMemoryError, match=r"cuMemAlloc\(\d+ bytes\): CUDA_ERROR_OUT_OF_MEMORY$"):
+        BufferArena.from_sizes(PRESET, zero.replace(o_latent=2 ** 50), 1, 0, gpu)
+
+
+def test_a_forked_child_is_refused_before_any_driver_call(gpu):
+    """CUDA cannot be used in a child forked after it was initialized: the
+    context step (CudaBackend._current, without the GIL) raises before any
+    driver call, for a Python method and for the arena's C-level calls."""
+    import os
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)     # fork() with threads alive
+        pid = os.fork()
+    if pid == 0:
+        code = 0
+        for call in (gpu.mem_info, gpu.synchronize):
+            try:
+                call()
+                code |= 1
+            except MetraleError as e:
+                code |= 0 if "forked after CUDA was initialized" in str(e) else 2
+            except BaseException:
+                code |= 4
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert gpu.mem_info()[1] > 0                               # the parent is untouched

@@ -26,9 +26,11 @@ auditwheel verdicts, the test results and the time of every step).
    ever does.  The tag is pinned so that a new glibc symbol fails the release
    instead of silently narrowing who can install it.
 5. Checks: `auditwheel show`, `twine check --strict`, `check-wheel-contents`,
-   and the contents check below (every module, the CUDA extension and its PTX,
-   the license, the metadata; no bundled library; ELF: allowed DT_NEEDED only,
-   no RPATH, stripped).
+   and the contents check below (every module, the CUDA extension and its
+   kernels, the license, the metadata; no bundled library; ELF: allowed
+   DT_NEEDED only, no RPATH, stripped).  Every kernel shipped, in each wheel
+   and in the sdist, must take the parameter blocks its headers declare
+   (tools/kernels.py check): a stale PTX fails the release.
 6. Tests (unless --no-test): each wheel installed into a fresh virtual
    environment of its own Python with `pip --isolated --no-index
    --only-binary :all: --find-links OUT metrale==V` (the test dependencies
@@ -57,6 +59,7 @@ import time
 import zipfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import kernels          # noqa: E402  (tools/kernels.py: each PTX against its headers)
 import pythons          # noqa: E402  (tools/pythons.py: CPython 3.14 and 3.15 from Debian)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -225,7 +228,13 @@ def expected_members(src, tag):
         raise Failure("src/metrale/_cuda.pyx is missing")
     names |= {f"metrale/{s}.{tag}.so" for s in stems}
     names |= {"metrale/_version.py", "metrale/_buffers.py", "metrale/arena_core.h",
-              "metrale/buffers.h", "metrale/kernels/zero_ranges.ptx"}
+              "metrale/buffers.h"}
+    cus = glob.glob(os.path.join(pkg, "kernels", "*.cu"))
+    if not cus:
+        raise Failure("src/metrale/kernels has no kernel sources")
+    for path in cus + glob.glob(os.path.join(pkg, "kernels", "*.h")):
+        names.add(f"metrale/kernels/{os.path.basename(path)}")
+    names |= {f"metrale/kernels/{os.path.basename(p)[:-3]}.ptx" for p in cus}
     return names
 
 
@@ -290,6 +299,10 @@ def check_wheel(whl, src, version, xy, license_bytes, scratch):
         exec(z.read("metrale/_version.py").decode(), ns)
         if ns.get("__version__") != version:
             problems.append(f"_version.py says {ns.get('__version__')!r}")
+        shipped = {n[len("metrale/"):]: n for n in names
+                   if n.startswith("metrale/kernels/") or re.fullmatch(r"metrale/[^/]+\.h", n)}
+        problems += [f"kernels: {p}" for p in kernels.check_files(shipped, z.read,
+                                                                   os.path.join(scratch, "kernels"))]
         needed_all = set()
         for n in sorted(x for x in names if x.endswith(".so")):
             path = z.extract(n, scratch)
@@ -299,18 +312,23 @@ def check_wheel(whl, src, version, xy, license_bytes, scratch):
     return problems, sorted(needed_all)
 
 
-def check_sdist(sdist, version, license_bytes):
+def check_sdist(sdist, version, license_bytes, scratch):
     problems = []
     top = f"metrale-{version}"
     with tarfile.open(sdist) as t:
         names = set(t.getnames())
-        for want in ("LICENSE", "PKG-INFO", "pyproject.toml", "meson.build",
-                     "src/metrale/_cuda.pyx", "src/metrale/kernels/zero_ranges.ptx",
-                     "tests/conftest.py", "tests/test_version.py"):
+        for want in ("LICENSE", "PKG-INFO", "pyproject.toml", "meson.build", "tools/kernels.py",
+                     "src/metrale/_cuda.pyx", "tests/conftest.py", "tests/test_version.py"):
             if f"{top}/{want}" not in names:
                 problems.append(f"sdist lacks {want}")
         if f"{top}/LICENSE" in names and t.extractfile(f"{top}/LICENSE").read() != license_bytes:
             problems.append("sdist LICENSE differs")
+        # The checked-in PTX, which builds without nvcc install.
+        kdir = f"{top}/src/metrale/kernels/"
+        shipped = {"kernels/" + n[len(kdir):]: n for n in names if n.startswith(kdir)}
+        shipped |= {n.rpartition("/")[2]: n for n in names if re.fullmatch(rf"{top}/src/[^/]+\.h", n)}
+        problems += [f"kernels: {p}" for p in kernels.check_files(
+            shipped, lambda n: t.extractfile(n).read(), scratch)]
         meta = t.extractfile(f"{top}/PKG-INFO").read().decode()
         for want in (f"Version: {version}", "License-Expression: MIT", "License-File: LICENSE"):
             if want not in meta.splitlines():
@@ -467,7 +485,7 @@ def main(argv=None):
             sdist = os.path.join(sd, f"metrale-{version}.tar.gz")
             if not os.path.isfile(sdist):
                 raise Failure(f"no {os.path.basename(sdist)} in {os.listdir(sd)}")
-            problems = check_sdist(sdist, version, license_bytes)
+            problems = check_sdist(sdist, version, license_bytes, os.path.join(work, "sdist-kernels"))
             if problems:
                 raise Failure("sdist: " + "; ".join(problems))
             shutil.copy2(sdist, out)

@@ -12,8 +12,10 @@
 // metrale_debug_nonfinite    NONFINITE: NaN / Inf elements
 // metrale_debug_fingerprint  FINGERPRINT: the word sum of mt_fp_word
 //
-// Build the shipped PTX with (from the repository root):
-//   nvcc -ptx -arch=compute_75 -I src src/metrale/kernels/debug_ops.cu -o src/metrale/kernels/debug_ops.ptx
+// The build compiles this file to debug_ops.ptx where nvcc is found
+// (tools/kernels.py, which also checks the PTX against the headers); the
+// checked-in debug_ops.ptx, for builds without nvcc, is refreshed with
+// `python tools/kernels.py update`.
 #include "debug_ops.h"
 
 #define MT_DBG_THREADS 256
@@ -51,7 +53,7 @@ __device__ __forceinline__ uint4 mt_pattern(const mt_debug_args &a, int r)
     return v;
 }
 
-// Block-wide sum of x and max of y; thread 0 gets the totals.
+// Block-wide sums of x and z and maximum of y; thread 0 gets the totals.
 __device__ __forceinline__ void mt_block_reduce(unsigned long long &x, unsigned long long &y,
                                                 unsigned long long &z)
 {
@@ -171,7 +173,8 @@ extern "C" __global__ void __launch_bounds__(MT_DBG_THREADS) metrale_debug_nonfi
     }
 }
 
-// Two words of 16 bytes at chunk c of an item that starts at chunk c0.
+// The fingerprint terms of the two 8-byte words of 16-byte chunk v, whose
+// first word is word i of the item.
 __device__ __forceinline__ unsigned long long mt_fp_chunk(uint4 v, unsigned long long i)
 {
     const unsigned long long w0 = v.x | ((unsigned long long)v.y << 32);

@@ -11,8 +11,10 @@
 //
 // The parameters travel by value, so a captured CUDA graph replays exactly the
 // ranges of the call that was captured.
-// Build the shipped PTX with (from the repository root):
-//   nvcc -ptx -arch=compute_75 -I src src/metrale/kernels/zero_ranges.cu -o src/metrale/kernels/zero_ranges.ptx
+// The build compiles this file to zero_ranges.ptx where nvcc is found
+// (tools/kernels.py, which also checks the PTX against the headers); the
+// checked-in zero_ranges.ptx, for builds without nvcc, is refreshed with
+// `python tools/kernels.py update`.
 #include "zero_ranges.h"
 
 extern "C" __global__ void metrale_zero_ranges(const mt_zero_args a)

@@ -1,0 +1,161 @@
+"""The shipped CUDA kernels (src/metrale/kernels) against their sources, no GPU
+needed: each PTX takes the parameter blocks its C headers declare today (the
+check of tools/kernels.py, which the release runs on every wheel too), and,
+where the nvcc release that built it is here, is what its .cu compiles to."""
+
+import importlib.util
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import metrale
+
+ROOT = Path(__file__).resolve().parents[1]
+TOOL = ROOT / "tools" / "kernels.py"
+SOURCE = ROOT / "src" / "metrale" / "kernels"
+INSTALLED = Path(metrale.__file__).parent / "kernels"
+
+
+@pytest.fixture(scope="module")
+def tool():
+    if not TOOL.exists():
+        pytest.skip(f"{TOOL} is not here (tests run from a copy, outside the source tree)")
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler (cc) to lay the headers' structs out")
+    spec = importlib.util.spec_from_file_location("kernels_tool", TOOL)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _dirs():
+    """The kernel folders here: the source tree's, and the installed package's
+    when this metrale ships kernels (a build with its CUDA backend)."""
+    return [d for d in (SOURCE, INSTALLED) if (d / "zero_ranges.cu").is_file()]
+
+
+@pytest.mark.parametrize("where", ["source", "installed"])
+def test_each_ptx_takes_the_parameter_blocks_of_its_headers(tool, where):
+    kdir = SOURCE if where == "source" else INSTALLED
+    if not (kdir / "zero_ranges.cu").is_file():
+        pytest.skip(f"no kernels in {kdir}")
+    assert tool.check(kdir) == []
+
+
+def test_the_parser_reads_every_entry_point(tool):
+    """Golden: the entry points the CUDA backend looks up (_kernels.pyx), one
+    by-value parameter each, the same in the PTX and the .cu."""
+    want = {"zero_ranges": ["metrale_zero_ranges", "metrale_zero_rows_at"],
+            "debug_ops": ["metrale_debug_fill", "metrale_debug_check", "metrale_debug_nonfinite",
+                          "metrale_debug_fingerprint"]}
+    for stem, names in want.items():
+        ptx = tool.ptx_entries((SOURCE / f"{stem}.ptx").read_text())
+        cu = tool.cu_kernels((SOURCE / f"{stem}.cu").read_text())
+        assert sorted(ptx) == sorted(cu) == sorted(names)
+        assert all(len(p) == 1 and p[0] > 0 for p in ptx.values())
+    assert tool.ptx_entries(".entry k(\n\t.param .u64 .ptr .global .align 4 k_param_0,\n"
+                            "\t.param .u32 k_param_1,\n\t.param .align 8 .b8 k_param_2[24]\n)") \
+        == {"k": [8, 4, 24]}
+
+
+def _copy_tree(tmp_path):
+    """src/ as the kernels see it (headers and kernels), to change in a test."""
+    src = tmp_path / "src"
+    shutil.copytree(SOURCE, src / "metrale" / "kernels")
+    for h in ("arena_core.h", "buffers.h"):
+        shutil.copy(ROOT / "src" / h, src / h)
+    return src
+
+
+def test_a_field_added_to_a_header_makes_the_ptx_stale(tool, tmp_path):
+    src = _copy_tree(tmp_path)
+    h = src / "metrale" / "kernels" / "debug_ops.h"
+    text = h.read_text()
+    assert "    unsigned int per;" in text
+    h.write_text(text.replace("    unsigned int per;", "    unsigned long long added;\n"
+                              "    unsigned int per;", 1))
+    problems = tool.check(src / "metrale" / "kernels")
+    assert len(problems) == 4, problems
+    for name in ("fill", "check", "nonfinite", "fingerprint"):
+        assert any(f"metrale_debug_{name} takes parameters of" in p and "stale" in p
+                   for p in problems), problems
+
+
+def test_a_buffer_added_to_the_table_makes_the_ptx_stale(tool, tmp_path):
+    """The case of issue 22: one more buffer grows mt_debug_args (one item per
+    buffer) and, as a zero_all buffer, the zeroing blocks too."""
+    src = _copy_tree(tmp_path)
+    table = src / "buffers.h"
+    text = table.read_text()
+    row = re.search(r"^ *X\(HIDDEN_STATES,.*\\\n", text, re.M).group(0)
+    table.write_text(text.replace(row, row + row.replace("HIDDEN_STATES", "EXTRA_ROWS")
+                                  .replace("hidden_states", "extra_rows"), 1))
+    problems = tool.check(src / "metrale" / "kernels")
+    stale = sorted(re.match(r"\w+\.ptx: (\w+) takes", p).group(1) for p in problems)
+    assert stale == sorted(["metrale_debug_fill", "metrale_debug_check", "metrale_debug_nonfinite",
+                            "metrale_debug_fingerprint", "metrale_zero_ranges",
+                            "metrale_zero_rows_at"]), problems
+    # [the PTX's block] bytes, but ... [the header's, grown] bytes now
+    sizes = [[int(x) for x in re.findall(r"\[(\d+)\] bytes", p)] for p in problems]
+    assert all(len(s) == 2 and s[1] > s[0] for s in sizes), problems
+
+
+def test_a_missing_ptx_or_entry_point_is_reported(tool, tmp_path):
+    src = _copy_tree(tmp_path)
+    kdir = src / "metrale" / "kernels"
+    (kdir / "zero_ranges.ptx").unlink()
+    ptx = kdir / "debug_ops.ptx"
+    ptx.write_text(ptx.read_text().replace("metrale_debug_fingerprint", "metrale_debug_old"))
+    problems = tool.check(kdir)
+    assert any(p.startswith("zero_ranges.ptx: missing") for p in problems), problems
+    assert any("entry points" in p and "metrale_debug_old" in p for p in problems), problems
+
+
+def test_the_release_checks_the_kernels_a_wheel_ships(tool, tmp_path):
+    """check_files (tools/release.py's check of each wheel and sdist) on a
+    wheel-like zip, folder entries included: clean as built, stale once a
+    header grows."""
+    import zipfile
+    names = {f"metrale/kernels/{p.name}": p for p in SOURCE.iterdir() if p.is_file()}
+    names |= {f"metrale/{h}": ROOT / "src" / h for h in ("arena_core.h", "buffers.h")}
+    for grow in (False, True):
+        whl = tmp_path / f"w{grow:d}.zip"
+        with zipfile.ZipFile(whl, "w") as z:
+            z.writestr("metrale/kernels/", b"")
+            for n, p in names.items():
+                data = p.read_bytes()
+                if grow and p.name == "zero_ranges.h":
+                    data = data.replace(b"    int count;\n} mt_zero_args;",
+                                        b"    int count;\n    int added[3];\n} mt_zero_args;")
+                z.writestr(n, data)
+        with zipfile.ZipFile(whl) as z:
+            files = {n[len("metrale/"):]: n for n in z.namelist()}
+            problems = tool.check_files(files, z.read, tmp_path / f"scratch{grow:d}")
+        if grow:
+            assert len(problems) == 1 and "metrale_zero_ranges takes" in problems[0], problems
+        else:
+            assert problems == []
+
+
+def test_shipped_ptx_matches_its_source(tool, tmp_path):
+    """Each PTX is what its .cu (with the parameter blocks of its headers)
+    compiles to; skipped without the nvcc release that built it."""
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("no nvcc here")
+    m = re.search(r"V\d+\.\d+\.\d+", subprocess.run([nvcc, "--version"], capture_output=True,
+                                                    text=True, env=tool._env()).stdout)
+    for kdir in _dirs():
+        for cu in sorted(kdir.glob("*.cu")):
+            shipped = cu.with_suffix(".ptx").read_text()
+            if m is None or m.group(0) not in shipped:
+                pytest.skip(f"nvcc here is {m and m.group(0)}, not the release that built {cu.name}'s PTX")
+            out = tmp_path / f"{kdir.parent.name}-{cu.stem}.ptx"
+            tool.build(nvcc, cu, out, includes=tool.include_dirs(kdir)[1:])
+
+            def code(text):
+                return [line for line in text.splitlines() if not line.startswith("//")]
+            assert code(out.read_text()) == code(shipped), f"{cu} is not what its PTX was built from"
