@@ -273,7 +273,85 @@ def _arena_summary(BufferArena a):
         {g: GROUPS[g] for g in ("zero_all", "prefill", "rows", "checksum")},
         a._sizes.levers(), bool(mt_life_released(a._life)), bool(a._reserved),
         a.committed_bytes(), bool(a._sleeping), a._layout.guard, len(a._orphans),
-        a.max_seq_len(), a.kv_block_size(), a._max_seqs, a._tp)
+        _arena_max_seq_len(a), _arena_kv_block_size(a), a._max_seqs, a._tp)
+
+
+def _arena_label(BufferArena a):
+    """The arena's name in log lines and errors (the reference's label).
+
+    Returns
+    -------
+    str
+        ``"buffer arena"``.
+    """
+    return "buffer arena"
+
+
+def _arena_max_seq_len(BufferArena a):
+    """The longest sequence the buffers are sized for.
+
+    Returns
+    -------
+    int or None
+        None when the sizes record no limits (`from_sizes` with sizes made
+        by hand).
+    """
+    return None if a._limits is None else a._limits[1]
+
+
+def _arena_kv_block_size(BufferArena a):
+    """Tokens per paged-KV block the buffers are sized for (0: 256 blocks per
+    sequence).
+
+    Returns
+    -------
+    int or None
+        None when the sizes record no limits.
+    """
+    return None if a._limits is None else a._limits[2]
+
+
+def _arena_max_batch_size(BufferArena a):
+    """The most sequences one batched decode step carries (it sets the decode
+    metadata layout, `decode_meta`).
+
+    Returns
+    -------
+    int
+    """
+    return a._max_seqs
+
+
+def _arena_tp_size(BufferArena a):
+    """The tensor-parallel ranks the buffers are per-rank sizes for.
+
+    Returns
+    -------
+    int
+        1 for the whole model (docs/tensor-parallel.md).
+    """
+    return a._tp
+
+
+def _arena_decode_meta(BufferArena a):
+    """The byte layout of the batched-decode metadata inside `scratch`.
+
+    Returns
+    -------
+    DecodeMetaLayout
+    """
+    return a._decode_meta
+
+
+def _arena_debug_options(BufferArena a):
+    """The options of a debug arena.
+
+    Returns
+    -------
+    DebugOptions or None
+        None for an arena built without ``debug=``.
+    """
+    return a._debug
 
 
 def _arena_memory_stats(BufferArena a):
