@@ -1,1 +1,1 @@
-# No public names: BufferArena forwards to this module (see its docstring).
+# metrale._debug: no public names; BufferArena forwards its debug operations here.

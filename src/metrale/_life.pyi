@@ -1,1 +1,1 @@
-# No public names: BufferArena forwards to this module (see its docstring).
+# metrale._life: no public names; the lifetime word of arenas and step inputs (see _life.pxd).

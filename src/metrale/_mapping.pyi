@@ -1,1 +1,1 @@
-# No public names: BufferArena forwards to this module (see its docstring).
+# metrale._mapping: no public names; the chunk teardown shared by reserved arenas and peer slabs.

@@ -1,1 +1,1 @@
-# No public names: BufferArena forwards to this module (see its docstring).
+# metrale._reserve: no public names; BufferArena forwards resize, sleep and wake here.
