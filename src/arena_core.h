@@ -12,29 +12,24 @@
 extern "C" {
 #endif
 
-#include "buffers.h"
-
-#define MT_ALIGN 256        /* alignment of every buffer in the slab */
-
-/* Buffer ids MT_<ID>, in canonical order, and their count MT_NBUF. */
+/* The buffer table is given at run time (mt_layout_table): the Python layer
+ * derives it from a buffer set (metrale/buffers.py), one entry per buffer in
+ * the set's order, which is the order of the ids the core uses.  Each entry
+ * says which helpers cover the buffer and where the slab places it. */
 enum {
-#define MT_ID_(id, name, flags) MT_##id,
-    MT_BUFFER_TABLE(MT_ID_)
-#undef MT_ID_
-    MT_NBUF
+    MT_IN_ZERO_ALL = 1 << 0,   /* zeroed whole by zero_all */
+    MT_IN_ROWS     = 1 << 1,   /* trimmed to the live rows by zero_all_rows */
+    MT_IN_PREFILL  = 1 << 2,   /* zeroed by zero_prefill_essentials (also MT_IN_ZERO_ALL) */
+    MT_IN_CHECKSUM = 1 << 3,   /* probed by debug_buffer_checksum */
+    MT_ROWS_BY_M   = 1 << 4,   /* MT_IN_ROWS by rows of max_batch_tokens only */
+    MT_ROWS_BY_M16 = 1 << 5,   /* MT_IN_ROWS by rows of ceil16(max_batch_tokens) only
+                                  (neither: by divisibility, ARENA.md 5.2) */
+    MT_STEP_IDS    = 1 << 6,   /* the step's token ids (StepInputs): placed first */
+    MT_STEP_META   = 1 << 7    /* the step's scratch: placed right after them */
 };
 
-/* How many buffers each helper covers (18, 15, 7, 16 for the table as it is). */
-#define MT_IF_ZERO_ALL_(id, name, flags) + (((flags) & MT_IN_ZERO_ALL) != 0)
-#define MT_IF_ROWS_(id, name, flags) + (((flags) & MT_IN_ROWS) != 0)
-#define MT_IF_PREFILL_(id, name, flags) + (((flags) & MT_IN_PREFILL) != 0)
-#define MT_IF_CHECKSUM_(id, name, flags) + (((flags) & MT_IN_CHECKSUM) != 0)
-enum {
-    MT_N_ZERO_ALL = 0 MT_BUFFER_TABLE(MT_IF_ZERO_ALL_),
-    MT_N_ROWS = 0 MT_BUFFER_TABLE(MT_IF_ROWS_),
-    MT_N_PREFILL = 0 MT_BUFFER_TABLE(MT_IF_PREFILL_),
-    MT_N_CHECKSUM = 0 MT_BUFFER_TABLE(MT_IF_CHECKSUM_)
-};
+#define MT_ALIGN 256        /* the least alignment of a buffer in the slab */
+#define MT_MAX_BUFFERS 256  /* buffers of one table (metrale/buffers.py MAX_BUFFERS) */
 
 /* Named results of the core's calls that can fail. */
 enum {
@@ -44,38 +39,46 @@ enum {
     MT_ERR_NOMEM = -3          /* malloc refused */
 };
 
-extern const char *const mt_buffer_names[MT_NBUF];
-extern const unsigned mt_buffer_flags[MT_NBUF];
-
 /* A byte range relative to the slab base. */
 typedef struct mt_range { uint64_t offset; uint64_t length; } mt_range;
 
-/* Where each buffer sits in the one slab.  Zero-size buffers have offset 0 and
- * no range.  Slab order (`order`): token_ids, then scratch (the step inputs,
- * MT_IN_STEP: one upload reaches both), then the zero_prefill_essentials
- * buffers, the other zero_all_rows candidates, the rest of zero_all (zeroed
- * whole), then everything else, each part in canonical order: so each of
- * zero_all (from scratch on) and zero_prefill_essentials is one contiguous
- * range. */
+/* Where each buffer sits in the one slab, for the table it was given.
+ * Zero-size buffers have offset 0 and no range.  Slab order (`order`): the
+ * step's token ids, then its scratch (MT_STEP_IDS, MT_STEP_META: one upload
+ * reaches both), then the zero_prefill_essentials buffers, the other
+ * zero_all_rows candidates, the rest of zero_all (zeroed whole), then
+ * everything else, each part in table order: so each of zero_all and
+ * zero_prefill_essentials is one contiguous range.  Each buffer starts at a
+ * multiple of its alignment (`align`, at least MT_ALIGN) and ends padded to
+ * MT_ALIGN. */
 typedef struct mt_layout {
-    uint64_t size[MT_NBUF];
-    uint64_t offset[MT_NBUF];
-    int order[MT_NBUF];         /* buffer ids in slab order */
-    uint64_t slab_bytes;        /* bytes the backend must allocate (0: none) */
+    int n;                              /* buffers in the table */
+    unsigned flags[MT_MAX_BUFFERS];     /* MT_IN_* / MT_ROWS_* / MT_STEP_* per buffer */
+    uint64_t align[MT_MAX_BUFFERS];     /* each buffer's alignment: a power of two >= MT_ALIGN */
+    uint64_t size[MT_MAX_BUFFERS];
+    uint64_t offset[MT_MAX_BUFFERS];
+    int order[MT_MAX_BUFFERS];          /* buffer ids in slab order */
+    uint64_t slab_bytes;                /* bytes the backend must allocate (0: none) */
     uint64_t max_batch_tokens;
-    mt_range zero_all;          /* the 18 Z buffers, whole, padding between them */
-    mt_range zero_prefill;      /* the 7 P buffers, whole */
-    int reserved;               /* 1: placed by mt_layout_plan_reserved */
-    uint64_t room[MT_NBUF];     /* reserved: bytes of each buffer's sub-range (0: none) */
-    uint64_t guard;             /* debug arenas: guard bytes after each live buffer (0: none) */
+    mt_range zero_all;                  /* the zero_all buffers, whole, padding between them */
+    mt_range zero_prefill;              /* the zero_prefill_essentials buffers, whole */
+    int reserved;                       /* 1: placed by mt_layout_plan_reserved */
+    uint64_t room[MT_MAX_BUFFERS];      /* reserved: bytes of each buffer's sub-range (0: none) */
+    uint64_t guard;                     /* debug arenas: guard bytes after each live buffer */
 } mt_layout;
 
-/* Place the buffers.  `guard` (0, or a multiple of MT_ALIGN: debug arenas,
- * src/debug.c) puts a guard band after every live buffer: from its end to
- * the next MT_ALIGN boundary plus `guard` bytes; no zero range covers it.
- * Returns MT_OK, MT_ERR_OVERFLOW if the slab size does not fit 64 bits, or
- * MT_ERR_LIMIT for a `guard` that is not a multiple of MT_ALIGN. */
-int mt_layout_plan(mt_layout *L, const uint64_t sizes[MT_NBUF], uint64_t max_batch_tokens,
+/* Start a layout for a table of `n` buffers (flags and alignment of each):
+ * MT_OK, or MT_ERR_LIMIT if n is not 0 .. MT_MAX_BUFFERS or an alignment is
+ * not a power of two >= MT_ALIGN.  The planning calls keep the table. */
+int mt_layout_table(mt_layout *L, int n, const unsigned *flags, const uint64_t *align);
+
+/* Place the buffers (sizes[i] for buffer i of the table).  `guard` (0, or a
+ * multiple of MT_ALIGN: debug arenas, src/debug.c) puts a guard band after
+ * every live buffer: from its end to the next MT_ALIGN boundary plus `guard`
+ * bytes; no zero range covers it.  Returns MT_OK, MT_ERR_OVERFLOW if the slab
+ * size does not fit 64 bits, or MT_ERR_LIMIT for a `guard` that is not a
+ * multiple of MT_ALIGN. */
+int mt_layout_plan(mt_layout *L, const uint64_t *sizes, uint64_t max_batch_tokens,
                    uint64_t guard);
 
 /* ---- reserved layouts (stable addresses) ----------------------------------------
@@ -102,24 +105,24 @@ int mt_round_up(uint64_t x, uint64_t g, uint64_t *out);
  * holds the buffer's guard band too.  MT_ERR_OVERFLOW if the reservation does
  * not fit 64 bits, MT_ERR_LIMIT if a size exceeds its reserved size, `gran` is
  * not a power of two >= MT_ALIGN or `guard` not a multiple of MT_ALIGN. */
-int mt_layout_plan_reserved(mt_layout *L, const uint64_t sizes[MT_NBUF],
-                            const uint64_t reserve[MT_NBUF], uint64_t max_batch_tokens,
-                            uint64_t gran, uint64_t guard);
+int mt_layout_plan_reserved(mt_layout *L, const uint64_t *sizes, const uint64_t *reserve,
+                            uint64_t max_batch_tokens, uint64_t gran, uint64_t guard);
 
 /* Replace the current sizes of a reserved layout (offsets unchanged):
  * MT_OK, or MT_ERR_LIMIT if a size exceeds the room its sub-range has. */
-int mt_layout_resize(mt_layout *L, const uint64_t sizes[MT_NBUF], uint64_t max_batch_tokens,
+int mt_layout_resize(mt_layout *L, const uint64_t *sizes, uint64_t max_batch_tokens,
                      uint64_t gran);
 
-/* The ranges (offset, length) covering every buffer with flag `group`, whole,
- * in slab order, adjacent ones merged (padding up to MT_ALIGN absorbed).  On
- * an unreserved layout that is one range (the layout made them contiguous).
- * `out` holds MT_NBUF entries; returns the count. */
+/* The ranges (offset, length) covering every buffer with flag `group`
+ * (MT_IN_ZERO_ALL or MT_IN_PREFILL), whole, in slab order.  On a plain layout
+ * that is one range, padding included (the layout made them contiguous); on a
+ * reserved or guarded one, one per buffer, adjacent ones merged (padding up
+ * to MT_ALIGN absorbed).  `out` holds L->n entries; returns the count. */
 int mt_group_ranges(const mt_layout *L, unsigned group, mt_range *out);
 
 /* The granule-aligned ranges a reserved layout needs backed by physical memory:
  * each non-empty buffer's [offset, offset + round_up(size, gran)), in slab
- * order, adjacent ones merged.  `out` holds MT_NBUF entries; returns the count. */
+ * order, adjacent ones merged.  `out` holds L->n entries; returns the count. */
 int mt_commit_needed(const mt_layout *L, uint64_t gran, mt_range *out);
 
 /* What must be mapped: the parts of `need` (sorted, disjoint) that none of
@@ -134,8 +137,8 @@ int mt_commit_gaps(const mt_range *need, int nneed, const mt_range *have, int nh
 int mt_chunk_needed(const mt_range *need, int nneed, uint64_t offset, uint64_t length);
 
 /* The ranges zero_all_rows(tokens) clears (the table of kernels/zero_ranges.h), in slab order,
- * with adjacent ones merged.  `out` holds MT_N_ZERO_ALL entries; returns the
- * count (0 when every range is empty). */
+ * with adjacent ones merged.  `out` holds L->n entries; returns the count (0
+ * when every range is empty). */
 int mt_zero_rows_ranges(const mt_layout *L, uint64_t tokens, mt_range *out);
 
 /* The bytes of buffer `buf` that zero_all_rows(tokens) clears, from its
@@ -144,8 +147,8 @@ int mt_zero_rows_ranges(const mt_layout *L, uint64_t tokens, mt_range *out);
 uint64_t mt_rows_length(const mt_layout *L, int buf, uint64_t tokens);
 
 /* The bytes of one token row of buffer `buf` as zero_all_rows counts them
- * (its size over max_batch_tokens or over ceil16 of it), or 0 when it is
- * cleared whole (not row-trimmed, or neither divides). */
+ * (its size over max_batch_tokens or over ceil16 of it, as its rule says), or
+ * 0 when it is cleared whole (not row-trimmed, or the rows do not divide). */
 uint64_t mt_rows_stride(const mt_layout *L, int buf);
 
 /* Sum, sum of squares and sum of |x| over the finite little-endian binary32

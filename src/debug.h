@@ -15,7 +15,7 @@ extern "C" {
 /* The guard band after each live buffer of a layout with L->guard > 0, in
  * slab order: [end, next MT_ALIGN boundary of end + L->guard), end = offset +
  * size.  ids[k] is the buffer the k-th band follows.  `out` and `ids` hold
- * MT_NBUF entries; returns the count (0 without guards). */
+ * L->n entries; returns the count (0 without guards). */
 int mt_guard_ranges(const mt_layout *L, int *ids, mt_range *out);
 
 /* The 16-byte fill pattern of poison for element type `elem` (MT_EL_*): a

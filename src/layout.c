@@ -1,23 +1,12 @@
-/* metrale C core: the buffer table's arrays, slab layout, zero ranges and the
- * checksum lanes.  See arena_core.h for the contract of each function. */
+/* metrale C core: slab layout for a buffer table given at run time, zero
+ * ranges and the checksum lanes.  See arena_core.h for the contract of each
+ * function. */
 #include "arena_core.h"
 #include "debug.h"
 #include "metrale/kernels/zero_ranges.h"
 
 #include <math.h>
 #include <string.h>
-
-const char *const mt_buffer_names[MT_NBUF] = {
-#define MT_NAME_(id, name, flags) #name,
-    MT_BUFFER_TABLE(MT_NAME_)
-#undef MT_NAME_
-};
-
-const unsigned mt_buffer_flags[MT_NBUF] = {
-#define MT_FLAGS_(id, name, flags) (flags),
-    MT_BUFFER_TABLE(MT_FLAGS_)
-#undef MT_FLAGS_
-};
 
 /* ceil to a multiple of MT_ALIGN */
 static int align_up(uint64_t x, uint64_t *out)
@@ -43,7 +32,7 @@ int mt_guard_ranges(const mt_layout *L, int *ids, mt_range *out)
     int count = 0;
     uint64_t span;
     if (L->guard == 0) return 0;
-    for (int i = 0; i < MT_NBUF; i++) {
+    for (int i = 0; i < L->n; i++) {
         int b = L->order[i];
         if (L->size[b] == 0 || with_guard(L, L->size[b], &span) != MT_OK) continue;
         ids[count] = b;
@@ -58,8 +47,8 @@ static mt_range group_range(const mt_layout *L, unsigned group)
 {
     mt_range r = {0, 0};
     uint64_t lo = UINT64_MAX, hi = 0;
-    for (int b = 0; b < MT_NBUF; b++) {
-        if (!(mt_buffer_flags[b] & group) || L->size[b] == 0) continue;
+    for (int b = 0; b < L->n; b++) {
+        if (!(L->flags[b] & group) || L->size[b] == 0) continue;
         if (L->offset[b] < lo) lo = L->offset[b];
         if (L->offset[b] + L->size[b] > hi) hi = L->offset[b] + L->size[b];
     }
@@ -68,14 +57,14 @@ static mt_range group_range(const mt_layout *L, unsigned group)
 }
 
 /* The part of the slab a buffer goes to (see mt_layout): the step inputs
- * first (token_ids, then scratch, so that one copy reaches both), then the
+ * first (token ids, then scratch, so that one copy reaches both), then the
  * zero_prefill_essentials buffers, the other row-trimmed ones, the rest of
  * zero_all and everything else. */
 enum { MT_NPARTS = 6 };
 static int slab_part(unsigned flags)
 {
-    if ((flags & MT_IN_STEP) && !(flags & MT_IN_ZERO_ALL)) return 0;
-    if (flags & MT_IN_STEP) return 1;
+    if (flags & MT_STEP_IDS) return 0;
+    if (flags & MT_STEP_META) return 1;
     if (flags & MT_IN_PREFILL) return 2;
     if (flags & MT_IN_ROWS) return 3;
     if (flags & MT_IN_ZERO_ALL) return 4;
@@ -86,24 +75,54 @@ static void slab_order(mt_layout *L)
 {
     int k = 0;
     for (int part = 0; part < MT_NPARTS; part++)
-        for (int b = 0; b < MT_NBUF; b++)
-            if (slab_part(mt_buffer_flags[b]) == part) L->order[k++] = b;
+        for (int b = 0; b < L->n; b++)
+            if (slab_part(L->flags[b]) == part) L->order[k++] = b;
 }
 
-int mt_layout_plan(mt_layout *L, const uint64_t sizes[MT_NBUF], uint64_t max_batch_tokens,
+static int good_granularity(uint64_t g) { return g >= MT_ALIGN && (g & (g - 1)) == 0; }
+
+int mt_layout_table(mt_layout *L, int n, const unsigned *flags, const uint64_t *align)
+{
+    memset(L, 0, sizeof(*L));
+    if (n < 0 || n > MT_MAX_BUFFERS) return MT_ERR_LIMIT;
+    for (int b = 0; b < n; b++)
+        if (!good_granularity(align[b])) return MT_ERR_LIMIT;
+    L->n = n;
+    if (n > 0) {
+        memcpy(L->flags, flags, (size_t)n * sizeof *flags);
+        memcpy(L->align, align, (size_t)n * sizeof *align);
+    }
+    slab_order(L);
+    return MT_OK;
+}
+
+/* Forget a previous plan, keep the table. */
+static void reset_plan(mt_layout *L)
+{
+    size_t n = (size_t)L->n;
+    memset(L->size, 0, n * sizeof L->size[0]);
+    memset(L->offset, 0, n * sizeof L->offset[0]);
+    memset(L->room, 0, n * sizeof L->room[0]);
+    L->slab_bytes = L->max_batch_tokens = L->guard = 0;
+    L->zero_all.offset = L->zero_all.length = 0;
+    L->zero_prefill.offset = L->zero_prefill.length = 0;
+    L->reserved = 0;
+}
+
+int mt_layout_plan(mt_layout *L, const uint64_t *sizes, uint64_t max_batch_tokens,
                    uint64_t guard)
 {
     uint64_t cur = 0;
-    memset(L, 0, sizeof(*L));
+    reset_plan(L);
     if (guard % MT_ALIGN) return MT_ERR_LIMIT;
     L->guard = guard;
     L->max_batch_tokens = max_batch_tokens;
-    slab_order(L);
-    for (int i = 0; i < MT_NBUF; i++) {
+    for (int i = 0; i < L->n; i++) {
         int b = L->order[i];
         uint64_t n = sizes[b];
         L->size[b] = n;
         if (n == 0) continue;   /* an empty buffer is NULL: no range */
+        if (mt_round_up(cur, L->align[b], &cur) != MT_OK) return MT_ERR_OVERFLOW;
         L->offset[b] = cur;
         if (n > UINT64_MAX - cur || align_up(cur + n, &cur) != MT_OK) return MT_ERR_OVERFLOW;
         if (guard > UINT64_MAX - cur) return MT_ERR_OVERFLOW;
@@ -117,21 +136,24 @@ int mt_layout_plan(mt_layout *L, const uint64_t sizes[MT_NBUF], uint64_t max_bat
 
 static uint64_t ceil16(uint64_t x) { return (x + 15) / 16 * 16; }
 
-/* One entry per zero_all buffer; the row-trimmed ones get the kind their size
- * says (ARENA §5.2): whole rows of max_batch_tokens, else whole rows of
- * ceil16(max_batch_tokens) (the GEMM-tiled buffers), else whole. */
+/* One entry per zero_all buffer; a row-trimmed one gets the kind its rule and
+ * size say: rows of max_batch_tokens, or rows of ceil16(max_batch_tokens)
+ * (the GEMM-tiled buffers), when they divide its size, else whole.  Without
+ * a rule of its own (MT_ROWS_BY_M, MT_ROWS_BY_M16) the first that divides
+ * (ARENA.md 5.2, the reference rule). */
 static void rows_entry(const mt_layout *L, int b, uint64_t m, mt_rows_entry *e)
 {
     uint64_t size = L->size[b], m16 = ceil16(m);
+    unsigned f = L->flags[b];
     memset(e, 0, sizeof *e);
     e->offset = L->offset[b];
     e->size = size;
     e->hi = size;
     e->pad_to = e->offset + size;
     e->kind = MT_ROWS_WHOLE;
-    if (mt_buffer_flags[b] & MT_IN_ROWS) {
-        if (size % m == 0) { e->kind = MT_ROWS_M; e->row = size / m; }
-        else if (size % m16 == 0) { e->kind = MT_ROWS_M16; e->row = size / m16; }
+    if (f & MT_IN_ROWS) {
+        if (!(f & MT_ROWS_BY_M16) && size % m == 0) { e->kind = MT_ROWS_M; e->row = size / m; }
+        else if (!(f & MT_ROWS_BY_M) && size % m16 == 0) { e->kind = MT_ROWS_M16; e->row = size / m16; }
     }
 }
 
@@ -142,11 +164,12 @@ int mt_rows_args_init(const mt_layout *L, uint64_t hole_lo, uint64_t hole_hi, mt
     memset(a, 0, sizeof(*a));
     a->m = m;
     a->m16 = ceil16(m);
-    for (int i = 0; i < MT_NBUF; i++) {
+    for (int i = 0; i < L->n; i++) {
         int b = L->order[i];
         uint64_t size = L->size[b];
         mt_rows_entry e;
-        if (!(mt_buffer_flags[b] & MT_IN_ZERO_ALL) || size == 0) continue;
+        if (!(L->flags[b] & MT_IN_ZERO_ALL) || size == 0) continue;
+        if (n + 2 > MT_MAX_ROWS_ENTRIES) return -1;     /* more than a buffer set may have */
         rows_entry(L, b, m, &e);
         if (hole_lo < hole_hi && hole_lo < e.offset + size && e.offset < hole_hi) {
             uint64_t cut_lo = hole_lo > e.offset ? hole_lo - e.offset : 0;
@@ -157,9 +180,17 @@ int mt_rows_args_init(const mt_layout *L, uint64_t hole_lo, uint64_t hole_hi, mt
             a->e[n++] = e;
         }
     }
-    for (int i = 0; i + 1 < n; i++)
-        if (align_up(a->e[i].offset + a->e[i].size, &end) == MT_OK && end == a->e[i + 1].offset)
-            a->e[i].pad_to = end;
+    /* Adjacent entries meet through the padding between them: on a plain
+     * layout any padding (its zero_all buffers are contiguous), else only up
+     * to MT_ALIGN (a reserved layout's gaps may be unmapped, a guard band is
+     * not zeroed). */
+    for (int i = 0; i + 1 < n; i++) {
+        uint64_t next = a->e[i + 1].offset;
+        end = a->e[i].offset + a->e[i].size;
+        if (next <= end) continue;
+        if ((!L->reserved && !L->guard) || (align_up(end, &end) == MT_OK && end == next))
+            a->e[i].pad_to = next;
+    }
     a->n = n;
     return n;
 }
@@ -167,7 +198,7 @@ int mt_rows_args_init(const mt_layout *L, uint64_t hole_lo, uint64_t hole_hi, mt
 int mt_zero_rows_ranges(const mt_layout *L, uint64_t tokens, mt_range *out)
 {
     mt_rows_args a;
-    uint64_t s, e, t;
+    unsigned long long s, e, t;
     int count = 0;
     mt_rows_args_init(L, 0, 0, &a);
     t = tokens < a.m ? tokens : a.m;
@@ -232,30 +263,27 @@ int mt_round_up(uint64_t x, uint64_t g, uint64_t *out)
     return MT_OK;
 }
 
-static int good_granularity(uint64_t g) { return g >= MT_ALIGN && (g & (g - 1)) == 0; }
-
-int mt_layout_plan_reserved(mt_layout *L, const uint64_t sizes[MT_NBUF],
-                            const uint64_t reserve[MT_NBUF], uint64_t max_batch_tokens,
-                            uint64_t gran, uint64_t guard)
+int mt_layout_plan_reserved(mt_layout *L, const uint64_t *sizes, const uint64_t *reserve,
+                            uint64_t max_batch_tokens, uint64_t gran, uint64_t guard)
 {
     uint64_t cur = 0, end, span;
     int rc;
     if (!good_granularity(gran) || guard % MT_ALIGN) return MT_ERR_LIMIT;
-    memset(L, 0, sizeof(*L));
+    reset_plan(L);
     L->reserved = 1;
     L->guard = guard;
-    slab_order(L);
-    for (int i = 0; i < MT_NBUF; i++) {
+    for (int i = 0; i < L->n; i++) {
         int b = L->order[i];
         if (sizes[b] > reserve[b]) return MT_ERR_LIMIT;
         if (reserve[b] == 0) continue;      /* never anything: no sub-range */
+        if (mt_round_up(cur, L->align[b], &cur) != MT_OK) return MT_ERR_OVERFLOW;
         L->offset[b] = cur;
         if ((rc = with_guard(L, reserve[b], &span)) != MT_OK) return rc;
         if (span > UINT64_MAX - cur) return MT_ERR_OVERFLOW;
         /* Each sub-range (with its guard band) ends on a granule so that it
          * grows alone, except token_ids': scratch follows it at once (one
          * upload reaches both) and the two share the granule between them. */
-        if (slab_part(mt_buffer_flags[b]) == 0)
+        if (slab_part(L->flags[b]) == 0)
             rc = align_up(cur + span, &end);
         else
             rc = mt_round_up(cur + span, gran, &end);
@@ -267,15 +295,15 @@ int mt_layout_plan_reserved(mt_layout *L, const uint64_t sizes[MT_NBUF],
     return mt_layout_resize(L, sizes, max_batch_tokens, gran);
 }
 
-int mt_layout_resize(mt_layout *L, const uint64_t sizes[MT_NBUF], uint64_t max_batch_tokens,
+int mt_layout_resize(mt_layout *L, const uint64_t *sizes, uint64_t max_batch_tokens,
                      uint64_t gran)
 {
     uint64_t span;
     if (!L->reserved || !good_granularity(gran)) return MT_ERR_LIMIT;
-    for (int b = 0; b < MT_NBUF; b++)
+    for (int b = 0; b < L->n; b++)
         if (sizes[b] && (with_guard(L, sizes[b], &span) != MT_OK || span > L->room[b]))
             return MT_ERR_LIMIT;
-    for (int b = 0; b < MT_NBUF; b++) L->size[b] = sizes[b];
+    for (int b = 0; b < L->n; b++) L->size[b] = sizes[b];
     L->max_batch_tokens = max_batch_tokens;
     L->zero_all = group_range(L, MT_IN_ZERO_ALL);
     L->zero_prefill = group_range(L, MT_IN_PREFILL);
@@ -303,9 +331,15 @@ static int append_merged(mt_range *out, int count, uint64_t offset, uint64_t len
 int mt_group_ranges(const mt_layout *L, unsigned group, mt_range *out)
 {
     int count = 0;
-    for (int i = 0; i < MT_NBUF; i++) {
+    if (!L->reserved && !L->guard) {    /* contiguous: the span, padding included */
+        mt_range r = group == MT_IN_PREFILL ? L->zero_prefill : L->zero_all;
+        if (r.length == 0) return 0;
+        out[0] = r;
+        return 1;
+    }
+    for (int i = 0; i < L->n; i++) {
         int b = L->order[i];
-        if (!(mt_buffer_flags[b] & group) || L->size[b] == 0) continue;
+        if (!(L->flags[b] & group) || L->size[b] == 0) continue;
         count = append_merged(out, count, L->offset[b], L->size[b], MT_ALIGN);
     }
     return count;
@@ -315,12 +349,12 @@ int mt_commit_needed(const mt_layout *L, uint64_t gran, mt_range *out)
 {
     int count = 0;
     uint64_t lo, hi, n;
-    for (int i = 0; i < MT_NBUF; i++) {
+    for (int i = 0; i < L->n; i++) {
         int b = L->order[i];
         if (L->size[b] == 0) continue;
         /* token_ids keeps its whole room: a step's upload runs from it into
          * scratch in one copy, padding (and guard band) included */
-        if (slab_part(mt_buffer_flags[b]) == 0) n = L->room[b];
+        if (slab_part(L->flags[b]) == 0) n = L->room[b];
         else if (with_guard(L, L->size[b], &n) != MT_OK) continue;
         /* the granules the buffer touches (token_ids and scratch may share one) */
         lo = L->offset[b] & ~(gran - 1);

@@ -1,18 +1,21 @@
-"""The buffer table is written once (src/buffers.h): the compiled C table, the
-Python module generated from it, BufferSizes, the arena's accessors and the
-checked-in stubs must all agree with it."""
+"""The reference buffer set is written once (metrale/reference.py): its specs
+pass the public constructor's checks, and the C core's table, BufferSizes, the
+arena's compiled accessors, PeerBuffers and the generated stubs all follow it,
+with the counts and members of shared/spec/ARENA.md."""
 
 import ast
 import pathlib
 
 import metrale
 from metrale import BufferArena, BufferSizes
-from metrale._layout import buffer_table
-from metrale._buffers import BUFFER_FLAGS, BUFFER_NAMES, FLAG_BITS, GROUPS
+from metrale._layout import FLAG_BITS, buffer_table
+from metrale.buffers import BufferSpec
+from metrale.reference import REFERENCE
 
 from helpers import CHECKSUM, PREFILL, ROWS, ZERO_ALL
 
 STUBS = pathlib.Path(metrale.__file__).parent
+BUFFER_NAMES, GROUPS = REFERENCE.names, REFERENCE.groups
 
 
 def _stub_class(module, name):
@@ -20,24 +23,45 @@ def _stub_class(module, name):
     return next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name)
 
 
-def test_compiled_table_is_the_generated_one():
-    assert buffer_table() == tuple(zip(BUFFER_NAMES, BUFFER_FLAGS))
-    assert len(BUFFER_NAMES) == 46
+def test_reference_specs_pass_the_constructor():
+    # reference.py builds its records unchecked (a cheap import): each must be
+    # exactly what the checking constructor makes of its arguments.
+    for spec in REFERENCE:
+        again = BufferSpec(spec.name, **{k: v for k, v in spec._arguments().items()
+                                         if k != "name"})
+        assert again == spec, spec.name
+    assert len(BUFFER_NAMES) == 46 and len(set(BUFFER_NAMES)) == 46
 
 
 def test_groups_are_the_spec_counts_and_members():
     # ARENA.md §2.1: 18 Z, 15 W, 7 P, 16 C, 44 T; 44 pointer and 24 byte accessors (§8.5)
     assert {g: len(m) for g, m in GROUPS.items()} == {
         "zero_all": 18, "rows": 15, "prefill": 7, "checksum": 16, "total": 44,
-        "pointer": 44, "bytes": 24, "step": 2}
+        "pointer": 44, "bytes": 24, "step": 2, "init_zero": 1}
     assert set(GROUPS["zero_all"]) == set(ZERO_ALL) and set(GROUPS["prefill"]) == set(PREFILL)
     assert GROUPS["rows"] == ROWS and GROUPS["checksum"] == CHECKSUM
     assert GROUPS["step"] == ("scratch", "token_ids")     # what StepInputs uploads into
+    assert GROUPS["init_zero"] == ("norm_unit_w",)
     assert set(BUFFER_NAMES) - set(GROUPS["total"]) == {"o_latent", "norm_unit_w"}
     assert set(BUFFER_NAMES) - set(GROUPS["pointer"]) == {"moe_fp8_scratch", "ssm_rowwise_w_bf16"}
-    for name, flags in zip(BUFFER_NAMES, BUFFER_FLAGS):
-        for group, bit in FLAG_BITS.items():
-            assert (name in GROUPS[group]) == bool(flags & bit)
+    assert all(REFERENCE[n].rows == "auto" for n in ROWS)    # ARENA.md §5.2's divisibility rule
+    assert all(s.align == 256 for s in REFERENCE)
+
+
+def test_c_table_follows_the_specs():
+    table = buffer_table()
+    assert tuple(n for n, _, _ in table) == BUFFER_NAMES
+    bit = FLAG_BITS
+    for name, flags, align in table:
+        s = REFERENCE[name]
+        assert bool(flags & bit["zero_all"]) == s.zero_all
+        assert bool(flags & bit["prefill"]) == s.prefill
+        assert bool(flags & bit["checksum"]) == s.checksum
+        assert bool(flags & bit["rows"]) == (s.rows != "whole")
+        assert not flags & (bit["rows_by_m"] | bit["rows_by_m16"])     # "auto": neither
+        assert bool(flags & bit["step_ids"]) == (name == "token_ids")
+        assert bool(flags & bit["step_meta"]) == (name == "scratch")
+        assert align == 256
 
 
 def test_buffer_sizes_and_accessors_follow_the_table():
@@ -48,6 +72,11 @@ def test_buffer_sizes_and_accessors_follow_the_table():
     expected = set(GROUPS["pointer"]) | {f"{n}_bytes" for n in GROUPS["bytes"]}
     for method in expected:
         assert callable(getattr(BufferArena, method)), method
+    # and no accessor the specs do not ask for
+    assert not any(callable(getattr(BufferArena, n, None)) for n in
+                   set(BUFFER_NAMES) - set(GROUPS["pointer"]) - {"moe_fp8_scratch"})
+    assert not any(hasattr(BufferArena, f"{n}_bytes") for n in
+                   set(BUFFER_NAMES) - set(GROUPS["bytes"]))
 
 
 def test_stubs_follow_the_table():
@@ -62,5 +91,8 @@ def test_stubs_follow_the_table():
     sizes = _stub_class("sizes.pyi", "BufferSizes")
     fields = tuple(f.name for f in sizes.body if isinstance(f, ast.FunctionDef)
                    and any(getattr(d, "id", None) == "property" for d in f.decorator_list))
-    # one property per buffer, in canonical order, and `limits`, which is no buffer
-    assert fields == BUFFER_NAMES + ("limits",)
+    # one property per buffer, in canonical order, then `buffers` and `limits`
+    assert fields == BUFFER_NAMES + ("buffers", "limits")
+    peer = _stub_class("tp.pyi", "PeerBuffers")
+    assert {f.name for f in peer.body if isinstance(f, ast.FunctionDef)} == \
+        set(GROUPS["pointer"]) | {"__init__", "ptr"}

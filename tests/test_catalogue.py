@@ -17,7 +17,8 @@ from contextlib import redirect_stdout
 import pytest
 
 from metrale import BufferSizes, ModelConfig, Target
-from metrale._buffers import GROUPS
+from metrale.reference import REFERENCE
+GROUPS = REFERENCE.groups
 from metrale.catalogue import (CATALOGUE, SYMBOLS, TERMS, dependencies, evaluate, explain,
                                levers_of, membership, symbols, terms_of)
 from metrale.config import FIELDS

@@ -249,7 +249,8 @@ def test_plan_lists_config_keys_not_understood(capsys, tmp_path):
 
 
 def test_plan_groups_say_what_zero_all_rows_clears(capsys):
-    from metrale._buffers import GROUPS
+    from metrale.reference import REFERENCE
+    GROUPS = REFERENCE.groups
     assert main(["plan", "--preset", "qwen3-next-80b", "--json"]) == 0
     groups = {b["buffer"]: b["groups"] for b in json.loads(capsys.readouterr().out)["buffers"]}
     for name in GROUPS["zero_all"]:           # zero_all_rows covers every zero_all buffer

@@ -4,7 +4,8 @@ import pytest
 
 from metrale import (BufferSizes, DecodeMetaLayout, ModelConfig, Target, DECODE_META_MAX_ROWS,
                      DECODE_META_MIN_ROWS, GATEUP_FUSED_MAX_M, Q12_SIZING_STREAMS, VERIFY_ROW_CAP)
-from metrale.sizes import BUFFER_NAMES, scratch_terms
+from metrale.sizes import BUFFER_NAMES
+from reference_sizes import scratch_terms
 
 PRESET = ModelConfig.preset("qwen3-next-80b")
 NOENV = {}

@@ -13,7 +13,8 @@ import pytest
 
 import metrale
 from metrale import BufferArena, MetraleError, OutOfMemoryError
-from metrale._buffers import BUFFER_NAMES, GROUPS
+from metrale.reference import REFERENCE
+BUFFER_NAMES, GROUPS = REFERENCE.names, REFERENCE.groups
 from metrale.testing import FaultyBackend
 from metrale.tp import PeerBuffers, PeerGroup
 

@@ -9,6 +9,9 @@ then an ordinary module attribute.
 _LAZY = {
     "ModelConfig": "metrale.config",
     "BufferSizes": "metrale.sizes",
+    "BufferSpec": "metrale.buffers",
+    "BufferSet": "metrale.buffers",
+    "REFERENCE": "metrale.reference",
     "BufferArena": "metrale._arena",
     "StepInputs": "metrale._step",
     "DecodeMetaLayout": "metrale.sizes",

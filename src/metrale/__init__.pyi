@@ -14,9 +14,11 @@ from metrale.errors import (ConfigWarning as ConfigWarning, MetraleError as Metr
 from metrale.moe import MoeFp8Scratch as MoeFp8Scratch
 from metrale.sizes import (BufferSizes as BufferSizes, DecodeMetaLayout as DecodeMetaLayout,
                            Target as Target)
+from metrale.buffers import BufferSet as BufferSet, BufferSpec as BufferSpec
+from metrale.reference import REFERENCE as REFERENCE
 
 __all__ = [
-    'ModelConfig', 'BufferSizes', 'BufferArena', 'StepInputs', 'DecodeMetaLayout', 'MoeFp8Scratch',
+    'ModelConfig', 'BufferSizes', 'BufferSpec', 'BufferSet', 'REFERENCE', 'BufferArena', 'StepInputs', 'DecodeMetaLayout', 'MoeFp8Scratch',
     'Target',
     'HostBackend', 'CudaBackend', 'ScratchSpaceManager', 'ScratchSpace', 'ScratchStats',
     'MetraleError', 'OutOfMemoryError', 'ConfigWarning', 'GATEUP_FUSED_MAX_M',

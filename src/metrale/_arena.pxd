@@ -10,6 +10,8 @@ from metrale._core cimport mt_cursor, mt_layout, mt_life
 
 cdef class BufferArena:
     # -- what the buffers are sized for -----------------------------------------------
+    cdef object _buffers          # the BufferSet: which buffers, in which order (their ids)
+    cdef dict _index              # its name -> id (the set's own dict, never changed)
     cdef object _config           # ModelConfig of one rank: what the sizes were computed from
     cdef object _model            # the whole model's ModelConfig (`new`), which resize sizes
                                   # again; None for `from_sizes`
@@ -29,6 +31,10 @@ cdef class BufferArena:
     cdef tuple _ptrs              # prebuilt pointer ints by buffer id: an accessor is one load;
                                   # replaced (never mutated) whenever a pointer changes
     cdef tuple _bytes             # sizes by buffer id; replaced whenever a size changes
+    cdef tuple _ref_ptrs          # the same by REFERENCE id, for the compiled accessors (the
+    cdef tuple _ref_bytes         # same tuples for REFERENCE; ABSENT where the set lacks one)
+    cdef readonly object ptrs     # the pointer table: one attribute per buffer
+    cdef dict _ptr_by_name        # name -> pointer (`ptr`), replaced with _ptrs
     cdef dict _infos              # name -> BufferInfo, made from the two tuples in _infos_of
     cdef tuple _infos_of
 
@@ -68,6 +74,10 @@ cdef class BufferArena:
     # Every buffer's pointer from _base and the layout (`room`: a reserved
     # arena's pointers are those of its reserved room).
     cdef tuple _pointers(self, bint room)
+    # Replace the pointers (and the reference view and the pointer table) or
+    # the sizes: the one place each changes.
+    cdef int _set_ptrs(self, tuple ptrs) except -1
+    cdef int _set_bytes(self, tuple sizes) except -1
     # Free the memory (a reservation with its chunks, host copies and the
     # peers' mappings); what fails stays recorded for the next call.
     cdef int _free(self) except -1
@@ -75,4 +85,7 @@ cdef class BufferArena:
 
 # Every arena alive in the process (new references, in no particular order).
 cdef list live_arenas()
+# Zero-fill the buffers whose specs ask for it at construction (init_zero), and
+# wait for it.
+cdef int init_zero(BufferArena a) except -1
 

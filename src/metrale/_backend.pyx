@@ -7,7 +7,7 @@ from libc.stdlib cimport free as c_free, malloc as c_malloc
 from libc.string cimport memcpy, memset as c_memset
 
 from metrale._common cimport as_stream, mt_py_finalizing, u64_arg
-from metrale._core cimport (MT_ALIGN, MT_MAX_ROWS_ENTRIES, MT_N_ZERO_ALL, mt_range, mt_rows_args,
+from metrale._core cimport (MT_ALIGN, MT_MAX_RANGES, MT_MAX_ROWS_ENTRIES, mt_range, mt_rows_args,
                             mt_rows_count, mt_rows_segment)
 from metrale._debug_core cimport mt_debug_args, mt_debug_host, mt_debug_result
 
@@ -210,7 +210,7 @@ cdef class Backend:
         _unusable(self)
 
     def clear_ranges(self, ranges, stream=None):
-        """Zero up to 18 byte ranges of this backend's memory in one operation.
+        """Zero up to 32 byte ranges of this backend's memory in one operation.
 
         The fused zeroing ``zero_all_rows`` uses, for your own buffers: one
         kernel launch on CUDA (one memset when a single range is non-empty),
@@ -226,7 +226,7 @@ cdef class Backend:
             16-byte aligned, and each range must lie inside one allocation
             of this backend: on CUDA any device allocation on its device
             (torch and CuPy ones too), on the host memory this HostBackend
-            allocated.  Ranges of 0 bytes are skipped; at most 18 may be
+            allocated.  Ranges of 0 bytes are skipped; at most 32 may be
             non-empty.
         stream : int, stream object or None, optional
             An int handle, an object with ``__cuda_stream__`` or an int
@@ -241,7 +241,7 @@ cdef class Backend:
             is not an int, or `stream` is not a stream; or the backend is the
             base class, which is no backend.
         ValueError
-            An address is 0 or not 16-byte aligned, more than 18 ranges are
+            An address is 0 or not 16-byte aligned, more than 32 ranges are
             non-empty, a range is not inside one allocation of this backend,
             a value does not fit 64 bits, or the stream's protocol version is
             not 0.
@@ -249,7 +249,7 @@ cdef class Backend:
             The CUDA driver failed the launch or memset (or a
             FaultyBackend's armed memset failure fired).
         """
-        cdef mt_range r[MT_N_ZERO_ALL]
+        cdef mt_range r[MT_MAX_RANGES]
         cdef int n = 0
         cdef uintptr_t s = as_stream(stream)
         cdef uint64_t ptr, nbytes
@@ -264,8 +264,8 @@ cdef class Backend:
                 continue
             if ptr == 0 or ptr % 16:
                 raise ValueError(f"ranges: address {ptr:#x} must be non-zero and 16-byte aligned")
-            if n == MT_N_ZERO_ALL:
-                raise ValueError(f"ranges: at most {MT_N_ZERO_ALL} non-empty ranges in one call")
+            if n == MT_MAX_RANGES:
+                raise ValueError(f"ranges: at most {MT_MAX_RANGES} non-empty ranges in one call")
             self.check_range(ptr, nbytes)
             r[n].offset = ptr
             r[n].length = nbytes

@@ -11,9 +11,10 @@ cdef uint64_t u64_arg(object value, str name, uint64_t minimum=*, uint64_t maxim
 cdef uintptr_t as_stream(object stream) except? 0
 # (name, array-interface typestr, DLPack type code, bits) of a dtype argument.
 cdef tuple dtype_info(object dtype)
-# The buffer ids of `names` (a name or an iterable of names), each once, in the
-# order given; TypeError / ValueError naming the argument `arg` otherwise.
-cdef list buffer_ids(object names, str arg)
+# The ids in the BufferSet `buffers` of `names` (a name or an iterable of
+# names), each once, in the order given; TypeError / ValueError naming the
+# argument `arg` otherwise.
+cdef list buffer_ids(object names, str arg, object buffers)
 # The four serving limits of a SizingLimits, in the order of
 # BufferSizes.from_config.
 cdef tuple limit_tuple(object lim)

@@ -15,7 +15,6 @@ from libc.stdint cimport uint64_t, uintptr_t
 
 from collections.abc import Mapping
 
-from metrale._buffers import BUFFER_INDEX
 
 __all__ = ["check_index", "resolve_dtype", "DTYPE_NAMES", "U64_MAX"]
 
@@ -148,20 +147,10 @@ cdef uintptr_t as_stream(object stream) except? 0:
 
 
 # -- element types ---------------------------------------------------------------
-# canonical name -> (array-interface typestr, DLPack type code, bits).  The
-# names are numpy's, and ml_dtypes' / torch's for the types numpy lacks; the
-# array interface has no code for those, so it sees raw bytes of their width.
-cdef dict _DTYPES = {
-    "bool": ("|b1", 6, 8),
-    "int8": ("|i1", 0, 8), "int16": ("<i2", 0, 16), "int32": ("<i4", 0, 32),
-    "int64": ("<i8", 0, 64),
-    "uint8": ("|u1", 1, 8), "uint16": ("<u2", 1, 16), "uint32": ("<u4", 1, 32),
-    "uint64": ("<u8", 1, 64),
-    "float16": ("<f2", 2, 16), "float32": ("<f4", 2, 32), "float64": ("<f8", 2, 64),
-    "complex64": ("<c8", 5, 64), "complex128": ("<c16", 5, 128),
-    "bfloat16": ("<V2", 4, 16),
-    "float8_e4m3fn": ("|V1", 10, 8), "float8_e5m2": ("|V1", 12, 8),
-}
+# canonical name -> (array-interface typestr, DLPack type code, bits): the table
+# of metrale/_dtypes.py.
+from metrale._dtypes import DTYPES as _DTYPE_TABLE
+cdef dict _DTYPES = dict(_DTYPE_TABLE)
 
 DTYPE_NAMES = tuple(_DTYPES)
 
@@ -309,7 +298,7 @@ cdef object limit_arg(object value, str name, uint64_t minimum, object lim):
     return value
 
 
-cdef list buffer_ids(object names, str arg):
+cdef list buffer_ids(object names, str arg, object buffers):
     if isinstance(names, str):
         names = (names,)
     try:
@@ -321,9 +310,9 @@ cdef list buffer_ids(object names, str arg):
     for name in it:
         if not isinstance(name, str):
             raise TypeError(f"{arg}: buffer names must be str, got {type(name).__name__}")
-        i = BUFFER_INDEX.get(name)
+        i = buffers._index.get(name)
         if i is None:
-            raise ValueError(f"{arg}: unknown buffer name {name!r}")
+            raise ValueError(f"{arg}: {buffers._unknown(name)}")
         if i not in ids:
             ids.append(i)
     return ids

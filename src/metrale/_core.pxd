@@ -2,24 +2,19 @@
 from libc.stdint cimport uint64_t
 
 cdef extern from "arena_core.h" nogil:
-    # The buffer table (buffers.h): group flags and counts.  The buffer ids
-    # MT_<ID> are declared in the generated _arena.pyx (tools/gen_buffers.py);
-    # other modules look ids up by name (metrale._buffers.BUFFER_INDEX).
+    # The buffer table is given at run time (mt_layout_table): each buffer's
+    # flags, from its spec in the buffer set (metrale/_layout.pyx makes them).
     enum:
-        MT_NBUF
         MT_ALIGN
-        MT_N_ZERO_ALL
-        MT_N_PREFILL
-        MT_N_ROWS
-        MT_N_CHECKSUM
+        MT_MAX_BUFFERS
         MT_IN_ZERO_ALL
         MT_IN_ROWS
         MT_IN_PREFILL
         MT_IN_CHECKSUM
-        MT_IN_TOTAL
-        MT_HAS_POINTER
-        MT_HAS_BYTES
-        MT_IN_STEP
+        MT_ROWS_BY_M
+        MT_ROWS_BY_M16
+        MT_STEP_IDS
+        MT_STEP_META
 
     enum:
         MT_OK
@@ -27,25 +22,26 @@ cdef extern from "arena_core.h" nogil:
         MT_ERR_LIMIT
         MT_ERR_NOMEM
 
-    const char *const mt_buffer_names[]
-    const unsigned mt_buffer_flags[]
-
     ctypedef struct mt_range:
         uint64_t offset
         uint64_t length
 
     ctypedef struct mt_layout:
-        uint64_t size[MT_NBUF]
-        uint64_t offset[MT_NBUF]
-        int order[MT_NBUF]
+        int n
+        unsigned flags[MT_MAX_BUFFERS]
+        uint64_t align[MT_MAX_BUFFERS]
+        uint64_t size[MT_MAX_BUFFERS]
+        uint64_t offset[MT_MAX_BUFFERS]
+        int order[MT_MAX_BUFFERS]
         uint64_t slab_bytes
         uint64_t max_batch_tokens
         mt_range zero_all
         mt_range zero_prefill
         int reserved
-        uint64_t room[MT_NBUF]
+        uint64_t room[MT_MAX_BUFFERS]
         uint64_t guard
 
+    int mt_layout_table(mt_layout *L, int n, const unsigned *flags, const uint64_t *align)
     int mt_layout_plan(mt_layout *L, const uint64_t *sizes, uint64_t max_batch_tokens,
                        uint64_t guard)
     int mt_round_up(uint64_t x, uint64_t g, uint64_t *out)

@@ -7,12 +7,12 @@ Each operation gathers its byte ranges (items) from the layout in the C core
 (debug.c: the guard bands; layout.c: the zero_all_rows row rule) and runs
 them through the backend in one call: one kernel launch on CUDA
 (kernels/debug_ops.cu), one C pass on the host (debug.c).  The element type
-of each buffer comes from the catalogue (metrale.catalogue), read once.
+of each buffer comes from its spec in the arena's buffer set.
 BufferArena forwards its debug methods here.
 """
 
 from libc.stdint cimport uint64_t, uintptr_t
-from libc.string cimport memset
+from libc.string cimport memcpy, memset
 
 from libc.stdlib cimport free, malloc
 
@@ -20,7 +20,7 @@ from metrale._arena cimport BufferArena
 from metrale._backend cimport Backend
 from metrale._common cimport as_stream, buffer_ids, index_arg, logger, u64_arg
 from metrale._core cimport (
-    MT_IN_CHECKSUM, MT_IN_ROWS, MT_NBUF, mt_buffer_flags, mt_checksum_f32, mt_layout, mt_range,
+    MT_IN_CHECKSUM, MT_IN_ROWS, MT_MAX_BUFFERS, mt_checksum_f32, mt_layout, mt_range,
     mt_rows_length, mt_rows_stride)
 from metrale._life cimport mt_life_leave
 from metrale._debug_core cimport (
@@ -29,99 +29,121 @@ from metrale._debug_core cimport (
     MT_DBG_MAX_ITEMS, mt_debug_args, mt_debug_result, mt_fp_final, mt_guard_ranges,
     mt_poison_pattern)
 
-from metrale._buffers import BUFFER_NAMES
 from metrale.debug import GuardDamage, NonFinite
 from metrale.errors import MetraleError
 
-# The catalogue's dtype names -> the kernels' element codes.
+# The specs' dtype names -> the kernels' element codes (the others are untyped here).
 _CODES = {"bfloat16": MT_EL_BF16, "float32": MT_EL_F32, "float8_e4m3fn": MT_EL_FP8_E4M3,
           "int8": MT_EL_I8, "int32": MT_EL_I32, "uint32": MT_EL_U32, "int64": MT_EL_I64}
 # Element codes that find_nonfinite scans.
 _FLOATS = frozenset((MT_EL_BF16, MT_EL_F32, MT_EL_FP8_E4M3))
 
-cdef tuple _elems = None
+
+cdef tuple _elem_codes(object buffers):
+    """The element code of every buffer of a set, by id (MT_EL_NONE where
+    untyped), from its specs; made once per set."""
+    codes = buffers._cache.get("elem_codes")
+    if codes is None:
+        codes = buffers._cache["elem_codes"] = tuple(_CODES.get(s.dtype, MT_EL_NONE)
+                                                     for s in buffers)
+    return codes
 
 
-cdef tuple _elem_codes():
-    """The element code of every buffer, by id (MT_EL_NONE where untyped)."""
-    global _elems
-    if _elems is None:
-        from metrale.catalogue import CATALOGUE
-        _elems = tuple(_CODES[CATALOGUE[n].dtype] if CATALOGUE[n].dtype else MT_EL_NONE
-                       for n in BUFFER_NAMES)
-    return _elems
+# The items of one operation, one per buffer at most: run in launches of
+# MT_DBG_MAX_ITEMS (the kernels' parameter block) by _run.
+cdef struct Items:
+    int count
+    uint64_t offset[MT_MAX_BUFFERS]
+    uint64_t length[MT_MAX_BUFFERS]
+    unsigned char pattern[MT_MAX_BUFFERS][16]
+    unsigned char elem[MT_MAX_BUFFERS]
 
 
-cdef inline void _start(mt_debug_args *a, uintptr_t base) noexcept:
-    memset(a, 0, sizeof(mt_debug_args))
-    a.base = base
-
-
-cdef inline int _add(mt_debug_args *a, uint64_t offset, uint64_t length) except -1:
-    if a.count >= MT_DBG_MAX_ITEMS:      # the parameter block's arrays are that long
-        raise ValueError(f"a debug operation takes at most {MT_DBG_MAX_ITEMS} items")
-    a.offset[a.count] = offset
-    a.length[a.count] = length
-    a.count += 1
+cdef inline int _add(Items *it, uint64_t offset, uint64_t length) except -1:
+    if it.count >= MT_MAX_BUFFERS:      # one item per buffer: a layout has no more
+        raise ValueError(f"a debug operation takes at most {MT_MAX_BUFFERS} items")
+    it.offset[it.count] = offset
+    it.length[it.count] = length
+    it.count += 1
     return 0
 
 
-cdef int _guards(const mt_layout *L, mt_debug_args *a, int *ids) except -1:
-    cdef mt_range r[MT_NBUF]
+cdef int _run(Backend be, int op, uintptr_t base, Items *it, mt_debug_result *out,
+              uintptr_t stream) except -1:
+    """Run `op` over the items, MT_DBG_MAX_ITEMS per launch; out[i] is item i's result."""
+    cdef mt_debug_args a
+    cdef int first, k, n
+    for first in range(0, it.count, MT_DBG_MAX_ITEMS):
+        n = min(it.count - first, MT_DBG_MAX_ITEMS)
+        memset(&a, 0, sizeof(mt_debug_args))
+        a.base = base
+        a.count = n
+        for k in range(n):
+            a.offset[k] = it.offset[first + k]
+            a.length[k] = it.length[first + k]
+            a.elem[k] = it.elem[first + k]
+            memcpy(a.pattern[k], it.pattern[first + k], 16)
+        be.debug_run(op, &a, out + first, stream)
+    return 0
+
+
+cdef int _guards(const mt_layout *L, Items *it, int *ids) except -1:
+    cdef mt_range r[MT_MAX_BUFFERS]
     cdef int n = mt_guard_ranges(L, ids, r), i, k
     for i in range(n):
         for k in range(16):
-            a.pattern[i][k] = MT_GUARD_BYTE(k)
-        _add(a, r[i].offset, r[i].length)
+            it.pattern[it.count][k] = MT_GUARD_BYTE(k)
+        _add(it, r[i].offset, r[i].length)
     return n
 
 
 cdef int fill_guards(Backend be, const mt_layout *L, uintptr_t base, uintptr_t stream) except -1:
     """Write the guard pattern over every guard band (enqueued on `stream`)."""
-    cdef mt_debug_args a
-    cdef mt_debug_result out[MT_NBUF]
-    cdef int ids[MT_NBUF]
-    _start(&a, base)
-    if _guards(L, &a, ids):
-        be.debug_run(MT_DBG_FILL, &a, out, stream)
+    cdef Items it
+    cdef mt_debug_result out[MT_MAX_BUFFERS]
+    cdef int ids[MT_MAX_BUFFERS]
+    it.count = 0
+    if _guards(L, &it, ids):
+        _run(be, MT_DBG_FILL, base, &it, out, stream)
     return 0
 
 
-cdef list check_guards(Backend be, const mt_layout *L, uintptr_t base, uintptr_t stream):
+cdef list check_guards(BufferArena arena, uintptr_t stream):
     """The damaged guard bands, in slab order, as GuardDamage values."""
-    cdef mt_debug_args a
-    cdef mt_debug_result out[MT_NBUF]
-    cdef int ids[MT_NBUF]
+    cdef Items it
+    cdef mt_debug_result out[MT_MAX_BUFFERS]
+    cdef int ids[MT_MAX_BUFFERS]
     cdef int n, i
-    _start(&a, base)
-    n = _guards(L, &a, ids)
+    it.count = 0
+    n = _guards(&arena._layout, &it, ids)
     if n == 0:
         return []
-    be.debug_run(MT_DBG_CHECK, &a, out, stream)
-    return [GuardDamage(BUFFER_NAMES[ids[i]], ~out[i].first_inv, out[i].count, a.length[i])
+    _run(arena._gpu, MT_DBG_CHECK, arena._base, &it, out, stream)
+    names = arena._buffers.names
+    return [GuardDamage(names[ids[i]], ~out[i].first_inv, out[i].count, it.length[i])
             for i in range(n) if out[i].count]
 
 
-cdef int poison_rows(Backend be, const mt_layout *L, uintptr_t base, uint64_t tokens,
-                     uintptr_t stream) except -1:
+cdef int poison_rows(BufferArena arena, uint64_t tokens, uintptr_t stream) except -1:
     """Fill the rows past `tokens` of every row-trimmed buffer with the
     poison of its element type (enqueued on `stream`)."""
-    cdef mt_debug_args a
-    cdef mt_debug_result out[MT_NBUF]
+    cdef Items it
+    cdef mt_debug_result out[MT_MAX_BUFFERS]
+    cdef const mt_layout *L = &arena._layout
     cdef uint64_t live, n
     cdef int b, i
-    elems = _elem_codes()
-    _start(&a, base)
-    for i in range(MT_NBUF):
+    elems = _elem_codes(arena._buffers)
+    it.count = 0
+    for i in range(L.n):
         b = L.order[i]
         n = L.size[b]
-        if not mt_buffer_flags[b] & MT_IN_ROWS or n == 0:
+        if not L.flags[b] & MT_IN_ROWS or n == 0:
             continue
         live = mt_rows_length(L, b, tokens)
-        if live < n and mt_poison_pattern(elems[b], a.pattern[a.count]):
-            _add(&a, L.offset[b] + live, n - live)
-    if a.count:
-        be.debug_run(MT_DBG_FILL, &a, out, stream)
+        if live < n and mt_poison_pattern(elems[b], it.pattern[it.count]):
+            _add(&it, L.offset[b] + live, n - live)
+    if it.count:
+        _run(arena._gpu, MT_DBG_FILL, arena._base, &it, out, stream)
     return 0
 
 
@@ -132,60 +154,63 @@ cdef object _row_of(const mt_layout *L, int b, uint64_t offset):
     return offset // row if row else None
 
 
-cdef list find_nonfinite(Backend be, const mt_layout *L, uintptr_t base, uint64_t tokens,
-                         uintptr_t stream):
+cdef list find_nonfinite(BufferArena arena, uint64_t tokens, uintptr_t stream):
     """NonFinite values of the row-trimmed float buffers whose live rows hold
-    NaN or Inf, in canonical order."""
-    cdef mt_debug_args a
-    cdef mt_debug_result out[MT_NBUF]
-    cdef int ids[MT_NBUF]
+    NaN or Inf, in the set's order."""
+    cdef Items it
+    cdef mt_debug_result out[MT_MAX_BUFFERS]
+    cdef int ids[MT_MAX_BUFFERS]
+    cdef const mt_layout *L = &arena._layout
     cdef uint64_t live
     cdef int b, i
-    elems = _elem_codes()
-    _start(&a, base)
-    for b in range(MT_NBUF):
-        if not mt_buffer_flags[b] & MT_IN_ROWS or L.size[b] == 0 or elems[b] not in _FLOATS:
+    elems = _elem_codes(arena._buffers)
+    it.count = 0
+    for b in range(L.n):
+        if not L.flags[b] & MT_IN_ROWS or L.size[b] == 0 or elems[b] not in _FLOATS:
             continue
         live = mt_rows_length(L, b, tokens)
         if live:
-            ids[a.count] = b
-            a.elem[a.count] = elems[b]
-            _add(&a, L.offset[b], live)
-    if a.count == 0:
+            ids[it.count] = b
+            it.elem[it.count] = elems[b]
+            _add(&it, L.offset[b], live)
+    if it.count == 0:
         return []
-    be.debug_run(MT_DBG_NONFINITE, &a, out, stream)
+    _run(arena._gpu, MT_DBG_NONFINITE, arena._base, &it, out, stream)
+    names = arena._buffers.names
     found = []
-    for i in range(a.count):
+    for i in range(it.count):
         if out[i].count or out[i].extra:
             first = ~out[i].first_inv
-            found.append(NonFinite(BUFFER_NAMES[ids[i]], out[i].count, out[i].extra, first,
+            found.append(NonFinite(names[ids[i]], out[i].count, out[i].extra, first,
                                    _row_of(L, ids[i], first)))
     return found
 
 
-cdef dict fingerprint(Backend be, const mt_layout *L, uintptr_t base, list ids, uintptr_t stream):
+cdef dict fingerprint(BufferArena arena, list ids, uintptr_t stream):
     """name -> 64-bit fingerprint of each buffer of `ids` (in that order)."""
-    cdef mt_debug_args a
-    cdef mt_debug_result out[MT_NBUF]
-    cdef int slot[MT_NBUF]
+    cdef Items it
+    cdef mt_debug_result out[MT_MAX_BUFFERS]
+    cdef int slot[MT_MAX_BUFFERS]
+    cdef const mt_layout *L = &arena._layout
     cdef int b, i
-    if len(ids) > MT_NBUF:
-        raise ValueError(f"fingerprint: at most {MT_NBUF} buffers, got {len(ids)}")
-    _start(&a, base)
+    if len(ids) > L.n:
+        raise ValueError(f"fingerprint: at most {L.n} buffers, got {len(ids)}")
+    it.count = 0
     for i in range(len(ids)):
         b = ids[i]
-        if not 0 <= b < MT_NBUF:
+        if not 0 <= b < L.n:
             raise ValueError(f"fingerprint: no buffer has id {b}")
         slot[i] = -1
         if L.size[b]:
-            slot[i] = a.count
-            _add(&a, L.offset[b], L.size[b])
-    if a.count:
-        be.debug_run(MT_DBG_FINGERPRINT, &a, out, stream)
+            slot[i] = it.count
+            _add(&it, L.offset[b], L.size[b])
+    if it.count:
+        _run(arena._gpu, MT_DBG_FINGERPRINT, arena._base, &it, out, stream)
+    names = arena._buffers.names
     result = {}
     for i in range(len(ids)):
         b = ids[i]
-        result[BUFFER_NAMES[b]] = mt_fp_final(out[slot[i]].count if slot[i] >= 0 else 0, L.size[b])
+        result[names[b]] = mt_fp_final(out[slot[i]].count if slot[i] >= 0 else 0, L.size[b])
     return result
 
 
@@ -241,7 +266,7 @@ def _arena_check_guards(BufferArena a, stream=None):
     cdef uintptr_t s = as_stream(stream)
     a._enter(None)
     try:
-        return check_guards(a._gpu, &a._layout, a._base, s)
+        return check_guards(a, s)
     finally:
         mt_life_leave(a._life)
 
@@ -273,7 +298,7 @@ def _arena_verify_guards(BufferArena a, stream=None):
 def _arena_poison_rows(BufferArena a, stream=None, tokens=None):
     """Fill the rows past `tokens` of the row-trimmed buffers with NaN.
 
-    For each buffer `zero_all_rows` trims (``GROUPS["rows"]``), the bytes
+    For each buffer `zero_all_rows` trims (its set's ``groups["rows"]``), the bytes
     past the live rows, exactly those `zero_all_rows(tokens=tokens)`
     leaves alone, get a pattern that is NaN in the buffer's element type
     (``0x7FD1`` per BF16 element, ``0x7FD17FD1`` per FP32 element; an
@@ -305,7 +330,7 @@ def _arena_poison_rows(BufferArena a, stream=None, tokens=None):
     cdef uintptr_t s = as_stream(stream)
     a._enter(None)
     try:
-        poison_rows(a._gpu, &a._layout, a._base, t, s)
+        poison_rows(a, t, s)
     finally:
         mt_life_leave(a._life)
 
@@ -314,8 +339,8 @@ def _arena_find_nonfinite(BufferArena a, stream=None, tokens=None):
     """NaN and Inf elements in the live rows of the row-trimmed buffers.
 
     Scans rows ``0 .. tokens`` (the bytes `zero_all_rows(tokens=tokens)`
-    clears) of every row-trimmed buffer (``GROUPS["rows"]``, all of them
-    BF16 or FP32) as its element type, in one operation: one kernel
+    clears) of every row-trimmed float buffer (``groups["rows"]``; in
+    `REFERENCE` all BF16 or FP32) as its element type, in one operation: one kernel
     launch, a small result copy and a synchronization of `stream` on
     CUDA; one C pass on the host.  Debug mode is not needed.
 
@@ -349,7 +374,7 @@ def _arena_find_nonfinite(BufferArena a, stream=None, tokens=None):
     cdef uintptr_t s = as_stream(stream)
     a._enter(None)
     try:
-        return find_nonfinite(a._gpu, &a._layout, a._base, t, s)
+        return find_nonfinite(a, t, s)
     finally:
         mt_life_leave(a._life)
 
@@ -392,20 +417,21 @@ def _arena_fingerprint(BufferArena a, stream=None, names=None):
     """
     cdef int i
     cdef uintptr_t s = as_stream(stream)
-    ids = None if names is None else buffer_ids(names, "names")
+    ids = None if names is None else buffer_ids(names, "names", a._buffers)
     a._enter(None)
     try:
         if ids is None:
-            ids = [i for i in range(MT_NBUF) if a._layout.size[i]]
-        return fingerprint(a._gpu, &a._layout, a._base, ids, s)
+            ids = [i for i in range(a._layout.n) if a._layout.size[i]]
+        return fingerprint(a, ids, s)
     finally:
         mt_life_leave(a._life)
 
 
 def _arena_debug_buffer_checksum(BufferArena a, gpu=None, stream=None, tag="", *, level=None):
-    """Log sum, sum of squares and sum of |x| of the 16 probed buffers.
+    """Log sum, sum of squares and sum of |x| of the probed buffers (16 of
+    `REFERENCE`).
 
-    Each buffer of ``GROUPS["checksum"]`` is synchronized, copied to the
+    Each buffer of the set's ``groups["checksum"]`` is synchronized, copied to the
     host and read as float32 lanes (NaN and infinite lanes skipped); one
     record per buffer (WARNING, as the reference logs them, unless `level`
     says otherwise) goes to the ``metrale`` logger:
@@ -451,15 +477,16 @@ def _arena_debug_buffer_checksum(BufferArena a, gpu=None, stream=None, tag="", *
             a._gpu.sync(s)
         except Exception:
             pass
-        for b in range(MT_NBUF):
-            if mt_buffer_flags[b] & MT_IN_CHECKSUM and a._layout.size[b] > most:
+        names = a._buffers.names
+        for b in range(a._layout.n):
+            if a._layout.flags[b] & MT_IN_CHECKSUM and a._layout.size[b] > most:
                 most = a._layout.size[b]
         if most:
             host = malloc(most)
             no_host = host == NULL
-        for b in range(MT_NBUF if host != NULL else 0):     # canonical order
+        for b in range(a._layout.n if host != NULL else 0):     # the set's order
             n = a._layout.size[b]
-            if not mt_buffer_flags[b] & MT_IN_CHECKSUM or n == 0:
+            if not a._layout.flags[b] & MT_IN_CHECKSUM or n == 0:
                 continue
             try:
                 a._gpu.d2h(host, base + a._layout.offset[b], n, s)
@@ -467,7 +494,7 @@ def _arena_debug_buffer_checksum(BufferArena a, gpu=None, stream=None, tag="", *
                 continue     # a failed copy skips that buffer: a debugging aid never raises
             with nogil:
                 mt_checksum_f32(host, n, out)
-            records.append((BUFFER_NAMES[b], n, out[0], out[1], out[2]))
+            records.append((names[b], n, out[0], out[1], out[2]))
     finally:
         free(host)
         mt_life_leave(a._life)

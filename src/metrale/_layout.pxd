@@ -6,7 +6,12 @@ from metrale._core cimport mt_layout
 # each live buffer (debug arenas; 0: none); ValueError when the slab does not
 # fit 64 bits.
 cdef int plan_into(mt_layout *L, object sizes, object max_batch_tokens, uint64_t guard=*) except -1
+# Start *L for the buffer table of a BufferSet (its flags and alignments).
+cdef int table_into(mt_layout *L, object buffers) except -1
+# (flags, aligns) of a BufferSet's C table, made once per set.
+cdef tuple c_table(object buffers)
 
 cdef class SlabPlan:
     cdef mt_layout L
+    cdef object buffer_set        # the BufferSet it places
     cdef uint64_t gran            # a reserved plan's granularity (0 for a plain one)

@@ -1,9 +1,12 @@
 from typing import SupportsIndex, final
 
+from metrale.buffers import BufferSet
 from metrale.sizes import BufferSizes
 
 @final
 class SlabPlan:
+    @property
+    def buffers(self) -> BufferSet: ...
     @property
     def slab_bytes(self) -> int: ...
     @property
@@ -30,4 +33,6 @@ def plan_layout(sizes: BufferSizes, max_batch_tokens: SupportsIndex, *,
 def plan_reserved(sizes: BufferSizes, reserve_sizes: BufferSizes, max_batch_tokens: SupportsIndex,
                   granularity: SupportsIndex, *, guard_bytes: SupportsIndex = 0) -> SlabPlan: ...
 def zero_rows_ranges(sizes: BufferSizes, max_batch_tokens: SupportsIndex, tokens: SupportsIndex) -> list[tuple[int, int]]: ...
-def buffer_table() -> tuple[tuple[str, int], ...]: ...
+def buffer_table(buffers: BufferSet | None = None) -> tuple[tuple[str, int, int], ...]: ...
+
+FLAG_BITS: dict[str, int]

@@ -1,33 +1,79 @@
 # cython: language_level=3, binding=False
 """The slab plan: where every buffer of a BufferSizes sits in one allocation
 and which byte ranges each zeroing helper clears.  Pure computation in the C
-core (layout.c): nothing is allocated."""
+core (layout.c): nothing is allocated.  The C core's buffer table is made
+here, from the buffer set (`table_into`)."""
 
 cimport cython
 from libc.stdint cimport uint64_t
 
 from metrale._common cimport u64_arg
-from metrale._core cimport (MT_ERR_OVERFLOW, MT_N_ZERO_ALL, MT_NBUF, MT_OK, mt_buffer_flags,
-                            mt_buffer_names, mt_commit_needed, mt_layout, mt_layout_plan,
-                            mt_layout_plan_reserved, mt_range, mt_rows_length,
-                            mt_zero_rows_ranges)
+from metrale._core cimport (MT_ERR_OVERFLOW, MT_IN_CHECKSUM, MT_IN_PREFILL, MT_IN_ROWS,
+                            MT_IN_ZERO_ALL, MT_MAX_BUFFERS, MT_MAX_ROWS_ENTRIES, MT_OK,
+                            MT_ROWS_BY_M, MT_ROWS_BY_M16, MT_STEP_IDS, MT_STEP_META,
+                            mt_commit_needed, mt_layout, mt_layout_plan, mt_layout_plan_reserved,
+                            mt_layout_table, mt_range, mt_rows_length, mt_zero_rows_ranges)
 
-from metrale._buffers import BUFFER_INDEX, BUFFER_NAMES, GROUPS
+from metrale.buffers import MAX_BUFFERS, MAX_ZERO_ALL, STEP_IDS, STEP_META
 from metrale.sizes import BufferSizes
 
 # Private constructor key: plans come from plan_layout().
 cdef object _TOKEN = object()
+# The C flags of each row rule (metrale/buffers.py ROW_RULES).
+cdef dict _ROW_FLAGS = {"whole": 0, "M": MT_IN_ROWS | MT_ROWS_BY_M,
+                        "Mp": MT_IN_ROWS | MT_ROWS_BY_M16, "auto": MT_IN_ROWS}
+
+# The sets metrale.buffers checks against the core's fixed tables.
+assert MAX_BUFFERS == MT_MAX_BUFFERS and MAX_ZERO_ALL == MT_MAX_ROWS_ENTRIES - 1
+
+
+cdef tuple c_table(object buffers):
+    """(flags, aligns) of a BufferSet for the C core, made once per set."""
+    t = buffers._cache.get("c_table")
+    if t is None:
+        flags = []
+        for s in buffers:
+            f = _ROW_FLAGS[s.rows]
+            if s.zero_all:
+                f |= MT_IN_ZERO_ALL
+            if s.prefill:
+                f |= MT_IN_PREFILL
+            if s.checksum:
+                f |= MT_IN_CHECKSUM
+            if s.name == STEP_IDS:
+                f |= MT_STEP_IDS
+            elif s.name == STEP_META:
+                f |= MT_STEP_META
+            flags.append(f)
+        t = buffers._cache["c_table"] = (tuple(flags), tuple(s.align for s in buffers))
+    return t
+
+
+cdef int table_into(mt_layout *L, object buffers) except -1:
+    cdef unsigned flags[MT_MAX_BUFFERS]
+    cdef uint64_t align[MT_MAX_BUFFERS]
+    cdef int i, n
+    fl, al = c_table(buffers)
+    n = len(fl)
+    if n > MT_MAX_BUFFERS:          # BufferSet refuses such a set
+        raise ValueError(f"a buffer set holds at most {MT_MAX_BUFFERS} buffers")
+    for i in range(n):
+        flags[i], align[i] = fl[i], al[i]
+    if mt_layout_table(L, n, flags, align) != MT_OK:
+        raise ValueError("the buffer table has an alignment that is not a power of two >= 256")
+    return 0
 
 
 cdef int plan_into(mt_layout *L, object sizes, object max_batch_tokens, uint64_t guard=0) except -1:
-    cdef uint64_t raw[MT_NBUF]
+    cdef uint64_t raw[MT_MAX_BUFFERS]
     cdef uint64_t m
     cdef int i
     if not isinstance(sizes, BufferSizes):
         raise TypeError(f"sizes must be a BufferSizes, got {type(sizes).__name__}")
     m = u64_arg(max_batch_tokens, "max_batch_tokens", 1)
+    table_into(L, sizes.buffers)
     values = sizes.as_tuple()
-    for i in range(MT_NBUF):
+    for i in range(L.n):
         raw[i] = values[i]
     if mt_layout_plan(L, raw, m, guard) != MT_OK:
         raise ValueError(f"the slab of these sizes exceeds 2^64 - 1 bytes (max_batch_tokens={m})")
@@ -48,6 +94,11 @@ cdef class SlabPlan:
     def __cinit__(self, token=None):
         if token is not _TOKEN:
             raise TypeError("use plan_layout(sizes, max_batch_tokens)")
+
+    @property
+    def buffers(self):
+        """The buffer set the plan places (BufferSet)."""
+        return self.buffer_set
 
     @property
     def slab_bytes(self):
@@ -71,7 +122,7 @@ cdef class SlabPlan:
         slab for a plain plan; for a reserved one each buffer's bytes
         rounded up to the granularity, guard bands included, as a freshly
         built reserved arena maps them."""
-        cdef mt_range need[MT_NBUF]
+        cdef mt_range need[MT_MAX_BUFFERS]
         cdef int n, i
         cdef uint64_t total = 0
         if not self.L.reserved:
@@ -84,14 +135,16 @@ cdef class SlabPlan:
     @property
     def offsets(self):
         """Buffer name -> byte offset in the slab, or None for an empty
-        (NULL) buffer (dict, all 46 names in canonical order)."""
-        return {BUFFER_NAMES[i]: (self.L.offset[i] if self.L.size[i] else None)
-                for i in range(MT_NBUF)}
+        (NULL) buffer (dict, every name of the set in its order)."""
+        names = self.buffer_set.names
+        return {names[i]: (self.L.offset[i] if self.L.size[i] else None)
+                for i in range(self.L.n)}
 
     @property
     def slab_order(self):
         """The buffer names in the order they are placed (tuple of str)."""
-        return tuple(BUFFER_NAMES[self.L.order[i]] for i in range(MT_NBUF))
+        names = self.buffer_set.names
+        return tuple(names[self.L.order[i]] for i in range(self.L.n))
 
     @property
     def zero_all(self):
@@ -107,14 +160,15 @@ cdef class SlabPlan:
 
     @property
     def groups(self):
-        """Helper -> the buffers it covers, from the buffer table (dict).
+        """Helper -> the buffers it covers, from the buffer set (dict).
 
         Keys: ``"zero_all"`` (cleared by ``zero_all``), ``"prefill"``
         (cleared by ``zero_prefill_essentials``), ``"rows"`` (the token-major
         ones ``zero_all_rows`` trims to the live rows) and ``"checksum"``
         (probed by ``debug_buffer_checksum``); values are tuples of names.
         """
-        return {g: GROUPS[g] for g in ("zero_all", "prefill", "rows", "checksum")}
+        groups = self.buffer_set.groups
+        return {g: groups[g] for g in ("zero_all", "prefill", "rows", "checksum")}
 
     def rows_ranges(self, tokens):
         """The ranges ``zero_all_rows(tokens=tokens)`` clears.
@@ -131,8 +185,8 @@ cdef class SlabPlan:
         Returns
         -------
         list of (int, int)
-            ``(offset, length)`` pairs in slab order, at most 18; empty
-            ranges are left out.
+            ``(offset, length)`` pairs in slab order, at most one per
+            zero_all buffer; empty ranges are left out.
 
         Raises
         ------
@@ -141,7 +195,7 @@ cdef class SlabPlan:
         ValueError
             `tokens` is negative or does not fit 64 bits.
         """
-        cdef mt_range r[MT_N_ZERO_ALL]
+        cdef mt_range r[MT_MAX_BUFFERS]
         cdef int n = mt_zero_rows_ranges(&self.L, u64_arg(tokens, "tokens"), r)
         return [(r[i].offset, r[i].length) for i in range(n)]
 
@@ -155,7 +209,7 @@ cdef class SlabPlan:
         Parameters
         ----------
         name : str
-            One of the 46 buffer names.
+            A buffer of the plan's set.
         tokens : int
             Live tokens of the step.
 
@@ -166,11 +220,13 @@ cdef class SlabPlan:
         Raises
         ------
         KeyError
-            `name` is not a buffer.
+            `name` is not a buffer of the set.
         TypeError, ValueError
             `tokens` is not an int, negative or does not fit 64 bits.
         """
-        return mt_rows_length(&self.L, BUFFER_INDEX[name], u64_arg(tokens, "tokens"))
+        if name not in self.buffer_set:
+            raise KeyError(name)
+        return mt_rows_length(&self.L, self.buffer_set.index(name), u64_arg(tokens, "tokens"))
 
     def __repr__(self):
         return (f"<SlabPlan {self.L.slab_bytes} bytes, max_batch_tokens={self.L.max_batch_tokens}, "
@@ -206,6 +262,7 @@ def plan_layout(sizes, max_batch_tokens, *, guard_bytes=0):
     """
     cdef SlabPlan plan = SlabPlan.__new__(SlabPlan, _TOKEN)
     plan_into(&plan.L, sizes, max_batch_tokens, u64_arg(guard_bytes, "guard_bytes"))
+    plan.buffer_set = sizes.buffers
     return plan
 
 
@@ -241,19 +298,23 @@ def plan_reserved(sizes, reserve_sizes, max_batch_tokens, granularity, *, guard_
         A size above its reserved size, a granularity that is not a power
         of two >= 256, or a reservation over 2**64 - 1 bytes.
     """
-    cdef uint64_t cur[MT_NBUF]
-    cdef uint64_t top[MT_NBUF]
+    cdef uint64_t cur[MT_MAX_BUFFERS]
+    cdef uint64_t top[MT_MAX_BUFFERS]
     cdef SlabPlan plan = SlabPlan.__new__(SlabPlan, _TOKEN)
     cdef int i, rc
     for arg, value in (("sizes", sizes), ("reserve_sizes", reserve_sizes)):
         if not isinstance(value, BufferSizes):
             raise TypeError(f"{arg} must be a BufferSizes, got {type(value).__name__}")
-    values, tops = sizes.as_tuple(), reserve_sizes.as_tuple()
-    for i in range(MT_NBUF):
+    if reserve_sizes.buffers != sizes.buffers:
+        raise ValueError("reserve_sizes are for another buffer set than sizes")
+    names, values, tops = sizes.buffers.names, sizes.as_tuple(), reserve_sizes.as_tuple()
+    for i in range(len(values)):
         if values[i] > tops[i]:
-            raise ValueError(f"{BUFFER_NAMES[i]}: {values[i]} bytes exceed its reserved "
+            raise ValueError(f"{names[i]}: {values[i]} bytes exceed its reserved "
                              f"{tops[i]} bytes")
         cur[i], top[i] = values[i], tops[i]
+    table_into(&plan.L, sizes.buffers)
+    plan.buffer_set = sizes.buffers
     plan.gran = u64_arg(granularity, "granularity", 1)
     rc = mt_layout_plan_reserved(&plan.L, cur, top, u64_arg(max_batch_tokens, "max_batch_tokens", 1),
                                  plan.gran, u64_arg(guard_bytes, "guard_bytes"))
@@ -293,16 +354,30 @@ def zero_rows_ranges(sizes, max_batch_tokens, tokens):
     return plan_layout(sizes, max_batch_tokens).rows_ranges(tokens)
 
 
-def buffer_table():
-    """The buffer table compiled into the C core.
+def buffer_table(buffers=None):
+    """The C core's buffer table of a buffer set, as the arena gives it.
 
-    For the tests that check the generated Python module and the stubs
-    against it.
+    For the tests that check it against the specs.
+
+    Parameters
+    ----------
+    buffers : BufferSet, optional
+        None means `REFERENCE`.
 
     Returns
     -------
-    tuple of (str, int)
-        ``(name, flags)`` of every buffer in canonical order; the flags are
-        the bits of the buffer table (which helpers cover the buffer).
+    tuple of (str, int, int)
+        ``(name, flags, alignment)`` of every buffer in the set's order; the
+        flags are the bits of `FLAG_BITS`.
     """
-    return tuple((mt_buffer_names[i].decode(), mt_buffer_flags[i]) for i in range(MT_NBUF))
+    if buffers is None:
+        from metrale.reference import REFERENCE
+        buffers = REFERENCE
+    flags, align = c_table(buffers)
+    return tuple(zip(buffers.names, flags, align))
+
+
+# The bits of the C table's flags, by name (arena_core.h).
+FLAG_BITS = {"zero_all": MT_IN_ZERO_ALL, "rows": MT_IN_ROWS, "prefill": MT_IN_PREFILL,
+             "checksum": MT_IN_CHECKSUM, "rows_by_m": MT_ROWS_BY_M,
+             "rows_by_m16": MT_ROWS_BY_M16, "step_ids": MT_STEP_IDS, "step_meta": MT_STEP_META}

@@ -17,7 +17,6 @@ from libc.stdint cimport uint64_t, uintptr_t
 from metrale._arena cimport BufferArena
 from metrale._backend cimport Backend
 from metrale._common cimport mt_py_finalizing
-from metrale._core cimport MT_NBUF
 from metrale._life cimport mt_life_released
 from metrale._mapping cimport free_reservation, release_orphans, unmap_chunks
 from metrale._reserve cimport build
@@ -39,12 +38,12 @@ def _build_shared(BufferArena a, sizes, top_sizes, group):
         tp._abort(grp, e)           # the other ranks raise instead of waiting
         raise
     layout = tuple((a._layout.offset[i], a._layout.size[i], a._layout.room[i])
-                   for i in range(MT_NBUF))
+                   for i in range(a._layout.n))
     try:
         a._peers = tp._share(a._gpu, grp, a._base, a._layout.slab_bytes, list(a._chunks),
-                             layout, a._ptrs, a._granule, a._layout.max_batch_tokens)
+                             layout, a._ptrs, a._granule, a._layout.max_batch_tokens, a._buffers)
     except BaseException:
-        a._ptrs = (0,) * MT_NBUF
+        a._set_ptrs((0,) * a._layout.n)
         err, freed = free_reservation(a._gpu, a._base, a._layout.slab_bytes, a._chunks,
                                       a._orphans, a._kept)
         if freed:

@@ -14,24 +14,23 @@ forwards `resize`, `sleep`, `wake` and `committed_bytes` here.
 from libc.stdint cimport uint64_t, uintptr_t
 from libc.stdlib cimport free, malloc
 
-from metrale._arena cimport BufferArena
+from metrale._arena cimport BufferArena, init_zero
 from metrale._backend cimport Backend
 from metrale._common cimport buffer_ids, index_arg, limit_arg, limit_tuple, logger, u64_arg
 from metrale._core cimport (
-    MT_ERR_OVERFLOW, MT_IN_ZERO_ALL, MT_LIFE_EXPORTED, MT_LIFE_OK, MT_NBUF, MT_OK,
+    MT_ERR_OVERFLOW, MT_IN_ZERO_ALL, MT_LIFE_EXPORTED, MT_LIFE_OK, MT_MAX_BUFFERS, MT_OK,
     MT_WAIT_OPERATIONS, mt_chunk_needed, mt_commit_gaps, mt_commit_needed, mt_group_ranges,
     mt_layout_plan_reserved, mt_layout_resize, mt_range)
 from metrale._life cimport (
     mt_life_reshape_begin, mt_life_reshape_end, raise_life, wait_life)
 from metrale._debug cimport refill_guards
+from metrale._layout cimport table_into
 from metrale._mapping cimport free_reservation, release_orphans, unmap_chunks
 
-from metrale._buffers import BUFFER_INDEX, BUFFER_NAMES
 from metrale.errors import MetraleError, OutOfMemoryError
 from metrale.sizes import BufferSizes, DecodeMetaLayout
 
 cdef tuple _LIMITS = ("max_batch_tokens", "max_seq_len", "kv_block_size", "max_batch_size")
-cdef int _NORM = BUFFER_INDEX["norm_unit_w"]
 
 
 # -- building ---------------------------------------------------------------------------
@@ -39,21 +38,23 @@ cdef int _NORM = BUFFER_INDEX["norm_unit_w"]
 cdef int build(BufferArena a, object sizes, object top_sizes) except -1:
     """Lay `a` out for `sizes` inside a reservation sized for `top_sizes`,
     reserve it and map what `sizes` need; on failure nothing is left."""
-    cdef uint64_t cur[MT_NBUF]
-    cdef uint64_t top[MT_NBUF]
+    cdef uint64_t cur[MT_MAX_BUFFERS]
+    cdef uint64_t top[MT_MAX_BUFFERS]
     cdef uintptr_t base = 0
     cdef Backend be = a._gpu
     cdef int rc, i
-    if not isinstance(top_sizes, BufferSizes):
-        raise TypeError(f"reserve_sizes must be a BufferSizes, got {type(top_sizes).__name__}")
-    values, tops = sizes.as_tuple(), top_sizes.as_tuple()
-    for i in range(MT_NBUF):
+    if not isinstance(top_sizes, BufferSizes) or top_sizes.buffers != sizes.buffers:
+        raise TypeError(f"reserve_sizes must be a BufferSizes of the same buffer set, got "
+                        f"{type(top_sizes).__name__}")
+    names, values, tops = sizes.buffers.names, sizes.as_tuple(), top_sizes.as_tuple()
+    for i in range(len(values)):
         if values[i] > tops[i]:
-            raise ValueError(f"{BUFFER_NAMES[i]}: {values[i]} bytes exceed its reserved "
+            raise ValueError(f"{names[i]}: {values[i]} bytes exceed its reserved "
                              f"{tops[i]} bytes")
         cur[i] = values[i]
         top[i] = tops[i]
     a._granule = be.granularity()
+    table_into(&a._layout, sizes.buffers)
     rc = mt_layout_plan_reserved(&a._layout, cur, top, u64_arg(a._max_tokens, "max_batch_tokens", 1),
                                  a._granule, a._debug.guard_bytes if a._debug is not None else 0)
     if rc == MT_ERR_OVERFLOW:
@@ -62,7 +63,7 @@ cdef int build(BufferArena a, object sizes, object top_sizes) except -1:
         raise ValueError(f"granularity {a._granule} of {be!r} is not a power of two >= 256")
     a._reserved = True
     a._top_sizes = top_sizes
-    a._bytes = values
+    a._set_bytes(values)
     if a._layout.slab_bytes:
         try:
             be.reserve(a._layout.slab_bytes, &base)
@@ -80,12 +81,11 @@ cdef int build(BufferArena a, object sizes, object top_sizes) except -1:
             if freed:
                 a._base = 0
             raise
-    a._ptrs = a._pointers(True)
+    a._set_ptrs(a._pointers(True))
     logger().info("buffer arena for max_batch_tokens=%d: %.1f MiB mapped of a %.1f MiB "
-                  "reservation (total_bytes() %.1f MiB; attn_output %d bytes, ssm_deinterleaved "
-                  "%d bytes, kv_lora_rank %d)", a._max_tokens, committed(a) / 1048576.0,
-                  a._layout.slab_bytes / 1048576.0, sizes.total_bytes() / 1048576.0,
-                  sizes.attn_output, sizes.ssm_deinterleaved, a._config.kv_lora_rank)
+                  "reservation (total_bytes() %.1f MiB; %d buffers)", a._max_tokens,
+                  committed(a) / 1048576.0, a._layout.slab_bytes / 1048576.0,
+                  sizes.total_bytes() / 1048576.0, len(sizes))
     return 0
 
 
@@ -100,7 +100,7 @@ cdef int commit(BufferArena a) except -1:
     """Map what the current sizes need and is not mapped: one physical handle
     per run of adjacent missing granules.  On failure the chunks this call
     mapped are unmapped again and the error propagates."""
-    cdef mt_range need[MT_NBUF]
+    cdef mt_range need[MT_MAX_BUFFERS]
     cdef mt_range *have = NULL
     cdef mt_range *gaps = NULL
     cdef int nneed, nhave = len(a._chunks), ngaps, i
@@ -145,7 +145,7 @@ cdef int commit(BufferArena a) except -1:
 cdef int trim(BufferArena a) except -1:
     """Unmap the chunks the current sizes no longer touch (the device's work
     waited for first)."""
-    cdef mt_range need[MT_NBUF]
+    cdef mt_range need[MT_MAX_BUFFERS]
     cdef int nneed = mt_commit_needed(&a._layout, a._granule, need)
     idle = [c for c in a._chunks if not mt_chunk_needed(need, nneed, c[0], c[1])]
     if idle:
@@ -157,17 +157,17 @@ cdef int trim(BufferArena a) except -1:
 
 
 cdef int zero_fresh(BufferArena a, bint whole) except -1:
-    """Zero norm_unit_w (and, when `whole`, the zero_all set, in one fused
-    operation): what a new or woken arena starts from."""
-    cdef mt_range r[MT_NBUF]
+    """Zero the buffers filled with zeros at construction (norm_unit_w; and,
+    when `whole`, the zero_all set, in one fused operation): what a new or
+    woken arena starts from."""
+    cdef mt_range r[MT_MAX_BUFFERS]
     cdef int n
     cdef Backend be = a._gpu
     if whole:
         n = mt_group_ranges(&a._layout, MT_IN_ZERO_ALL, r)
         if n:
             be.zero_ranges(a._base, r, n, 0)
-    if a._layout.size[_NORM]:
-        be.memset(a._base + a._layout.offset[_NORM], a._layout.size[_NORM], 0)
+    init_zero(a)
     be.sync(0)
     return 0
 
@@ -289,9 +289,9 @@ def _arena_resize(BufferArena a, max_batch_tokens=None, max_seq_len=None, kv_blo
         The arena has no reservation or is released, or the backend
         failed.
     """
-    cdef uint64_t cur[MT_NBUF]
-    cdef uint64_t old[MT_NBUF]
-    cdef int i
+    cdef uint64_t cur[MT_MAX_BUFFERS]
+    cdef uint64_t old[MT_MAX_BUFFERS]
+    cdef int i, n = a._layout.n
     if not a._reserved:
         raise MetraleError("resize: the arena has no reservation (build it with reserve=...)")
     if sizes is not None:
@@ -300,6 +300,8 @@ def _arena_resize(BufferArena a, max_batch_tokens=None, max_seq_len=None, kv_blo
                             "and max_batch_size), not both")
         if not isinstance(sizes, BufferSizes):
             raise TypeError(f"sizes must be a BufferSizes, got {type(sizes).__name__}")
+        if sizes.buffers != a._buffers:
+            raise ValueError("resize: sizes are for another buffer set than the arena's")
         lim = sizes.limits
         if lim is not None:         # limits recorded: derived, and a mismatch refused
             if lim.tp_size != a._tp:
@@ -329,26 +331,30 @@ def _arena_resize(BufferArena a, max_batch_tokens=None, max_seq_len=None, kv_blo
                                  f"{_LIMITS[k]}={a._top_limits[k]}")
         mbt, mbs = limits[0], limits[3]
         new_sizes = BufferSizes.from_config(a._model, *limits, target=a._gpu.target(),
-                                            env=a._sizes.levers(), tp_size=a._tp)
+                                            env=a._sizes.levers(), tp_size=a._tp,
+                                            buffers=a._buffers)
     decode_meta = DecodeMetaLayout.for_max_batch_size(mbs)
-    values, tops = new_sizes.as_tuple(), a._top_sizes.as_tuple()
-    for i in range(MT_NBUF):
+    names, values, tops = a._buffers.names, new_sizes.as_tuple(), a._top_sizes.as_tuple()
+    for i in range(n):
         if values[i] > tops[i]:
-            raise ValueError(f"resize: {BUFFER_NAMES[i]} needs {values[i]} bytes, above "
+            raise ValueError(f"resize: {names[i]} needs {values[i]} bytes, above "
                              f"its reserved {tops[i]} bytes")
         cur[i] = values[i]
     begin(a, "resize")
     try:
-        for i in range(MT_NBUF):
+        for i in range(n):
             old[i] = a._layout.size[i]
         old_mbt = a._layout.max_batch_tokens
-        norm_grew = cur[_NORM] > old[_NORM]
+        init_grew = False
+        for x in a._buffers.groups["init_zero"]:
+            i = a._index[x]
+            init_grew = init_grew or cur[i] > old[i]
         if mt_layout_resize(&a._layout, cur, mbt, a._granule) != MT_OK:
             raise ValueError("resize: a size exceeds its reserved room")
         if not a._sleeping:         # asleep: wake maps for the new limits
             try:
                 commit(a)           # grow first: on failure the arena is as before
-                if norm_grew:
+                if init_grew:
                     zero_fresh(a, False)
                 refill_guards(a)    # the bands after the buffers' new ends
             except BaseException:
@@ -359,7 +365,7 @@ def _arena_resize(BufferArena a, max_batch_tokens=None, max_seq_len=None, kv_blo
                     logger().warning("buffer arena: unmapping after a failed resize failed: %s", e)
                 raise
         a._sizes = new_sizes
-        a._bytes = values
+        a._set_bytes(values)
         a._max_tokens = mbt
         a._decode_meta = decode_meta
         a._max_seqs = mbs
@@ -403,7 +409,7 @@ def _arena_sleep(BufferArena a, keep=()):
     """
     cdef void *host = NULL
     cdef Backend be = a._gpu
-    ids = buffer_ids(keep, "keep")
+    ids = buffer_ids(keep, "keep", a._buffers)
     begin(a, "sleep")
     try:
         if a._sleeping:
@@ -435,7 +441,8 @@ def _arena_sleep(BufferArena a, keep=()):
 def _arena_wake(BufferArena a):
     """Map physical memory again at the same addresses after `sleep`.
 
-    Zeroes the zero_all set (one fused operation) and norm_unit_w, then
+    Zeroes the zero_all set (one fused operation) and norm_unit_w (the
+    buffers filled with zeros at construction), then
     restores the buffers `sleep` kept (a kept buffer of the zero_all set
     gets its kept contents; after a resize while asleep, up to the
     buffer's new size); every other buffer's contents

@@ -25,14 +25,11 @@ from metrale._life cimport (
     mt_life_unexport, raise_life, wait_life)
 from metrale._debug_core cimport MT_GUARD_BYTE
 
-from metrale._buffers import BUFFER_INDEX
 from metrale.errors import MetraleError
 from metrale.sizes import _DECODE_META_OFFSET, _STEP_COUNT_OFFSET, kv_blocks_per_seq
 
 # Private constructor key: step inputs come from BufferArena.step_inputs().
 cdef object _TOKEN = object()
-cdef int _ID_TOKEN_IDS = BUFFER_INDEX["token_ids"]
-cdef int _ID_SCRATCH = BUFFER_INDEX["scratch"]
 
 # numpy dtype name -> the values it holds, for the range check of fill().
 _INT_RANGES = {"uint32": (0, 2**32 - 1), "int32": (-2**31, 2**31 - 1),
@@ -191,25 +188,26 @@ Pinned host staging for one step's inputs, uploaded with one copy.
             raise TypeError("StepInputs is made by BufferArena.step_inputs()")
         self._views = {}
 
-    cdef int _build(self, BufferArena arena, uint64_t max_blocks) except -1:
-        cdef uint64_t tok = arena._layout.offset[_ID_TOKEN_IDS], scr = arena._layout.offset[_ID_SCRATCH]
+    cdef int _build(self, BufferArena arena, uint64_t max_blocks, int ids, int scratch) except -1:
+        cdef uint64_t tok = arena._layout.offset[ids], scr = arena._layout.offset[scratch]
         cdef uint64_t span, i
         cdef _Staging staging
         layout = arena._decode_meta
         meta = layout.meta_bytes(max_blocks)        # a Python int: may exceed 64 bits
-        if _DECODE_META_OFFSET + meta > arena._layout.size[_ID_SCRATCH]:
+        if _DECODE_META_OFFSET + meta > arena._layout.size[scratch]:
             raise ValueError(f"max_blocks={max_blocks}: the decode metadata ({meta} bytes at "
                              f"scratch + {_DECODE_META_OFFSET}) does not fit scratch "
-                             f"({arena._layout.size[_ID_SCRATCH]} bytes)")
-        if arena._layout.size[_ID_TOKEN_IDS] == 0 or scr < tok:
-            raise MetraleError("this arena's slab does not place scratch after token_ids")
+                             f"({arena._layout.size[scratch]} bytes)")
+        if arena._layout.size[ids] == 0 or arena._layout.size[scratch] == 0 or scr < tok:
+            raise MetraleError("step_inputs: this arena's token_ids or scratch is empty, or its "
+                               "slab does not place scratch after token_ids")
         span = scr - tok + _DECODE_META_OFFSET + meta
         self._arena = arena
         self._gpu = arena._gpu
         self.layout = layout
         self.max_blocks = max_blocks
         # token_ids' rows: max_batch_tokens, unless from_sizes gave it fewer bytes
-        self.max_batch_tokens = min(arena._layout.size[_ID_TOKEN_IDS] // 4, arena._layout.max_batch_tokens)
+        self.max_batch_tokens = min(arena._layout.size[ids] // 4, arena._layout.max_batch_tokens)
         self._built_at = arena._reshapes
         self._dst = arena._base + tok
         self._count_off = scr - tok + _STEP_COUNT_OFFSET
@@ -234,12 +232,13 @@ Pinned host staging for one step's inputs, uploaded with one copy.
         # A debug arena's guard band after token_ids lies in the span: the
         # staging carries its pattern, so an upload leaves it intact.
         if arena._layout.guard:
-            for i in range(arena._layout.size[_ID_TOKEN_IDS], scr - tok):
+            for i in range(arena._layout.size[ids], scr - tok):
                 self._host[i] = MT_GUARD_BYTE(tok + i)
         self._gpu.event_create(&self._event)
         self._has_event = True
         # The zeroing upload() enqueues spares the span: it was just written.
-        mt_rows_args_init(&arena._layout, tok, tok + span, &self._rows)
+        if mt_rows_args_init(&arena._layout, tok, tok + span, &self._rows) < 0:
+            raise MetraleError("step_inputs: more zero_all buffers than one launch holds")
         self._rows.base = arena._base
         self._rows.count_at = self._dst + self._count_off
         return 0
@@ -595,9 +594,16 @@ def _arena_step_inputs(BufferArena a, max_blocks=None):
     OutOfMemoryError
         The pinned host memory was refused.
     MetraleError
-        The arena is released or sleeps.
+        The arena's buffer set lacks ``token_ids`` or ``scratch`` (the
+        message names which), or the arena is released or sleeps.
     """
     cdef StepInputs st
+    ids, scratch = a._index.get("token_ids"), a._index.get("scratch")
+    if ids is None or scratch is None:
+        missing = " and ".join(n for n, i in (("token_ids", ids), ("scratch", scratch)) if i is None)
+        raise MetraleError(f"step_inputs: the arena's buffer set has no {missing}: the step "
+                           "inputs upload the token ids into token_ids and the count and decode "
+                           "metadata into scratch (add them to the set: docs/buffer-sets.md)")
     if max_blocks is None:
         if a._limits is None:
             raise TypeError("step_inputs: the arena's sizes record no max_seq_len and "
@@ -607,7 +613,7 @@ def _arena_step_inputs(BufferArena a, max_blocks=None):
     a._enter(None)
     try:
         st = StepInputs.__new__(StepInputs, _TOKEN)
-        st._build(a, blocks)
+        st._build(a, blocks, ids, scratch)
     finally:
         mt_life_leave(a._life)
     return st

@@ -1,6 +1,7 @@
 # cython: language_level=3, binding=False
 """What a BufferArena holds, as values: each buffer as a `BufferInfo`
-(`arena.buffers`, a read-only mapping), the whole arena as an `ArenaSummary`
+(`arena.buffers`, a read-only mapping), its pointers as one attribute each
+(`arena.ptrs`, an `ArenaPointers`), the whole arena as an `ArenaSummary`
 (`arena.summary()`; ``str()`` is a short report) and as the flat counters of
 `arena.memory_stats()` for exporters, and the process's arenas
 (`metrale.stats()`).  BufferArena forwards `buffers`, `summary` and
@@ -10,14 +11,12 @@
 cimport cython
 
 from metrale._arena cimport BufferArena, live_arenas
-from metrale._core cimport MT_NBUF
 from metrale._life cimport mt_life_exports
 from metrale._life cimport mt_life_released
 from metrale._view cimport buffer_dtypes
 
 from collections.abc import Mapping
 
-from metrale._buffers import BUFFER_INDEX, BUFFER_NAMES, GROUPS
 from metrale._record import Record
 
 # Private constructor key: ArenaBuffers come from BufferArena.buffers.
@@ -38,9 +37,9 @@ class BufferInfo(Record):
     offset : int or None
         Offset from the start of the slab; None for an empty buffer.
     dtype : str or None
-        Element type, as the catalogue records it (``"bfloat16"``,
+        Element type, as its spec records it (``"bfloat16"``,
         ``"float32"``, ``"float8_e4m3fn"``, ``"int8"``, ``"int32"``,
-        ``"uint32"``); None where the buffer holds raw bytes, mixed
+        ``"uint32"`` ...); None where the buffer holds raw bytes, mixed
         elements or q8_1 blocks (docs/buffers.md says what instead).
     """
 
@@ -159,8 +158,9 @@ class ArenaSummary(Record):
 cdef class ArenaBuffers:
     """The buffers of an arena as a read-only mapping: name -> `BufferInfo`.
 
-    Iterates in canonical order over all 46 names, empty buffers included
-    (pointer 0); ``name in arena.buffers``, ``len(arena.buffers) == 46``.
+    Iterates in the set's order over all its names (46 for `REFERENCE`),
+    empty buffers included (pointer 0); ``name in arena.buffers``,
+    ``len(arena.buffers)``.
     A lookup gives the buffer as it is now: after a `resize` its new size,
     after `release` pointer 0.  Got from `BufferArena.buffers`.
     """
@@ -200,24 +200,24 @@ cdef class ArenaBuffers:
             return default
 
     def __iter__(self):
-        return iter(BUFFER_NAMES)
+        return iter(self._arena._buffers.names)
 
     def __len__(self):
-        return MT_NBUF
+        return len(self._arena._buffers)
 
     def __contains__(self, name):
-        return isinstance(name, str) and name in BUFFER_INDEX
+        return isinstance(name, str) and name in self._arena._index
 
     def keys(self):
-        """The buffer names, in canonical order (a keys view)."""
+        """The buffer names, in the set's order (a keys view)."""
         return self._current().keys()
 
     def items(self):
-        """(name, `BufferInfo`) pairs, in canonical order (an items view)."""
+        """(name, `BufferInfo`) pairs, in the set's order (an items view)."""
         return self._current().items()
 
     def values(self):
-        """The `BufferInfo` of every buffer, in canonical order (a values view)."""
+        """The `BufferInfo` of every buffer, in the set's order (a values view)."""
         return self._current().values()
 
     def __eq__(self, other):
@@ -228,7 +228,7 @@ cdef class ArenaBuffers:
     __hash__ = None
 
     def __repr__(self):
-        return f"<ArenaBuffers of {self._arena!r}: {MT_NBUF} buffers>"
+        return f"<ArenaBuffers of {self._arena!r}: {len(self._arena._buffers)} buffers>"
 
 
 Mapping.register(ArenaBuffers)
@@ -239,11 +239,12 @@ cdef dict infos(BufferArena a):
     changed: the arena replaces its pointer and size tuples whenever one does."""
     if a._infos is None or a._infos_of[0] is not a._ptrs or a._infos_of[1] is not a._bytes:
         of = (a._ptrs, a._bytes)
-        dtypes = buffer_dtypes()
-        a._infos = {BUFFER_NAMES[i]: BufferInfo(BUFFER_NAMES[i], a._ptrs[i], a._bytes[i],
-                                                a._layout.offset[i] if a._layout.size[i] else None,
-                                                dtypes[i])
-                    for i in range(MT_NBUF)}
+        dtypes = buffer_dtypes(a._buffers)
+        names = a._buffers.names
+        a._infos = {names[i]: BufferInfo(names[i], a._ptrs[i], a._bytes[i],
+                                         a._layout.offset[i] if a._layout.size[i] else None,
+                                         dtypes[i])
+                    for i in range(a._layout.n)}
         a._infos_of = of
     return a._infos
 
@@ -267,10 +268,11 @@ def _arena_summary(BufferArena a):
     return ArenaSummary(
         repr(a._gpu), a._max_tokens, a._layout.slab_bytes, a._sizes.total_bytes(),
         sum(1 for v in a._bytes if v),
-        tuple(BUFFER_NAMES[i] for i in range(MT_NBUF) if not a._bytes[i]),
+        tuple(n for n, v in zip(a._buffers.names, a._bytes) if not v),
         (a._layout.zero_all.offset, a._layout.zero_all.length),
         (a._layout.zero_prefill.offset, a._layout.zero_prefill.length),
-        {g: GROUPS[g] for g in ("zero_all", "prefill", "rows", "checksum")},
+        {g: m for g, m in a._buffers.groups.items()
+         if g in ("zero_all", "prefill", "rows", "checksum")},
         a._sizes.levers(), bool(mt_life_released(a._life)), bool(a._reserved),
         a.committed_bytes(), bool(a._sleeping), a._layout.guard, len(a._orphans),
         _arena_max_seq_len(a), _arena_kv_block_size(a), a._max_seqs, a._tp)
@@ -384,14 +386,14 @@ def _arena_memory_stats(BufferArena a):
         "reserved_bytes": a._layout.slab_bytes if a._reserved else 0,
         "committed_bytes": a.committed_bytes(),
         "peak_committed_bytes": a._peak,
-        "buffer_bytes": dict(zip(BUFFER_NAMES, a._bytes)),
+        "buffer_bytes": dict(zip(a._buffers.names, a._bytes)),
         "physical_handles": len(a._chunks),
         "unreleased_handles": len(a._orphans),
         "kept_bytes": sum(k[2] for k in a._kept),
         "exported_handles": a._peers.exported if a._peers is not None else 0,
         "imported_handles": imported[0],
         "imported_bytes": imported[1],
-        "live_views": sum(mt_life_exports(a._life, i) for i in range(MT_NBUF)),
+        "live_views": sum(mt_life_exports(a._life, i) for i in range(a._layout.n)),
         "reserved": bool(a._reserved),
         "sleeping": bool(a._sleeping),
         "released": bool(mt_life_released(a._life)),
@@ -422,3 +424,45 @@ def stats():
             out[key] += m[key]
         out["sleeping"] += m["sleeping"]
     return out
+
+
+class ArenaPointers:
+    """An arena's pointers, one attribute per buffer of its set, got from
+    `BufferArena.ptrs` (``arena.ptrs.sampler_ws``): each one attribute load.
+
+    Read-only to its users; the arena updates it, so it always holds the
+    pointers as they are now (0 for an empty buffer, 0 for every buffer
+    once the arena is released).  Iterating gives (name, pointer) pairs in
+    the set's order.  Each buffer set has its own subclass, whose slots are
+    the set's names.
+    """
+
+    __slots__ = ()
+
+    def __setattr__(self, name, value):
+        raise AttributeError("ArenaPointers is read-only (the arena updates it)")
+
+    def __delattr__(self, name):
+        raise AttributeError("ArenaPointers is read-only (the arena updates it)")
+
+    def __iter__(self):
+        return ((n, getattr(self, n)) for n in self.__slots__)
+
+    def __reduce__(self):
+        raise TypeError("ArenaPointers cannot be pickled: its pointers are this process's")
+
+    def __repr__(self):
+        shown = ", ".join(f"{n}={getattr(self, n):#x}" for n in self.__slots__[:4])
+        more = ", ..." if len(self.__slots__) > 4 else ""
+        return f"<ArenaPointers of {len(self.__slots__)} buffers: {shown}{more}>"
+
+
+def _pointer_table(buffers):
+    """A new pointer table for a BufferSet (its class made once per set);
+    the arena fills it."""
+    cls = buffers._cache.get("pointers_class")
+    if cls is None:
+        cls = buffers._cache["pointers_class"] = type(
+            "ArenaPointers", (ArenaPointers,), {"__slots__": buffers.names,
+                                                "__module__": "metrale._summary"})
+    return object.__new__(cls)

@@ -14,5 +14,6 @@ cdef class ArenaView:
     cdef int _dev_type, _dev_id, _code, _bits, _buf
     cdef mt_life *_life           # the arena's, once this view is counted in it
 
-# Each buffer's element type name by id (the catalogue's; None where untyped).
-cdef tuple buffer_dtypes()
+# Each buffer's element type name by id in a BufferSet (its spec's; None where
+# untyped).
+cdef tuple buffer_dtypes(object buffers)

@@ -18,25 +18,15 @@ from metrale._core cimport MT_LIFE_OK, mt_life
 from metrale._life cimport mt_life_export, mt_life_released, mt_life_unexport, raise_life
 from metrale._dlpack cimport DLManagedTensor, DLManagedTensorVersioned, DLTensor
 
-from metrale._buffers import BUFFER_INDEX, BUFFER_NAMES
 from metrale.errors import MetraleError
 from metrale.moe import MoeFp8Scratch, moe_fp8_layout
-
-cdef int _MOE_SCRATCH = BUFFER_INDEX["moe_fp8_scratch"]
 
 # Private constructor key: views come from BufferArena.view().
 cdef object _TOKEN = object()
 
 
-cdef tuple _dtype_names = None
-
-
-cdef tuple buffer_dtypes():
-    global _dtype_names
-    if _dtype_names is None:
-        from metrale.catalogue import CATALOGUE
-        _dtype_names = tuple(CATALOGUE[n].dtype for n in BUFFER_NAMES)
-    return _dtype_names
+cdef tuple buffer_dtypes(object buffers):
+    return tuple(s.dtype for s in buffers)
 
 
 def _arena_view(BufferArena a, name, dtype=None, shape=None):
@@ -52,20 +42,20 @@ def _arena_view(BufferArena a, name, dtype=None, shape=None):
     Parameters
     ----------
     name : str
-        The buffer (one of ``metrale.sizes.BUFFER_NAMES``).
+        A buffer of the arena's set.
     dtype : str, numpy.dtype, type or torch.dtype, optional
         Element type, as numpy reads it (``'float32'``, ``'<f4'``,
         ``np.float16``, ``float`` is float64), or ``'bfloat16'``,
         ``'float8_e4m3fn'``, ``'float8_e5m2'``.  None (the default): the
-        buffer's own element type (``buffers[name].dtype``, from
-        docs/buffers.md); a buffer of raw bytes or mixed elements has
-        none and needs one given.
+        buffer's own element type (``buffers[name].dtype``, its spec's;
+        docs/buffers.md for the reference buffers); a buffer of raw bytes
+        or mixed elements has none and needs one given.
     shape : int or tuple of int, optional
         Row-major shape; at most the buffer's bytes.  None: with `dtype`
         given, all of it, 1-D; with neither, the buffer's own shape at
         the arena's limits (``[max_batch_tokens, hidden_size]`` for
         ``hidden_states``, per rank), or all of it, 1-D, where the
-        buffer has no exact shape (docs/buffers.md).
+        buffer's spec has no exact shape.
 
     Returns
     -------
@@ -79,16 +69,16 @@ def _arena_view(BufferArena a, name, dtype=None, shape=None):
     MetraleError
         The arena is released, or the buffer is empty and the shape not.
     """
-    if not isinstance(name, str):
+    if type(name) is not str:      # a str subclass could run code in the lookup
         raise TypeError(f"name must be a str, got {type(name).__name__}")
-    i = BUFFER_INDEX.get(name)
+    i = a._index.get(name)
     if i is None:
-        raise ValueError(f"unknown buffer name {name!r}")
+        raise ValueError(f"name: {a._buffers._unknown(name)}")
     if dtype is None:
-        dtype = buffer_dtypes()[i]
+        dtype = a._buffers.specs[i].dtype
         if dtype is None:
             raise TypeError(f"view: {name} holds raw bytes or mixed elements and has no "
-                            "element type of its own (docs/buffers.md): give a dtype")
+                            "element type of its own (its spec's dtype is None): give a dtype")
         if shape is None:
             shape = _own_shape(a, name)
     request = view_request(dtype, shape)       # may run user code: before anything is read
@@ -96,7 +86,7 @@ def _arena_view(BufferArena a, name, dtype=None, shape=None):
     if rc != MT_LIFE_OK:
         raise_life(rc, "the buffer arena", "view")
     try:        # counted: no reshape can change the buffer until the view is gone
-        return make_view(a, a._life, i, a._bytes[i], a._ptrs[i], a._gpu.device_type,
+        return make_view(a, a._life, i, name, a._bytes[i], a._ptrs[i], a._gpu.device_type,
                          a._gpu.device_id, request)
     except BaseException:
         mt_life_unexport(a._life, i)
@@ -104,18 +94,18 @@ def _arena_view(BufferArena a, name, dtype=None, shape=None):
 
 
 cdef object _own_shape(BufferArena a, str name):
-    """The catalogue's shape of buffer `name` at the arena's limits, or None
+    """The spec's shape of buffer `name` at the arena's limits, or None
     (then the view is 1-D) where it has none or the limits are unknown."""
     if a._limits is None:
         return None
-    from metrale.catalogue import CATALOGUE, shape_of, symbols
+    from metrale.catalogue import shape_of, symbols
     values = symbols(a._config, *a._limits, target=a._gpu.target(), env=a._sizes.levers())
-    shape = shape_of(name, values)
+    shape = shape_of(name, values, buffers=a._buffers)
     if shape is not None:
-        n = CATALOGUE[name].itemsize
+        n = a._buffers[name].itemsize
         for d in shape:
             n *= d
-        if n > a._bytes[BUFFER_INDEX[name]]:
+        if n > a._bytes[a._index[name]]:
             return None     # sizes made for another target or by hand: 1-D, all of it
     return shape
 
@@ -158,12 +148,14 @@ def _arena_moe_fp8_scratch(BufferArena a, config, rows):
     if hit is not None and not released:
         return hit
     layout = moe_fp8_layout(config, rows)      # checks config and rows
-    cap, base = a._bytes[_MOE_SCRATCH], a._ptrs[_MOE_SCRATCH]
+    i = a._index.get("moe_fp8_scratch")
+    cap, base = (0, 0) if i is None else (a._bytes[i], a._ptrs[i])
     if rows > a._max_tokens or layout.bytes == 0 or layout.bytes > cap or base == 0:
         raise MetraleError(
             f"FP8 MoE scratch does not fit the arena: rows={rows} (max_batch_tokens="
             f"{a._max_tokens}) needs {layout.bytes} bytes, capacity {cap} bytes"
-            + (" (the arena was released)" if released else ""))
+            + (" (the arena was released)" if released else "")
+            + (" (its buffer set has no moe_fp8_scratch)" if i is None else ""))
     small = layout.small_bytes > 0
     result = MoeFp8Scratch(
         base, base + layout.scale, base + layout.worklist, base + layout.counter,
@@ -182,8 +174,8 @@ cdef tuple view_request(object dtype, object shape):
     return info, None if shape is None else _dims(shape, info[3] // 8)
 
 
-cdef ArenaView make_view(object arena, mt_life *life, int buf, uint64_t nbytes, object ptr,
-                         int dev_type, int dev_id, tuple request):
+cdef ArenaView make_view(object arena, mt_life *life, int buf, str name, uint64_t nbytes,
+                         object ptr, int dev_type, int dev_id, tuple request):
     """A view of `request` over buffer `buf`; the caller has counted its
     export in `life` (the view then owns it; on an exception the caller
     still does) and read `nbytes` and `ptr` after counting it."""
@@ -191,7 +183,6 @@ cdef ArenaView make_view(object arena, mt_life *life, int buf, uint64_t nbytes, 
     info, dims = request
     dname, typestr, code, bits = info
     item = bits // 8
-    name = BUFFER_NAMES[buf]
     shape, count = _fit(dims, nbytes, item, name)
     v = ArenaView.__new__(ArenaView, _TOKEN)
     # Counted: the pointer stays valid until this view is gone.

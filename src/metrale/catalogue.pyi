@@ -1,7 +1,9 @@
 from typing import Any, Mapping, SupportsIndex
 
 from metrale._record import Record
+from metrale.buffers import BufferSet, BufferSpec
 from metrale.config import ModelConfig
+from metrale.formulas import SYMBOLS as SYMBOLS, TERMS as TERMS, Symbol as Symbol, Term as Term
 from metrale.sizes import BufferSizes, Target
 
 __all__ = [
@@ -13,33 +15,7 @@ __all__ = [
 DTYPE_ITEMSIZE: dict[str, int]
 DEFAULT_LIMITS: tuple[int, int, int, int]
 
-class Entry(Record):
-    name: str
-    holds: str
-    dtype: str | None
-    itemsize: int | None
-    dtype_note: str
-    shape: str
-    shape_exact: bool
-    shape_when: str | None
-    formula: str
-    words: str
-    floor: int | None
-    families: str
-    empty: str
-
-class Symbol(Record):
-    name: str
-    meaning: str
-    fields: tuple[str, ...]
-    limits: tuple[str, ...]
-    target: tuple[str, ...]
-    levers: tuple[str, ...]
-
-class Term(Record):
-    name: str
-    expr: str
-    meaning: str
+Entry = BufferSpec
 
 class Dependencies(Record):
     fields: tuple[str, ...]
@@ -47,24 +23,23 @@ class Dependencies(Record):
     target: tuple[str, ...]
     levers: tuple[str, ...]
 
-CATALOGUE: dict[str, Entry]
-SYMBOLS: tuple[Symbol, ...]
-TERMS: tuple[Term, ...]
+CATALOGUE: dict[str, BufferSpec]
 
 def symbols(config: ModelConfig, max_batch_tokens: SupportsIndex, max_seq_len: SupportsIndex,
             kv_block_size: SupportsIndex, max_batch_size: SupportsIndex,
             target: Target | None = None,
             env: Mapping[str, str] | None = None) -> dict[str, Any]: ...
-def evaluate(name: str, values: Mapping[str, Any]) -> int: ...
-def shape_of(name: str, values: Mapping[str, Any]) -> tuple[int, ...] | None: ...
-def terms_of(name: str) -> tuple[str, ...]: ...
-def dependencies(name: str) -> Dependencies: ...
-def membership(name: str) -> dict[str, Any]: ...
-def levers_of(name: str) -> tuple[str, ...]: ...
+def evaluate(name: str, values: Mapping[str, Any], *, buffers: BufferSet | None = None) -> int: ...
+def shape_of(name: str, values: Mapping[str, Any], *, buffers: BufferSet | None = None) -> tuple[int, ...] | None: ...
+def terms_of(name: str, *, buffers: BufferSet | None = None) -> tuple[str, ...]: ...
+def dependencies(name: str, *, buffers: BufferSet | None = None) -> Dependencies: ...
+def membership(name: str, *, buffers: BufferSet | None = None) -> dict[str, Any]: ...
+def levers_of(name: str, *, buffers: BufferSet | None = None) -> tuple[str, ...]: ...
 def explain(name: str, sizes: BufferSizes | None = None, config: ModelConfig | None = None, *,
             max_batch_tokens: SupportsIndex | None = None,
             max_seq_len: SupportsIndex | None = None,
             kv_block_size: SupportsIndex | None = None,
             max_batch_size: SupportsIndex | None = None,
             target: Target | None = None,
-            env: Mapping[str, str] | None = None) -> str: ...
+            env: Mapping[str, str] | None = None,
+            buffers: BufferSet | None = None) -> str: ...

@@ -7,19 +7,19 @@ Pure Python with exact integer arithmetic; no allocation, no GPU contact.
 import os
 from collections.abc import Mapping
 
-from ._buffers import BUFFER_INDEX, BUFFER_NAMES, GROUPS
 from ._common import check_index
-from ._math import U64_MAX, cdiv, ceil_to
+from .buffers import BufferSet
+from ._math import U64_MAX
 from ._record import Record
 from .config import ModelConfig
 from .levers import LEVERS, lever_on
-from .moe import moe_fp8_layout
+from .reference import REFERENCE
 
 __all__ = [
     "BUFFER_NAMES", "BufferSizes", "DecodeMetaLayout", "SizingLimits", "Target",
     "GATEUP_FUSED_MAX_M", "DECODE_META_MIN_ROWS", "DECODE_META_MAX_ROWS",
     "Q12_SIZING_STREAMS", "VERIFY_ROW_CAP", "SPLITK_POLICIES", "resolve_splitk",
-    "kv_blocks_per_seq",
+    "kv_blocks_per_seq", "REFERENCE",
 ]
 
 GATEUP_FUSED_MAX_M = 16
@@ -32,16 +32,10 @@ _DECODE_META_OFFSET = 32_768   # batched decode / verify metadata inside `scratc
 # The int32 token count StepInputs uploads: the last 16 bytes before the decode
 # metadata, inside the 32 KiB the sizing reserves ahead of it.
 _STEP_COUNT_OFFSET = _DECODE_META_OFFSET - 16
-_SCRATCH_FLOOR = 65_536
-_FLOOR = 256
-_Q8_SLACK = 1 << 20
 _MAX_DECODE_SPLITS = 16
-_SPLITK_TARGET_WAVES = 2
 
-# The buffer names in canonical order (the numbering of docs/buffers.md), index
-# i being buffer id i of the C core, and which ones total_bytes() counts: from
-# the buffer table (src/buffers.h), through the module generated from it.
-_TOTALLED = tuple(BUFFER_INDEX[n] for n in GROUPS["total"])
+# The reference buffer names in canonical order (the numbering of docs/buffers.md).
+BUFFER_NAMES = REFERENCE.names
 
 
 # -- Target and split-K ---------------------------------------------------------
@@ -156,36 +150,6 @@ def _splitk_override(raw):
         # of thousands of digits would raise instead.
         return v if len(v) <= 4 else str(_MAX_DECODE_SPLITS)
     return None
-
-
-def splitk_slots(target, env, num_heads, rows):
-    """Slots of the split-K workspace (each ``head_dim + 2`` float32 values).
-
-    Parameters
-    ----------
-    target : Target
-        The device's target.
-    env : mapping
-        Where METRALE_ATTN_DECODE_SPLITK is read (only ``env.get`` is called).
-    num_heads : int
-        Query heads.
-    rows : int
-        The widest decode batch (the decode metadata's rows).
-
-    Returns
-    -------
-    int
-        ``max(sm_count, 1)`` under the legacy policy; otherwise
-        rows x heads x splits (at least 1 of each), with at most 16 splits.
-    """
-    policy, n = resolve_splitk(target, env)
-    if policy == "legacy":
-        return max(target.sm_count, 1)
-    heads = max(num_heads, 1)
-    if policy == "auto":
-        n = cdiv(_SPLITK_TARGET_WAVES * target.sm_count, heads)
-    splits = min(max(n, 1), _MAX_DECODE_SPLITS)
-    return max(rows, 1) * heads * splits
 
 
 # -- DecodeMetaLayout ------------------------------------------------------------
@@ -362,50 +326,6 @@ def kv_blocks_per_seq(max_seq_len, kv_block_size):
     return 256 if kv_block_size == 0 else max_seq_len // kv_block_size + 1
 
 
-# -- scratch -----------------------------------------------------------------------
-
-def _q12(n, c, k, ps):
-    t = n * c
-    return (ceil_to(8 * t * k, 64) + n * max(16 * c + 64, 4096) + ps * ceil_to(4 * t, 8)
-            + ceil_to(8 * t, 8) + 2 * ceil_to(8 * n, 8) + ceil_to(4 * (n + 1), 8)
-            + ceil_to(4 * n, 8) + 8 * n)
-
-
-def scratch_terms(config, M, B, R):
-    """The three layouts that share the ``scratch`` buffer, in bytes.
-
-    ``scratch`` is the largest of these (and at least 64 KiB): the prefill
-    routing and metadata, the batched decode / verify metadata (at offset
-    32,768), and the staging of the kernel-batched prefill over 8 streams.
-
-    Parameters
-    ----------
-    config : ModelConfig
-        The model shape (its top-k and M-RoPE streams are read).
-    M : int
-        max_batch_tokens.
-    B : int
-        KV blocks per sequence in the block tables.
-    R : int
-        Rows of the decode metadata.
-
-    Returns
-    -------
-    tuple of int
-        ``(prefill_term, decode_term, q12_term)``.
-    """
-    k = config.num_experts_per_tok
-    ps = 3 if config.mrope_interleaved else 1
-    o_s = ceil_to(4 * ps * M, 8)
-    o_b = ceil_to(o_s + 8 * M, 4)
-    o_l = ceil_to(o_b + 4 * B, 4)
-    prefill = 8 * M * k + o_l + 4
-    decode = _DECODE_META_OFFSET + max(24 * VERIFY_ROW_CAP + VERIFY_ROW_CAP * B * 4,
-                                       24 * R + R * B * 4)
-    q12 = _q12(Q12_SIZING_STREAMS, max(cdiv(M, Q12_SIZING_STREAMS), 1), k, ps)
-    return prefill, decode, q12
-
-
 # -- BufferSizes ---------------------------------------------------------------------
 
 def sizing_inputs(config, max_batch_tokens, max_seq_len, kv_block_size, max_batch_size,
@@ -480,45 +400,58 @@ class SizingLimits(Record):
 
 
 class BufferSizes(Mapping):
-    """The byte size of each of the 46 buffers of one forward pass.
+    """The byte size of each buffer of one forward pass.
 
-    One int attribute per buffer (``sizes.logits``), and a read-only mapping
-    of buffer name to bytes in canonical order (``sizes["logits"]``,
-    ``dict(sizes)``, ``len(sizes) == 46``).  Immutable; `replace` makes a
-    changed copy.  Usually made by `from_config`, which records the limits
-    it was given (`limits`); ``BufferSizes(**sizes)`` takes all 46 entries
-    and has no limits.  Two values are equal when their 46 sizes are.
+    A read-only mapping of buffer name to bytes in the order of its buffer
+    set (``sizes["logits"]``, ``dict(sizes)``, ``len(sizes)``), and one int
+    attribute per buffer (``sizes.logits``).  Immutable; `replace` makes a
+    changed copy.  Usually made by `from_config`, which records the set
+    (`buffers`) and the limits (`limits`) it was given;
+    ``BufferSizes(**sizes)`` takes the 46 sizes of `REFERENCE`, and
+    ``BufferSizes(buffers, **sizes)`` those of another set, with no limits.
+    Two values are equal when their sets and sizes are.
 
     Parameters
     ----------
+    buffers : BufferSet, optional
+        The set the sizes are for (positional only; default `REFERENCE`).
     **sizes : int
-        Bytes of every buffer, by name (all 46 names).
+        Bytes of every buffer of the set, by name.
 
     Raises
     ------
     TypeError
-        An entry is missing, unknown, or not an int.
+        An entry is missing, unknown, or not an int; `buffers` not a BufferSet.
     ValueError
         An entry is negative or does not fit 64 bits.
     """
 
-    __slots__ = ("_values", "_levers", "_limits")
+    __slots__ = ("_set", "_values", "_levers", "_limits")
 
-    def __init__(self, **sizes):
-        missing = [n for n in BUFFER_NAMES if n not in sizes]
+    def __init__(self, buffers=None, /, **sizes):
+        buffers = _buffer_set(buffers)
+        missing = [n for n in buffers.names if n not in sizes]
         if missing:
             raise TypeError(f"BufferSizes() missing entries: {', '.join(missing)}")
-        self._values = _validated(sizes)
+        self._set = buffers
+        self._values = _validated(buffers, sizes)
         self._levers = {}
         self._limits = None
 
     @classmethod
-    def _make(cls, values, levers=None, limits=None):
+    def _make(cls, values, levers=None, limits=None, buffers=None):
         self = object.__new__(cls)
+        self._set = REFERENCE if buffers is None else buffers
         self._values = values
         self._levers = levers or {}
         self._limits = limits
         return self
+
+    @property
+    def buffers(self):
+        """The buffer set these sizes are for (`BufferSet`; `REFERENCE` unless
+        another was given)."""
+        return self._set
 
     @property
     def limits(self):
@@ -534,21 +467,29 @@ class BufferSizes(Mapping):
         """
         return self._limits
 
-    # -- the mapping: name -> bytes, in canonical order ----------------------------
+    # -- the mapping: name -> bytes, in the set's order ------------------------------
     def __getitem__(self, name):
-        i = BUFFER_INDEX.get(name) if isinstance(name, str) else None
+        i = self._set._index.get(name) if isinstance(name, str) else None
         if i is None:
             raise KeyError(name)
         return self._values[i]
 
     def __iter__(self):
-        return iter(BUFFER_NAMES)
+        return iter(self._set.names)
 
     def __len__(self):
-        return len(BUFFER_NAMES)
+        return len(self._values)
 
     def __contains__(self, name):
-        return isinstance(name, str) and name in BUFFER_INDEX
+        return isinstance(name, str) and name in self._set._index
+
+    def __getattr__(self, name):
+        # The buffers of a set other than REFERENCE (whose names are properties).
+        i = self._set._index.get(name) if not name.startswith("_") else None
+        if i is None:
+            raise AttributeError(f"'BufferSizes' object has no attribute {name!r} (no buffer "
+                                 "of that name in its set)")
+        return self._values[i]
 
     def levers(self):
         """The environment levers in effect when these sizes were computed.
@@ -564,12 +505,13 @@ class BufferSizes(Mapping):
 
     @classmethod
     def from_config(cls, config, max_batch_tokens, max_seq_len, kv_block_size,
-                    max_batch_size, *, target=None, env=None, tp_size=1):
+                    max_batch_size, *, target=None, env=None, tp_size=1, buffers=None):
         """The size of every buffer for a model and its serving limits.
 
         Pure integer arithmetic: nothing is allocated and no GPU is touched;
-        the same arguments and lever values always give equal sizes.  The
-        formulas are in docs/buffers.md.
+        the same arguments and lever values always give equal sizes.  Each
+        size is its spec's formula (`BufferSpec.formula`; the reference
+        ones are in docs/buffers.md) evaluated for these inputs.
 
         Parameters
         ----------
@@ -596,30 +538,38 @@ class BufferSizes(Mapping):
             holds (default 1, the whole model): the sizes of
             ``config.shard(tp_size)`` (`ModelConfig.shard`,
             docs/tensor-parallel.md).
+        buffers : BufferSet, optional
+            The buffers to size (docs/buffer-sets.md); None means `REFERENCE`.
 
         Returns
         -------
         BufferSizes
-            The 46 sizes; `levers` tells which levers were in effect and
-            `limits` the limits given.
+            One size per buffer of the set; `levers` tells which levers were
+            in effect and `limits` the limits given.
 
         Raises
         ------
         TypeError
             `config` is not a ModelConfig, `target` not a Target or None,
-            `env` has no ``get``, or an integer argument is not an int.
+            `env` has no ``get``, `buffers` not a BufferSet, or an integer
+            argument is not an int.
         ValueError
             `max_batch_tokens` or `tp_size` is 0, an integer argument is
             negative or does not fit 64 bits, a size `tp_size` divides is
             not a multiple of it (the message names the field), or a
-            buffer's size or the sum of all sizes exceeds 2**64 - 1 (the
-            message names the buffer and max_batch_tokens).
+            buffer's size is negative, divides by zero, or it or the sum of
+            all sizes exceeds 2**64 - 1 (the message names the buffer and
+            max_batch_tokens).
         """
+        from .formulas import values as symbol_values
+        buffers = _buffer_set(buffers)
         M, max_seq_len, kv_block_size, max_batch_size, target, env = sizing_inputs(
             config, max_batch_tokens, max_seq_len, kv_block_size, max_batch_size, target, env)
         tp = check_index(tp_size, "tp_size", 1)
         config = config.shard(tp)
-        values = _compute(config, M, max_seq_len, kv_block_size, max_batch_size, target, env)
+        symbols = symbol_values(config, M, max_seq_len, kv_block_size, max_batch_size, target,
+                                env)
+        values = _evaluate(buffers, symbols)
         levers = {}
         for lv in LEVERS:
             raw = env.get(lv.name)
@@ -629,7 +579,7 @@ class BufferSizes(Mapping):
             elif lever_on(lv.name, env, config):
                 levers[lv.name] = "1" if raw is not None else "quantization_config"
         total = 0
-        for name, v in zip(BUFFER_NAMES, values):
+        for name, v in zip(buffers.names, values):
             total += v
             if v > U64_MAX:
                 raise ValueError(f"size of {name} ({v} bytes) exceeds 2^64 - 1 "
@@ -638,15 +588,17 @@ class BufferSizes(Mapping):
             raise ValueError(f"the sum of all buffer sizes ({total} bytes) exceeds "
                              f"2^64 - 1 at max_batch_tokens={M}")
         return cls._make(values, levers,
-                         SizingLimits(M, max_seq_len, kv_block_size, max_batch_size, tp))
+                         SizingLimits(M, max_seq_len, kv_block_size, max_batch_size, tp),
+                         buffers)
 
     def total_bytes(self):
         """The bytes the reference engine's memory preflight reserves.
 
-        The sum of 44 of the 46 sizes: every buffer except ``o_latent`` and
-        ``norm_unit_w``, for parity with the reference engine.  The arena
-        allocates more: those two buffers and the 256-byte placement padding
-        (``arena.slab_bytes()``).
+        The sum of the sizes of the buffers whose spec counts them
+        (`BufferSpec.total`): for `REFERENCE`, 44 of the 46, every buffer
+        except ``o_latent`` and ``norm_unit_w``, for parity with the
+        reference engine.  The arena allocates more: every buffer and the
+        placement padding (``arena.slab_bytes()``).
 
         Returns
         -------
@@ -654,7 +606,7 @@ class BufferSizes(Mapping):
             The sum, in bytes.
         """
         v = self._values
-        return sum(v[i] for i in _TOTALLED)
+        return sum(v[i] for i in _totalled(self._set))
 
     def as_dict(self):
         """The sizes as a new dict.
@@ -662,9 +614,9 @@ class BufferSizes(Mapping):
         Returns
         -------
         dict of str to int
-            Buffer name -> bytes, all 46 in canonical order.
+            Buffer name -> bytes, in the set's order.
         """
-        return dict(zip(BUFFER_NAMES, self._values))
+        return dict(zip(self._set.names, self._values))
 
     def as_tuple(self):
         """The sizes as a tuple.
@@ -672,7 +624,8 @@ class BufferSizes(Mapping):
         Returns
         -------
         tuple of int
-            The 46 sizes in canonical order (the order of ``BUFFER_NAMES``).
+            The sizes in the set's order (for `REFERENCE`, the order of
+            ``BUFFER_NAMES``).
         """
         return self._values
 
@@ -687,153 +640,94 @@ class BufferSizes(Mapping):
         Returns
         -------
         BufferSizes
-            A new value; this one is unchanged.  Its `levers` and `limits`
-            are this one's.
+            A new value; this one is unchanged.  Its `buffers`, `levers` and
+            `limits` are this one's.
 
         Raises
         ------
         TypeError
-            A name that is not a buffer, or a size that is not an int.
+            A name that is not a buffer of the set, or a size that is not an int.
         ValueError
             A size that is negative or does not fit 64 bits.
         """
-        values = list(self._values)
+        values = dict(zip(self._set.names, self._values))
         for name, v in changes.items():
-            i = BUFFER_INDEX.get(name)
-            if i is None:
+            if name not in values:
                 raise TypeError(f"BufferSizes has no entry {name!r}")
-            values[i] = v
-        return BufferSizes._make(_validated(dict(zip(BUFFER_NAMES, values))), self._levers,
-                                 self._limits)
+            values[name] = v
+        return BufferSizes._make(_validated(self._set, values), self._levers, self._limits,
+                                 self._set)
 
     def __eq__(self, other):
         if type(other) is not BufferSizes:
             return NotImplemented
-        return self._values == other._values
+        return self._values == other._values and self._set == other._set
 
     def __hash__(self):
         return hash(self._values)
 
     def __reduce__(self):
-        return (BufferSizes._make, (self._values, self._levers, self._limits))
+        return (BufferSizes._make, (self._values, self._levers, self._limits, self._set))
 
     def __repr__(self):
-        return "BufferSizes(" + ", ".join(f"{n}={v}" for n, v in zip(BUFFER_NAMES, self._values)) + ")"
+        sizes = ", ".join(f"{n}={v}" for n, v in zip(self._set.names, self._values))
+        if self._set is REFERENCE:
+            return f"BufferSizes({sizes})"
+        return f"BufferSizes({self._set!r}, {sizes})"
 
 
-def _validated(sizes):
-    extra = set(sizes) - set(BUFFER_NAMES)
+def _buffer_set(buffers):
+    if buffers is None:
+        return REFERENCE
+    if not isinstance(buffers, BufferSet):
+        raise TypeError(f"buffers must be a BufferSet or None, got {type(buffers).__name__}")
+    return buffers
+
+
+def _validated(buffers, sizes):
+    extra = set(sizes) - set(buffers.names)
     if extra:
         raise TypeError(f"BufferSizes has no entry {sorted(map(str, extra))[0]!r}")
-    return tuple(check_index(sizes[name], f"size of {name}") for name in BUFFER_NAMES)
+    return tuple(check_index(sizes[name], f"size of {name}") for name in buffers.names)
+
+
+def _totalled(buffers):
+    ids = buffers._cache.get("totalled")
+    if ids is None:
+        ids = buffers._cache["totalled"] = tuple(i for i, s in enumerate(buffers) if s.total)
+    return ids
+
+
+def _evaluate(buffers, symbols):
+    """Every size of the set for these symbol values (one compiled
+    expression per set); ValueError naming the spec that fails."""
+    from .formulas import namespace
+    code = buffers._cache.get("sizing")
+    if code is None:
+        code = buffers._cache["sizing"] = compile(
+            "(" + "".join(f"({s.formula}), " for s in buffers) + ")", "<buffer set>", "eval")
+    ns = namespace(symbols)
+    try:
+        values = eval(code, ns)
+    except ArithmeticError:
+        values = None
+    if values is None or any(type(v) is not int or v < 0 for v in values):
+        for s in buffers:           # name the first one that fails
+            try:
+                v = eval(s.formula, ns)
+            except ArithmeticError as e:
+                raise ValueError(f"buffer spec {s.name!r}: size: {s.formula} fails at "
+                                 f"max_batch_tokens={symbols['M']}: {e}") from None
+            if type(v) is not int or v < 0:
+                raise ValueError(f"buffer spec {s.name!r}: size: {s.formula} = {v!r} at "
+                                 f"max_batch_tokens={symbols['M']}, not a size in bytes")
+    return values
 
 
 for _i, _name in enumerate(BUFFER_NAMES):
-    setattr(BufferSizes, _name, property(lambda self, _i=_i: self._values[_i],
-                                         doc=f"Bytes of the ``{_name}`` buffer (int); what it holds "
-                                             f"and its formula: docs/buffers.md#{_name}."))
+    setattr(BufferSizes, _name, property(
+        lambda self, _name=_name, _i=_i: self._values[_i] if self._set is REFERENCE
+        else self.__getattr__(_name),
+        doc=f"Bytes of the ``{_name}`` buffer (int); what it holds and its formula: "
+            f"docs/buffers.md#{_name}."))
 del _i, _name
-
-
-def _compute(c, M, max_seq_len, kv_block_size, max_batch_size, target, env):
-    Mp = ceil_to(M, 16)
-    Kx = ceil_to(max(M, 3), 16)
-    R = max(DECODE_META_MIN_ROWS, max_batch_size)
-    B = kv_blocks_per_seq(max_seq_len, kv_block_size)
-    H, I, V = c.hidden_size, c.intermediate_size, c.vocab_size
-    Hq, Hkv, D = c.num_attention_heads, c.num_key_value_heads, c.head_dim
-    g = 2 if c.attn_gated else 1
-    E, k, Im, Is = c.num_experts, c.num_experts_per_tok, c.moe_intermediate_size, \
-        c.shared_expert_intermediate_size
-    Ez, Lm, Hin = c.zero_expert_num, c.moe_latent_size, c.moe_input_size()
-    nv, dk, dv = c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim
-    QKVZ, Vd = c.ssm_qkvz_size(), nv * dv
-    Hm, Di, Dx, Dip = c.mamba_num_heads, c.mamba2_d_inner(), c.mamba2_d_xbc(), c.mamba2_in_proj_size()
-    KVr, Qr, r = c.kv_lora_rank, c.q_lora_rank, c.qk_rope_head_dim
-    mla = KVr > 0
-    hc, hr = c.hc_mult, c.hc_lowrank
-    nh, hdi, topk, icr = c.index_n_heads, c.index_head_dim, c.index_topk, c.index_compress_ratio
-    rank = c.adapter_max_rank
-    Kf = max(H, I)
-    Kp = max(H, Hq * D, Di, Vd)
-    dense = E == 0
-
-    s = {}
-    s["hidden_states"] = s["residual"] = 2 * M * H
-    s["norm_output"] = 2 * M * max(H, Di)
-    s["qkv_output"] = 2 * Mp * (g * Hq + 2 * Hkv) * D
-    s["attn_output"] = 2 * M * max(Hq * D, Di, Hq * (KVr + r) if mla else 0)
-    s["gate_logits"] = _FLOOR if dense else 2 * M * (E + Ez)
-    s["gate_logits_f32"] = _FLOOR if dense else 4 * M * (E + Ez)
-    s["moe_router_in_f32"] = _FLOOR if dense else 4 * M * H
-    s["moe_output"] = 2 * Mp * H
-    s["logits"] = 2 * min(M, max(VERIFY_ROW_CAP, R + 1)) * V
-    s["ssm_qkvz"] = max(2 * Mp * QKVZ, 2 * M * Dip, 2 * (M + Mp) * Hkv * D, 2 * M * Is, _FLOOR)
-    s["ssm_ba"] = max(4 * M * nv, 2 * M * Lm, 2 * M * max(r, Qr) if mla else 0, _FLOOR)
-    s["ssm_deinterleaved"] = max(2 * Mp * QKVZ, 2 * M * Dx, 2 * M * Hq * D,
-                                 2 * M * Hq * (KVr + r) if mla else 0, _FLOOR)
-    s["ssm_gates"] = max(8 * M * nv, _FLOOR)
-    s["ssm_conv_out_f32"] = max(4 * M * QKVZ, 2 * M * Hq * r if mla else 0, _FLOOR)
-    s["scratch"] = max(_SCRATCH_FLOOR, *scratch_terms(c, M, B, R))
-    w = I if dense else max(k * Im, I)
-    s["expert_gate_out"] = s["expert_up_out"] = 2 * Kx * w
-    s["expert_down_out"] = 2 * Kx * H if dense else 2 * Kx * k * Hin
-    s["splitk_workspace"] = 4 * (D + 2) * splitk_slots(target, env, Hq, R)
-    s["o_latent"] = max(2 * M * c.o_groups * c.o_lora_rank, _FLOOR)
-    s["norm_unit_w"] = 2 * max(H, Di)
-    if hc > 0:
-        s["hc_streams"] = 4 * M * hc * H
-        s["hc_post"] = max(4 * M * hc, _FLOOR)
-        s["hc_comb"] = max(4 * M * hc * hc, _FLOOR)
-    else:
-        s["hc_streams"] = s["hc_post"] = s["hc_comb"] = _FLOOR
-    if hc > 0 and hr > 0:
-        s["hc_lowrank_scratch"] = max(4 * min(M, 64) * (hc * H + hr),
-                                      2 * min(M, 2048) * (2 * hc * H + hr + hc))
-    else:
-        s["hc_lowrank_scratch"] = _FLOOR
-    if topk > 0 and icr > 0:
-        s["qsa_select_scratch"] = 2048 * (2 * (nh + 1) * hdi + 4 * nh * hdi
-                                          + 4 * cdiv(max_seq_len, icr) + 4 * (topk // icr))
-    else:
-        s["qsa_select_scratch"] = _FLOOR
-    if Hm > 0 and c.ssm_state_size > 0:
-        nc = cdiv(M, 64) + 1
-        G = max(c.n_groups, 1)
-        s["ssd_scratch"] = 2 * (Hm * nc * 64 * 4) + nc * G * 64 * 64 * 4
-    else:
-        s["ssd_scratch"] = 0
-    if nv > 0 and dk == 128 and dv == 128:
-        X = (cdiv(M, 64) + 16) * nv
-        s["gdn_fla_scratch"] = (2 * X * 64 * dk + 2 * X * 64 * dv + 2 * X * dk * dv
-                                + 2 * X * 64 * dv + 4 * X * 64)
-    else:
-        s["gdn_fla_scratch"] = 0
-    s["token_ids"] = max(4 * M, _FLOOR)
-    if dense:
-        s["ffn_act_q8"] = 4 * M * ceil_to(Kf, 256) + _Q8_SLACK
-        s["ffn_act_a"] = Mp * Kf
-        s["ffn_act_scale"] = 4 * Mp * (Kf // 32)          # floor, as the reference
-        s["ffn_act_scale_kmajor"] = 4 * Mp * (Kf // 128)
-        s["ffn_gate_up_fused"] = 2 * ceil_to(GATEUP_FUSED_MAX_M, 16) * 2 * I
-    else:
-        for n in ("ffn_act_q8", "ffn_act_a", "ffn_act_scale", "ffn_act_scale_kmajor",
-                  "ffn_gate_up_fused"):
-            s[n] = 0
-    s["fp8_act"] = Mp * Kp
-    s["moe_fp8_scratch"] = moe_fp8_layout(c, M).bytes
-    s["fp8_act_scale"] = s["fp8_act_scale_kmajor"] = 4 * Mp * cdiv(Kp, 128)   # ceiling
-    s["q2_dequant_scratch"] = (2 * H * max(I, QKVZ, Dip, g * Hq * D, 2 * Hkv * D)
-                               if lever_on("METRALE_GGUF_NATIVE_Q2", env, c) else 0)
-    if rank > 0:
-        s["lora_xa"] = 2 * M * rank
-        s["lora_delta"] = 2 * M * max(H, I, g * Hq * D)
-        s["lora_hact"] = 2 * M * I
-        s["lora_seq_slot"] = 4 * M
-    else:
-        s["lora_xa"] = s["lora_delta"] = s["lora_hact"] = s["lora_seq_slot"] = 0
-    s["q2_act_q8"] = (4 * M * ceil_to(max(H, I, Hq * D), 256) + _Q8_SLACK
-                      if lever_on("METRALE_GGUF_NATIVE_Q2_MMQ", env, c) else 0)
-    s["ssm_rowwise_w_bf16"] = (c.num_ssm_layers() * (2 * QKVZ * H + 2 * H * Vd)
-                               if lever_on("METRALE_FP8_ROWWISE", env, c) else 0)
-    return tuple(s[n] for n in BUFFER_NAMES)

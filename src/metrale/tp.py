@@ -37,7 +37,7 @@ import struct
 import sys
 import time
 
-from metrale._buffers import BUFFER_INDEX, BUFFER_NAMES, GROUPS
+from metrale.reference import REFERENCE
 from metrale._common import check_index
 from metrale.errors import MetraleError
 
@@ -202,8 +202,10 @@ class PeerBuffers:
     rank : int
         The rank whose buffers these are.
     cell : list
-        A one-element list holding the 46 pointers by buffer id (the arena
+        A one-element list holding the pointers by buffer id (the arena
         replaces it with zeros at release).
+    buffers : BufferSet
+        The arena's buffer set (the ids).
 
     Attributes
     ----------
@@ -211,14 +213,15 @@ class PeerBuffers:
         The rank whose buffers these are.
     """
 
-    __slots__ = ("rank", "_cell")
+    __slots__ = ("rank", "_cell", "_buffers")
 
-    def __init__(self, rank, cell):
+    def __init__(self, rank, cell, buffers):
         self.rank = rank
         self._cell = cell
+        self._buffers = buffers
 
     def ptr(self, name):
-        """The pointer of any of the 46 buffers by name.
+        """The pointer of any buffer of the arena's set by name.
 
         Parameters
         ----------
@@ -234,19 +237,25 @@ class PeerBuffers:
         TypeError, ValueError
             `name` is not a str, or not a buffer name.
         """
-        if not isinstance(name, str):
+        if type(name) is not str:
             raise TypeError(f"name must be a str, got {type(name).__name__}")
-        i = BUFFER_INDEX.get(name)
+        i = self._buffers._index.get(name)
         if i is None:
-            raise ValueError(f"name: unknown buffer name {name!r}")
+            raise ValueError(f"name: {self._buffers._unknown(name)}")
         return self._cell[0][i]
 
     def __repr__(self):
-        return f"PeerBuffers(rank={self.rank}, hidden_states={self._cell[0][0]:#x})"
+        first = self._buffers.names[0] if len(self._buffers) else None
+        shown = f", {first}={self._cell[0][0]:#x}" if first else ""
+        return f"PeerBuffers(rank={self.rank}{shown})"
 
 
-def _accessor(i, name):
+def _accessor(name):
     def accessor(self):
+        i = self._buffers._index.get(name)
+        if i is None:
+            raise MetraleError(f"{name}: not in this arena's buffer set (use ptr(name) for "
+                               "the buffers it has)")
         return self._cell[0][i]
     accessor.__name__ = name
     accessor.__qualname__ = f"PeerBuffers.{name}"
@@ -255,23 +264,23 @@ def _accessor(i, name):
     return accessor
 
 
-# The accessors, derived from the buffer table (tests/test_tp.py checks them
-# against BufferArena's and the stub).
-for _i, _name in enumerate(BUFFER_NAMES):
-    if _name in GROUPS["pointer"]:
-        setattr(PeerBuffers, _name, _accessor(_i, _name))
-del _i, _name
+# The accessors, derived from the reference buffers (tests/test_tp.py checks
+# them against BufferArena's and the stub).
+for _name in REFERENCE.groups["pointer"]:
+    setattr(PeerBuffers, _name, _accessor(_name))
+del _name
 
 
 class _Sharing:
     """What a shared arena keeps: the group's shape, the peers' mappings and
     the pointer cells handed out through PeerBuffers."""
 
-    __slots__ = ("rank", "size", "local", "exported", "_slabs", "_cells", "_peers")
+    __slots__ = ("rank", "size", "local", "exported", "buffers", "_slabs", "_cells", "_peers")
 
-    def __init__(self, rank, size, local, slabs, cells, exported):
+    def __init__(self, rank, size, local, slabs, cells, exported, buffers):
         self.rank, self.size, self.local = rank, size, local
         self.exported = exported        # this rank's handles exported (one per chunk)
+        self.buffers = buffers
         self._slabs, self._cells = slabs, cells
         self._peers = {}
 
@@ -287,11 +296,11 @@ class _Sharing:
                                f"only ranks {self.local} share memory with rank {self.rank}")
         p = self._peers.get(r)
         if p is None:
-            p = self._peers[r] = PeerBuffers(r, cell)
+            p = self._peers[r] = PeerBuffers(r, cell, self.buffers)
         return p
 
     def close(self):
-        zeros = (0,) * len(BUFFER_NAMES)
+        zeros = (0,) * len(self.buffers)
         for cell in self._cells.values():
             cell[0] = zeros
         self._slabs.close()
@@ -336,7 +345,7 @@ def _abort(group, exc):
 
 
 _INFO_KEYS = ("version", "device_type", "device", "host", "pidns", "pid", "socket",
-              "granularity", "slab", "max_batch_tokens", "layout", "chunks")
+              "granularity", "slab", "max_batch_tokens", "buffers", "layout", "chunks")
 
 
 def _malformed(info):
@@ -350,7 +359,9 @@ def _malformed(info):
     if missing:
         return f"an arena description without {', '.join(missing)}"
     layout, chunks = info["layout"], info["chunks"]
-    if (not isinstance(layout, (list, tuple)) or len(layout) != len(BUFFER_NAMES) or
+    if not isinstance(info["buffers"], str):
+        return "a buffer set without its fingerprint"
+    if (not isinstance(layout, (list, tuple)) or
             not all(isinstance(e, (list, tuple)) and len(e) == 3 and
                     all(type(x) is int for x in e) for e in layout)):
         return "a layout of the wrong shape"
@@ -360,9 +371,10 @@ def _malformed(info):
     return None
 
 
-def _check_agreement(infos):
+def _check_agreement(infos, names):
     """Raise MetraleError unless every rank's info agrees with rank 0's; the
-    same message on every rank (computed from the same gathered list)."""
+    same message on every rank (computed from the same gathered list; the
+    buffer `names` are compared, by fingerprint, before they are used)."""
     for r, info in enumerate(infos):
         why = _malformed(info)
         if why is not None:
@@ -374,18 +386,22 @@ def _check_agreement(infos):
     for r, info in enumerate(infos[1:], 1):
         for key, what in (("version", "the metrale version"),
                           ("device_type", "the backend's device type"),
-                          ("granularity", "the allocation granularity")):
+                          ("granularity", "the allocation granularity"),
+                          ("buffers", "the buffer set (its fingerprint)")):
             if info[key] != ref[key]:
                 raise MetraleError(f"tensor-parallel arena: rank {r} and rank 0 disagree on "
                                    f"{what}: {info[key]!r} vs {ref[key]!r}")
+        if len(info["layout"]) != len(names) or len(ref["layout"]) != len(names):
+            raise MetraleError(f"tensor-parallel arena: rank {r} sent a layout of "
+                               f"{len(info['layout'])} buffers for a set of {len(names)}")
         if info["layout"] != ref["layout"]:
-            order = sorted(range(len(BUFFER_NAMES)), key=lambda i: (ref["layout"][i][0], i))
+            order = sorted(range(len(names)), key=lambda i: (ref["layout"][i][0], i))
             for i in order:
                 a, b = ref["layout"][i], info["layout"][i]
                 if a != b:
                     raise MetraleError(
                         f"tensor-parallel arena: rank {r} and rank 0 disagree on buffer "
-                        f"{BUFFER_NAMES[i]!r}: rank 0 has {a[1]} bytes at offset {a[0]:#x} "
+                        f"{names[i]!r}: rank 0 has {a[1]} bytes at offset {a[0]:#x} "
                         f"(room {a[2]}), rank {r} {b[1]} bytes at offset {b[0]:#x} (room {b[2]}); "
                         "build every rank's arena from the same config, limits and levers")
         for key, what in (("max_batch_tokens", "max_batch_tokens"), ("slab", "the slab size"),
@@ -395,7 +411,8 @@ def _check_agreement(infos):
                                    f"{what}: {info[key]!r} vs {ref[key]!r}")
 
 
-def _share(gpu, group, base, nbytes, chunks, layout, ptrs, granularity, max_batch_tokens):
+def _share(gpu, group, base, nbytes, chunks, layout, ptrs, granularity, max_batch_tokens,
+           buffers):
     """The collective setup (module docstring): returns a _Sharing, or raises
     MetraleError on every rank with nothing of the peers left mapped."""
     from metrale._peer import PeerSlabs
@@ -411,11 +428,12 @@ def _share(gpu, group, base, nbytes, chunks, layout, ptrs, granularity, max_batc
         info = {"ok": True, "version": _version(), "device_type": gpu.device_type,
                 "device": gpu.device_id, "host": _host_key(), "pidns": _ns("pid"),
                 "pid": os.getpid(), "socket": name, "granularity": granularity,
-                "slab": nbytes, "max_batch_tokens": max_batch_tokens, "layout": layout,
+                "slab": nbytes, "max_batch_tokens": max_batch_tokens,
+                "buffers": buffers.fingerprint(), "layout": layout,
                 "chunks": [[c[0], c[1]] for c in chunks]}
         gathering = True
         infos = group.all_gather(info)
-        _check_agreement(infos)
+        _check_agreement(infos, buffers.names)
         local = tuple(r for r in range(size) if infos[r]["host"] == info["host"])
         errors = []
         bases = {}
@@ -445,7 +463,7 @@ def _share(gpu, group, base, nbytes, chunks, layout, ptrs, granularity, max_batc
     cells = {me: [tuple(ptrs)]}
     for r, b in bases.items():
         cells[r] = [tuple(p - base + b if p else 0 for p in ptrs)]
-    return _Sharing(me, size, local, slabs, cells, len(chunks) if bases else 0)
+    return _Sharing(me, size, local, slabs, cells, len(chunks) if bases else 0, buffers)
 
 
 def _header(me, to, chunks, error):

@@ -4,7 +4,7 @@
  * the host implementation (src/debug.c, the same results to the byte) and the
  * backends (_backend.pyx, _cuda.pyx).
  *
- * One call works on up to MT_DBG_MAX_ITEMS items: byte ranges of the slab,
+ * One launch works on up to MT_DBG_MAX_ITEMS items: byte ranges of the slab,
  * each [base + offset, base + offset + length) (a 16-byte aligned offset for
  * NONFINITE and FINGERPRINT, whose kernels read whole 16-byte lanes; the
  * CUDA backend checks it).  The CUDA backend lays out the
@@ -21,8 +21,9 @@
 #define MT_DBG_FN static inline
 #endif
 
-/* At most one item per buffer. */
-#define MT_DBG_MAX_ITEMS MT_NBUF
+/* Items of one launch (the parameter block; the PTX is built for it): an
+ * operation over more buffers runs in several launches. */
+#define MT_DBG_MAX_ITEMS 64
 
 /* What a call does with its items. */
 enum {

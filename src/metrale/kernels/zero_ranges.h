@@ -7,8 +7,10 @@
 
 #include "arena_core.h"
 
-/* At most one range per zero_all buffer (merged ranges only make fewer). */
-#define MT_MAX_RANGES MT_N_ZERO_ALL
+/* Ranges of one launch: more than the zero_all buffers of any table (at most
+ * MT_MAX_ROWS_ENTRIES - 1), so zero_all, zero_prefill_essentials and the
+ * per-buffer ranges of reserved layouts are one launch each. */
+#define MT_MAX_RANGES 32
 
 typedef struct mt_zero_args {
     unsigned long long base;
@@ -27,7 +29,11 @@ typedef struct mt_zero_args {
  * reading an int32 in device memory when it runs; the host backend; the
  * host-count zero_all_rows) evaluates it with mt_rows_segment below: one
  * definition of the rule for every path.  The parameters travel by value. */
-#define MT_MAX_ROWS_ENTRIES (MT_N_ZERO_ALL + 1)   /* one buffer may be split by a hole */
+/* The zero_all buffers, one of them split by a hole (so a buffer set has at
+ * most 30 of them: metrale/buffers.py MAX_ZERO_ALL); under 32, so that one
+ * warp of the kernel evaluates the table.  A constant, not the table's count:
+ * it is the kernel's parameter block (the PTX is built for it). */
+#define MT_MAX_ROWS_ENTRIES 31
 
 enum { MT_ROWS_M = 0, MT_ROWS_M16 = 1, MT_ROWS_WHOLE = 2 };
 

@@ -1,0 +1,2 @@
+DTYPES: dict[str, tuple[str, int, int]]
+ITEMSIZE: dict[str, int]

@@ -1,0 +1,831 @@
+"""Buffer sets: the buffers an engine's arena holds, declared as data.
+
+A `BufferSpec` declares one buffer: its name, element type, size (a shape in
+terms of the limits and the model config, or a formula in the language of
+`metrale.formulas`), which helpers cover it (``zero_all``,
+``zero_prefill_essentials``, the row rule of ``zero_all_rows``, the
+checksum), its alignment and what the catalogue says about it.  A `BufferSet`
+is an ordered, immutable collection of specs; `REFERENCE` is the reference
+engine's 46 (metrale/reference.py, the one place they are written), and an
+engine derives its own from it (`BufferSet.without`, `BufferSet.with_`,
+`BufferSet.replace`) or builds one from scratch.  (``metrale.REFERENCE``
+is ``metrale.reference.REFERENCE``.)  docs/buffer-sets.md has a
+worked example.
+
+Every spec is checked when it is made and every set when it is built, so a
+bad declaration raises ``ValueError`` naming the spec and the field before
+anything is sized or allocated.  Pure Python: importing this module loads
+nothing else.
+"""
+
+import hashlib
+import json
+
+from . import formulas
+from ._dtypes import ITEMSIZE
+from ._math import U64_MAX
+from ._record import Record
+
+__all__ = ["BufferSpec", "BufferSet", "ROW_RULES", "ACCESSORS", "MAX_BUFFERS",
+           "MAX_ZERO_ALL", "RESERVED_NAMES"]
+
+# zero_all_rows rules: "whole" (cleared whole), "M" (rows of max_batch_tokens),
+# "Mp" (rows of ceil16(max_batch_tokens): GEMM-tiled buffers), "auto" (either,
+# told apart by the size's divisibility: ARENA.md 5.2, the reference rule).
+ROW_RULES = ("whole", "M", "Mp", "auto")
+# The accessors the arena class has compiled in, for the reference buffers.
+ACCESSORS = ("pointer", "bytes")
+# The C core's limits (arena_core.h MT_MAX_BUFFERS; kernels/zero_ranges.h
+# MT_MAX_ROWS_ENTRIES - 1: zero_all_rows clears its buffers in one launch whose
+# parameter block holds one entry per buffer, plus one a hole may split off).
+MAX_BUFFERS = 256
+MAX_ZERO_ALL = 30
+_MIN_ALIGN, _MAX_ALIGN = 256, 1 << 30
+_MAX_NAME = 64
+# The step inputs (StepInputs): token ids, then the byte scratch whose front
+# holds the token count and the decode metadata; one upload reaches both.
+STEP_IDS, STEP_META = "token_ids", "scratch"
+# Names a buffer cannot have: BufferSizes' attributes and methods.
+RESERVED_NAMES = frozenset({
+    "buffers", "limits", "levers", "from_config", "total_bytes", "as_dict", "as_tuple",
+    "replace", "keys", "items", "values", "get",
+})
+_TEXT = ("holds", "words", "dtype_note", "families", "empty")
+
+
+class BufferSpec(Record):
+    """One buffer of a set: what it is, how big, and what covers it.
+
+    Give the size as a `shape` (its product times the element size, at least
+    `floor`) or as a `size` formula; both are written over the symbols of
+    docs/buffers.md (``M``, ``H``, ...) or their long names
+    (``max_batch_tokens``, ``hidden_size``, ...), checked now.
+
+    Parameters
+    ----------
+    name : str
+        A Python identifier (no leading underscore, at most 64 characters,
+        not one of `RESERVED_NAMES`).
+    dtype : str, optional
+        The element type (``"bfloat16"``, ``"float32"``, ...: the names
+        ``arena.view`` takes), or None for raw bytes.  Views of the buffer
+        default to it; debug arenas poison and scan it by it.
+    shape : sequence or str, optional
+        A sequence of dimensions, each an int >= 1 or an expression
+        (``["max_batch_tokens", "hidden_size"]``): exact, views default to
+        it, and without `size` it gives the size.  A str is a description
+        only (unless `shape_exact`: then a list expression).
+    size : str or int, keyword-only, optional
+        The byte size: an expression, or a constant.  Required without a
+        sequence `shape`.
+    itemsize : int, optional
+        Bytes per element (1, 2, 4, 8 or 16): the dtype's, or for raw bytes
+        the width a shape counts in.
+    floor : int, optional
+        The least bytes of a shape-sized buffer (``max(product, floor)``); with
+        `size` it only documents the floor the formula applies.
+    zero_all, prefill, checksum : bool, optional
+        Cleared by ``zero_all``; by ``zero_prefill_essentials`` (implies
+        `zero_all`); probed by ``debug_buffer_checksum``.
+    rows : str, optional
+        How ``zero_all_rows`` trims it: ``"whole"`` (default), ``"M"`` (the
+        first `tokens` rows of max_batch_tokens), ``"Mp"`` (the first
+        ceil16(`tokens`) rows of ceil16(max_batch_tokens), GEMM-tiled) or
+        ``"auto"`` (either, by the size's divisibility, the reference rule);
+        a size that the rows do not divide is cleared whole.  Only for a
+        `zero_all` buffer whose size reads max_batch_tokens.
+    total : bool, optional
+        Counted by ``BufferSizes.total_bytes()`` (default True).
+    align : int, optional
+        Alignment of its start in the slab: a power of two, 256 .. 2**30.
+    accessors : sequence of str, optional
+        ``"pointer"`` / ``"bytes"``: the compiled ``arena.NAME()`` /
+        ``arena.NAME_bytes()`` accessors, which exist for the reference
+        buffers only (any buffer has ``arena.ptr(NAME)`` and ``arena.ptrs.NAME``).
+    init_zero : bool, optional
+        Zero-filled once when the arena is built (and when it wakes).
+    shape_exact : bool, optional
+        For a str `shape`: it is a list expression of exact dimensions.
+    shape_when : str, optional
+        A condition under which the shape is exact (None: always).
+    holds, words, dtype_note, families, empty : str, optional
+        Catalogue text: what it holds, its size in words, what else its
+        bytes are, which models size it, why it can be empty.
+
+    Attributes
+    ----------
+    name, dtype, itemsize, floor, zero_all, prefill, rows, checksum, total, align, init_zero : object
+        As given, with the types of the Parameters (`itemsize` filled in
+        from `dtype`).
+    shape : str
+        The shape as text (``"[max_batch_tokens, hidden_size]"``), or "".
+    shape_exact : bool
+        Whether `shape` is a list expression of the exact dimensions.
+    shape_when : str or None
+        As given.
+    size : str or None
+        The size expression as given (a constant as its digits); None when
+        the shape gives the size.
+    formula : str
+        The byte size as an expression over the symbols: `size`, or the
+        shape's product times `itemsize` (at least `floor`).
+    accessors : tuple of str
+        As given, in the order of `ACCESSORS`.
+    holds, words, dtype_note, families, empty : str
+        As given.
+
+    Raises
+    ------
+    TypeError
+        A field of the wrong type (named).
+    ValueError
+        A field out of range or inconsistent (named, with the spec's name).
+    """
+
+    __slots__ = ("name", "dtype", "itemsize", "shape", "shape_exact", "shape_when", "size",
+                 "formula", "floor", "zero_all", "prefill", "rows", "checksum", "total",
+                 "align", "accessors", "init_zero", "holds", "words", "dtype_note", "families",
+                 "empty")
+
+    def __init__(self, name, dtype=None, shape=None, *, size=None, itemsize=None, floor=None,
+                 zero_all=False, prefill=False, rows="whole", checksum=False, total=True,
+                 align=256, accessors=(), init_zero=False, shape_exact=None, shape_when=None,
+                 holds="", words="", dtype_note="", families="", empty=""):
+        fields = _checked(name, dtype, shape, size, itemsize, floor, zero_all, prefill, rows,
+                          checksum, total, align, accessors, init_zero, shape_exact,
+                          shape_when, dict(holds=holds, words=words, dtype_note=dtype_note,
+                                           families=families, empty=empty))
+        for k in self.__slots__:
+            object.__setattr__(self, k, fields[k])
+
+    @classmethod
+    def _trusted(cls, **fields):
+        """A spec from stored fields, unchecked: for metrale/reference.py, whose
+        specs the tests check through the constructor."""
+        self = object.__new__(cls)
+        for k in cls.__slots__:
+            object.__setattr__(self, k, fields[k])
+        return self
+
+    def _arguments(self):
+        """The constructor arguments that make this spec."""
+        out = {k: getattr(self, k) for k in self.__slots__ if k != "formula"}
+        if self.dtype is not None:
+            out["itemsize"] = None          # the dtype's: follows a changed dtype
+        if self.shape_exact and self.size is None:
+            out["shape"] = list(_dims(self.shape))
+            out["shape_exact"] = None
+        return out
+
+    def replace(self, **changes):
+        """A copy with some fields changed, checked as a new spec.
+
+        Parameters
+        ----------
+        **changes
+            Constructor arguments (``size="4*M*H"``, ``zero_all=True``, ...).
+            A spec sized by its shape is sized again from the new shape.
+
+        Returns
+        -------
+        BufferSpec
+
+        Raises
+        ------
+        TypeError, ValueError
+            As the constructor; or an unknown field.
+        """
+        args = self._arguments()
+        for k in changes:
+            if k not in args or k == "formula":
+                raise TypeError(f"BufferSpec.replace: unknown field {k!r}")
+        args.update(changes)
+        if "shape" in changes and "shape_exact" not in changes:
+            args["shape_exact"] = None
+        name = args.pop("name")
+        return BufferSpec(name, **args)
+
+    def to_dict(self):
+        """The spec as plain data (str, int, bool, list), as a buffers file holds it.
+
+        Returns
+        -------
+        dict
+            The constructor arguments that differ from their defaults.
+        """
+        out = {"name": self.name}
+        for k, v in self._arguments().items():
+            if k != "name" and v != _DEFAULTS[k]:
+                out[k] = list(v) if isinstance(v, tuple) else v
+        return out
+
+    def __reduce__(self):
+        return (_restore, (tuple(getattr(self, k) for k in self.__slots__),))
+
+    def __repr__(self):
+        args = ", ".join(f"{k}={v!r}" for k, v in self.to_dict().items()
+                         if k not in _TEXT)
+        return f"BufferSpec({args})"
+
+
+def _restore(values):
+    return BufferSpec._trusted(**dict(zip(BufferSpec.__slots__, values)))
+
+
+_DEFAULTS = dict(dtype=None, shape=None, size=None, itemsize=None, floor=None, zero_all=False,
+                 prefill=False, rows="whole", checksum=False, total=True, align=256,
+                 accessors=(), init_zero=False, shape_exact=None, shape_when=None, holds="",
+                 words="", dtype_note="", families="", empty="")
+
+
+def _bool(value, where):
+    if type(value) is not bool:
+        raise TypeError(f"{where} must be a bool, got {type(value).__name__}")
+    return value
+
+
+def _int(value, where, lo, hi=U64_MAX):
+    if type(value) is not int:
+        raise TypeError(f"{where} must be an int, got {type(value).__name__}")
+    if not lo <= value <= hi:
+        raise ValueError(f"{where} must be in {lo} .. {hi}, got {value}")
+    return value
+
+
+def _dims(text):
+    """The dimension expressions of an exact shape's list text."""
+    import ast
+    tree = ast.parse(text.strip(), mode="eval").body
+    if not isinstance(tree, ast.List):
+        raise ValueError("not a list")
+    return tuple(ast.unparse(e) for e in tree.elts)
+
+
+def _simple(expr):
+    return expr.isidentifier() or expr.isdigit()
+
+
+def _reads(names):
+    """Every symbol read through `names`, derived symbols expanded."""
+    terms = {t.name: t for t in formulas.TERMS}
+    seen, todo = set(), [formulas.ALIASES.get(n, n) for n in names]
+    while todo:
+        n = todo.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n in terms:
+            todo.extend(formulas.ALIASES.get(x, x) for x in formulas.names_of(terms[n].expr))
+    return seen
+
+
+def _checked(name, dtype, shape, size, itemsize, floor, zero_all, prefill, rows, checksum,
+             total, align, accessors, init_zero, shape_exact, shape_when, text):
+    if not isinstance(name, str):
+        raise TypeError(f"buffer spec name must be a str, got {type(name).__name__}")
+    if not formulas.is_name(name) or name.startswith("_") or len(name) > _MAX_NAME:
+        raise ValueError(f"buffer spec {name!r}: name must be a Python identifier of at most "
+                         f"{_MAX_NAME} characters, not a keyword and not starting with '_'")
+    where = f"buffer spec {name!r}"
+    if name in RESERVED_NAMES:
+        raise ValueError(f"{where}: name is reserved (a BufferSizes attribute): "
+                         + ", ".join(sorted(RESERVED_NAMES)))
+    if dtype is not None:
+        if not isinstance(dtype, str):
+            raise TypeError(f"{where}: dtype must be a str or None, got {type(dtype).__name__}")
+        if dtype not in ITEMSIZE:
+            raise ValueError(f"{where}: dtype: unknown element type {dtype!r}; one of "
+                             + ", ".join(ITEMSIZE))
+    if itemsize is not None:
+        _int(itemsize, f"{where}: itemsize", 1, 16)
+        if itemsize not in (1, 2, 4, 8, 16):
+            raise ValueError(f"{where}: itemsize must be 1, 2, 4, 8 or 16, got {itemsize}")
+        if dtype is not None and itemsize != ITEMSIZE[dtype]:
+            raise ValueError(f"{where}: itemsize {itemsize} disagrees with dtype {dtype} "
+                             f"({ITEMSIZE[dtype]} bytes)")
+    elif dtype is not None:
+        itemsize = ITEMSIZE[dtype]
+    read = set()
+    # shape: a sequence of dimensions (exact), or a description
+    dims = None
+    if shape is None:
+        text_shape, exact = "", False
+        if shape_exact:
+            raise ValueError(f"{where}: shape_exact without a shape")
+    elif isinstance(shape, str):
+        text_shape = shape
+        exact = bool(_bool(shape_exact, f"{where}: shape_exact")) if shape_exact is not None \
+            else False
+        if exact:
+            try:
+                dims = _dims(shape)
+            except (SyntaxError, ValueError, RecursionError, MemoryError):
+                raise ValueError(f"{where}: shape: an exact shape is a list expression "
+                                 f"such as '[M, H]', got {shape!r}") from None
+    elif isinstance(shape, (list, tuple)):
+        if shape_exact is not None and not shape_exact:
+            raise ValueError(f"{where}: shape_exact=False with a sequence shape")
+        dims = []
+        for i, d in enumerate(shape):
+            if type(d) is int:
+                if d < 1:
+                    raise ValueError(f"{where}: shape[{i}]: a dimension must be >= 1 (a "
+                                     f"zero or negative width), got {d}")
+                _int(d, f"{where}: shape[{i}]", 1)
+                dims.append(str(d))
+            elif isinstance(d, str):
+                dims.append(d.strip())
+            else:
+                raise TypeError(f"{where}: shape[{i}] must be an int or a str expression, "
+                                f"got {type(d).__name__}")
+        if not dims:
+            raise ValueError(f"{where}: shape: no dimensions (a scalar buffer is shape [1])")
+        dims = tuple(dims)
+        text_shape, exact = "[" + ", ".join(dims) + "]", True
+    else:
+        raise TypeError(f"{where}: shape must be a sequence of dimensions or a str, got "
+                        f"{type(shape).__name__}")
+    if dims is not None:
+        for i, d in enumerate(dims):
+            if not d.isdigit():
+                read |= formulas.check(d, f"{where}: shape[{i}]")
+    if shape_when is not None:
+        formulas.check(shape_when, f"{where}: shape_when")
+    if floor is not None:
+        _int(floor, f"{where}: floor", 0)
+    # size: the formula, given or from the shape
+    if size is None:
+        if dims is None:
+            raise ValueError(f"{where}: size: give size= (bytes, or an expression), or a "
+                             "sequence shape")
+        if itemsize is None:
+            raise ValueError(f"{where}: itemsize: a shape-sized buffer needs a dtype or an "
+                             "itemsize")
+        formula = "*".join([str(itemsize)] + [d if _simple(d) else f"({d})" for d in dims])
+        if floor:
+            formula = f"max({formula}, {floor})"
+    elif type(size) is int:
+        _int(size, f"{where}: size", 0)
+        formula = size = str(size)
+    elif isinstance(size, str):
+        read |= formulas.check(size, f"{where}: size")
+        formula = size = size.strip()
+    else:
+        raise TypeError(f"{where}: size must be a str expression or an int, got "
+                        f"{type(size).__name__}")
+    zero_all = _bool(zero_all, f"{where}: zero_all")
+    prefill = _bool(prefill, f"{where}: prefill")
+    checksum = _bool(checksum, f"{where}: checksum")
+    total = _bool(total, f"{where}: total")
+    init_zero = _bool(init_zero, f"{where}: init_zero")
+    if prefill and not zero_all:
+        raise ValueError(f"{where}: prefill: a zero_prefill_essentials buffer is also cleared "
+                         "by zero_all; set zero_all=True")
+    if not isinstance(rows, str):
+        raise TypeError(f"{where}: rows must be a str, got {type(rows).__name__}")
+    if rows not in ROW_RULES:
+        raise ValueError(f"{where}: rows must be one of {', '.join(ROW_RULES)}, got {rows!r}")
+    if rows != "whole":
+        if not zero_all:
+            raise ValueError(f"{where}: rows={rows!r}: zero_all_rows trims only zero_all "
+                             "buffers; set zero_all=True or rows='whole'")
+        if "M" not in _reads(read):
+            raise ValueError(f"{where}: rows={rows!r}: its size has no token dimension (it "
+                             "does not read max_batch_tokens), so it has no rows to trim")
+    _int(align, f"{where}: align", _MIN_ALIGN, _MAX_ALIGN)
+    if align & (align - 1):
+        raise ValueError(f"{where}: align must be a power of two, got {align}")
+    if isinstance(accessors, str) or not isinstance(accessors, (list, tuple)):
+        raise TypeError(f"{where}: accessors must be a sequence of str, got "
+                        f"{type(accessors).__name__}")
+    for a in accessors:
+        if a not in ACCESSORS:
+            raise ValueError(f"{where}: accessors: {a!r} is not one of {', '.join(ACCESSORS)}")
+    accessors = tuple(a for a in ACCESSORS if a in accessors)
+    if accessors:
+        from .reference import REFERENCE
+        have = REFERENCE[name].accessors if name in REFERENCE else ()
+        missing = [a for a in accessors if a not in have]
+        if missing:
+            raise ValueError(f"{where}: accessors: the arena has compiled accessors for the "
+                             f"reference buffers only (none {missing[0]!r} for {name!r}); "
+                             f"use arena.ptr({name!r}) or arena.ptrs.{name}")
+    for k, v in text.items():
+        if not isinstance(v, str):
+            raise TypeError(f"{where}: {k} must be a str, got {type(v).__name__}")
+    return dict(name=name, dtype=dtype, itemsize=itemsize, shape=text_shape, shape_exact=exact,
+                shape_when=shape_when, size=size, formula=formula, floor=floor,
+                zero_all=zero_all, prefill=prefill, rows=rows, checksum=checksum, total=total,
+                align=align, accessors=accessors, init_zero=init_zero, **text)
+
+
+# The groups of a set: which helper or property covers which buffers.
+_GROUPS = {
+    "zero_all": lambda s: s.zero_all,
+    "prefill": lambda s: s.prefill,
+    "rows": lambda s: s.rows != "whole",
+    "checksum": lambda s: s.checksum,
+    "total": lambda s: s.total,
+    "pointer": lambda s: "pointer" in s.accessors,
+    "bytes": lambda s: "bytes" in s.accessors,
+    "init_zero": lambda s: s.init_zero,
+    "step": lambda s: s.name in (STEP_IDS, STEP_META),
+}
+
+
+class BufferSet:
+    """An ordered, immutable set of buffer specs: what an arena holds.
+
+    The order is the canonical order (of `BufferSizes`, the summaries and
+    the docs); the slab places the buffers by helper (docs/buffer-sets.md).
+    Sets compare and hash by their specs.
+
+    Parameters
+    ----------
+    specs : iterable of BufferSpec
+        The buffers, in order.
+
+    Raises
+    ------
+    TypeError
+        An item is not a BufferSpec.
+    ValueError
+        Two specs share a name; more than 256 buffers; more than 30 in
+        ``zero_all`` (``zero_all_rows`` clears them in one launch); or
+        ``token_ids`` covered by a zeroing helper (the step inputs upload it
+        every step).
+    """
+
+    __slots__ = ("_specs", "_index", "_cache", "__weakref__")
+
+    def __init__(self, specs=()):
+        if isinstance(specs, (str, bytes, BufferSpec)):
+            raise TypeError(f"specs must be an iterable of BufferSpec, got {type(specs).__name__}")
+        specs = tuple(specs)
+        index = {}
+        for i, s in enumerate(specs):
+            if not isinstance(s, BufferSpec):
+                raise TypeError(f"specs[{i}] must be a BufferSpec, got {type(s).__name__}")
+            if s.name in index:
+                raise ValueError(f"buffer spec {s.name!r}: name: given twice (specs[{index[s.name]}] "
+                                 f"and specs[{i}])")
+            index[s.name] = i
+        if len(specs) > MAX_BUFFERS:
+            raise ValueError(f"a buffer set holds at most {MAX_BUFFERS} buffers, got {len(specs)}")
+        z = sum(1 for s in specs if s.zero_all)
+        if z > MAX_ZERO_ALL:
+            raise ValueError(f"at most {MAX_ZERO_ALL} buffers may be zero_all (zero_all_rows "
+                             f"clears them with one kernel launch), got {z}")
+        ids = index.get(STEP_IDS)
+        if ids is not None and (specs[ids].zero_all or specs[ids].rows != "whole"):
+            raise ValueError(f"buffer spec {STEP_IDS!r}: zero_all: the step inputs upload the "
+                             "token ids every step, before the zeroing; a helper would erase them")
+        object.__setattr__(self, "_specs", specs)
+        object.__setattr__(self, "_index", index)
+        object.__setattr__(self, "_cache", {})
+
+    @classmethod
+    def _trusted(cls, specs):
+        self = object.__new__(cls)
+        object.__setattr__(self, "_specs", tuple(specs))
+        object.__setattr__(self, "_index", {s.name: i for i, s in enumerate(specs)})
+        object.__setattr__(self, "_cache", {})
+        return self
+
+    def __setattr__(self, name, value):
+        raise AttributeError("BufferSet is read-only")
+
+    def __delattr__(self, name):
+        raise AttributeError("BufferSet is read-only")
+
+    # -- the collection ---------------------------------------------------------------
+    @property
+    def names(self):
+        """The buffer names in order (tuple of str)."""
+        names = self._cache.get("names")
+        if names is None:
+            names = self._cache["names"] = tuple(s.name for s in self._specs)
+        return names
+
+    @property
+    def specs(self):
+        """The specs in order (tuple of BufferSpec)."""
+        return self._specs
+
+    def __len__(self):
+        return len(self._specs)
+
+    def __iter__(self):
+        return iter(self._specs)
+
+    def __contains__(self, name):
+        return isinstance(name, str) and name in self._index
+
+    def __getitem__(self, name):
+        """The spec named `name` (KeyError if none)."""
+        i = self._index.get(name) if isinstance(name, str) else None
+        if i is None:
+            raise KeyError(name)
+        return self._specs[i]
+
+    def index(self, name):
+        """The position of buffer `name` in the set.
+
+        Parameters
+        ----------
+        name : str
+            A buffer of the set.
+
+        Returns
+        -------
+        int
+
+        Raises
+        ------
+        ValueError
+            No buffer of that name (the message suggests near names).
+        """
+        i = self._index.get(name) if isinstance(name, str) else None
+        if i is None:
+            raise ValueError(self._unknown(name))
+        return i
+
+    def _unknown(self, name, what="buffer"):
+        import difflib
+        if not isinstance(name, str):
+            return f"{what} names are str, got {type(name).__name__}"
+        near = difflib.get_close_matches(name, self.names, 3)
+        hint = f"; did you mean {', '.join(near)}?" if near else ""
+        return f"unknown {what} name {name!r} (not in this set of {len(self)}){hint}"
+
+    @property
+    def groups(self):
+        """Helper or property -> the names it covers, in set order (dict).
+
+        Keys: ``zero_all``, ``prefill``, ``rows`` (trimmed by
+        ``zero_all_rows``), ``checksum``, ``total``, ``pointer`` and
+        ``bytes`` (compiled accessors), ``init_zero`` and ``step``.
+        """
+        groups = self._cache.get("groups")
+        if groups is None:
+            groups = self._cache["groups"] = {
+                g: tuple(s.name for s in self._specs if test(s)) for g, test in _GROUPS.items()}
+        return dict(groups)
+
+    # -- derived sets --------------------------------------------------------------------
+    def without(self, names):
+        """This set without some buffers.
+
+        Parameters
+        ----------
+        names : str or iterable of str
+            Buffers of this set.
+
+        Returns
+        -------
+        BufferSet
+
+        Raises
+        ------
+        ValueError
+            A name that is not in the set.
+        """
+        names = (names,) if isinstance(names, str) else tuple(names)
+        for n in names:
+            self.index(n)
+        drop = set(names)
+        return BufferSet._trusted([s for s in self._specs if s.name not in drop])
+
+    def with_(self, specs):
+        """This set with more buffers, appended in order.
+
+        Parameters
+        ----------
+        specs : BufferSpec or iterable of BufferSpec
+
+        Returns
+        -------
+        BufferSet
+
+        Raises
+        ------
+        TypeError, ValueError
+            As the constructor: a name already in the set, too many buffers.
+        """
+        specs = (specs,) if isinstance(specs, BufferSpec) else tuple(specs)
+        return BufferSet(self._specs + specs)
+
+    def replace(self, name, **changes):
+        """This set with one spec changed (`BufferSpec.replace`), in place in the order.
+
+        Parameters
+        ----------
+        name : str
+            A buffer of this set.
+        **changes
+            As `BufferSpec.replace`; ``name=`` renames it.
+
+        Returns
+        -------
+        BufferSet
+
+        Raises
+        ------
+        TypeError, ValueError
+            An unknown buffer, or a change the spec or the set refuses.
+        """
+        i = self.index(name)
+        specs = list(self._specs)
+        specs[i] = specs[i].replace(**changes)
+        return BufferSet(specs)
+
+    # -- identity ------------------------------------------------------------------------
+    def fingerprint(self):
+        """A digest of everything that decides the layout (names, order,
+        sizes, element types, helpers, alignment): equal sets have equal
+        fingerprints.  Tensor-parallel ranks compare it.
+
+        Returns
+        -------
+        str
+            32 hex digits.
+        """
+        fp = self._cache.get("fingerprint")
+        if fp is None:
+            data = [[s.name, s.dtype, s.itemsize, s.formula, s.zero_all, s.prefill, s.rows,
+                     s.checksum, s.align, s.init_zero] for s in self._specs]
+            fp = self._cache["fingerprint"] = hashlib.sha256(
+                json.dumps(data, separators=(",", ":")).encode()).hexdigest()[:32]
+        return fp
+
+    def __eq__(self, other):
+        if type(other) is not BufferSet:
+            return NotImplemented
+        return self is other or self._specs == other._specs
+
+    def __hash__(self):
+        h = self._cache.get("hash")
+        if h is None:
+            h = self._cache["hash"] = hash(self._specs)
+        return h
+
+    def __reduce__(self):
+        return (BufferSet._trusted, (self._specs,))
+
+    def __repr__(self):
+        if self is _reference():
+            return "<BufferSet REFERENCE: 46 buffers>"
+        return f"<BufferSet of {len(self)} buffers: {', '.join(self.names[:6])}" + \
+            (", ...>" if len(self) > 6 else ">")
+
+    # -- files ---------------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, data, where="buffer set"):
+        """A set from plain data, as a buffers file holds it.
+
+        Parameters
+        ----------
+        data : dict
+            ``base``: ``"reference"`` (default) or ``"empty"``; ``drop``: names of
+            the base to leave out; ``replace``: name -> changed fields; ``buffer``:
+            a list of new specs, each a dict of `BufferSpec` arguments.
+        where : str, optional
+            What the data is, for the messages (a file name).
+
+        Returns
+        -------
+        BufferSet
+
+        Raises
+        ------
+        TypeError, ValueError
+            A key or value the format does not have, or a spec or set error
+            (each message starts with `where`).
+        """
+        if not isinstance(data, dict):
+            raise TypeError(f"{where}: a table (dict) at the top, got {type(data).__name__}")
+        unknown = set(data) - {"base", "drop", "replace", "buffer"}
+        if unknown:
+            raise ValueError(f"{where}: unknown key {sorted(unknown)[0]!r}; the keys are base, "
+                             "drop, replace, buffer")
+        base = data.get("base", "reference")
+        if base not in ("reference", "empty"):
+            raise ValueError(f"{where}: base must be 'reference' or 'empty', got {base!r}")
+        out = _reference() if base == "reference" else BufferSet()
+        try:
+            drop = data.get("drop", [])
+            if not isinstance(drop, list) or not all(isinstance(n, str) for n in drop):
+                raise TypeError("drop must be a list of buffer names")
+            out = out.without(drop)
+            changes = data.get("replace", {})
+            if not isinstance(changes, dict):
+                raise TypeError("replace must be a table of buffer name -> fields")
+            for name, fields in changes.items():
+                if not isinstance(fields, dict):
+                    raise TypeError(f"replace.{name} must be a table of fields")
+                out = out.replace(name, **fields)
+            new = data.get("buffer", [])
+            if not isinstance(new, list):
+                raise TypeError("buffer must be a list of tables ([[buffer]])")
+            specs = []
+            for i, fields in enumerate(new):
+                if not isinstance(fields, dict) or not isinstance(fields.get("name"), str):
+                    raise TypeError(f"buffer[{i}] must be a table with a name")
+                fields = dict(fields)
+                name = fields.pop("name")
+                try:
+                    specs.append(BufferSpec(name, **fields))
+                except TypeError as e:
+                    if "unexpected keyword" in str(e):
+                        raise TypeError(f"buffer spec {name!r}: {e}") from None
+                    raise
+            return out.with_(specs)
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"{where}: {e}") from None
+
+    @classmethod
+    def load(cls, path):
+        """A set from a buffers file: TOML (``.toml``) or JSON (``.json``).
+
+        Parameters
+        ----------
+        path : str or os.PathLike
+            The file; its format is told by its suffix (TOML otherwise).
+
+        Returns
+        -------
+        BufferSet
+
+        Raises
+        ------
+        OSError
+            The file cannot be read.
+        ValueError, TypeError
+            It does not parse, or as `from_dict` (the file is named).
+        """
+        import os
+        path = os.fspath(path)
+        with open(path, "rb") as f:
+            raw = f.read()
+        if path.endswith(".json"):
+            try:
+                data = json.loads(raw.decode("utf-8"))
+            except (UnicodeDecodeError, ValueError) as e:
+                raise ValueError(f"{path}: not JSON: {e}") from None
+        else:
+            data = _toml(raw, path)
+        return cls.from_dict(data, path)
+
+    def to_dict(self, base=None):
+        """The set as plain data, the inverse of `from_dict`.
+
+        Parameters
+        ----------
+        base : BufferSet, optional
+            Write the set as changes to `base` (dropped names, replaced specs,
+            new ones); None: `REFERENCE` when that is shorter, else every spec.
+
+        Returns
+        -------
+        dict
+            ``BufferSet.from_dict(s.to_dict()) == s`` holds when the set keeps
+            `base`'s remaining buffers in their order, new ones after.
+        """
+        ref = _reference()
+        if base is None:
+            kept = [s.name for s in self._specs if s.name in ref]
+            base = ref if kept == [n for n in ref.names if n in self] and kept else BufferSet()
+        out = {"base": "reference" if base == ref else "empty"}
+        if base == ref:
+            drop = [n for n in base.names if n not in self]
+            if drop:
+                out["drop"] = drop
+            rep = {s.name: {k: v for k, v in s.to_dict().items()
+                            if k != "name" and base[s.name].to_dict().get(k) != v}
+                   for s in self._specs if s.name in base and s != base[s.name]}
+            if rep:
+                out["replace"] = rep
+        new = [s.to_dict() for s in self._specs if s.name not in base]
+        if new:
+            out["buffer"] = new
+        return out
+
+
+def _toml(raw, path):
+    try:
+        import tomllib
+    except ImportError:         # Python 3.10
+        try:
+            import tomli as tomllib
+        except ImportError:
+            raise ValueError(f"{path}: reading TOML on Python 3.10 needs the tomli package "
+                             "(pip install tomli), or give the set as JSON") from None
+    try:
+        return tomllib.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise ValueError(f"{path}: not TOML: {e}") from None
+
+
+def _reference():
+    from .reference import REFERENCE
+    return REFERENCE

@@ -1,0 +1,5 @@
+from metrale.buffers import BufferSet
+
+__all__ = ["REFERENCE"]
+
+REFERENCE: BufferSet
