@@ -1,5 +1,6 @@
-"""Host microbenchmarks through pyperf: accessors, call paths, the scratch fast
-path and import cost, each beside its anchors in the same invocation.
+"""Host microbenchmarks through pyperf: accessors, buffers by name (`ptr`,
+`ptrs`, for the reference set and an engine's own), call paths, the scratch
+fast path and import cost, each beside its anchors in the same invocation.
 
 pyperf runs every benchmark in fresh worker processes, calibrates the loop
 count and warns when the figures are unstable; the table at the end gives the
@@ -56,7 +57,8 @@ class RefScratchManager:
 
 def setup():
     """The namespace of the timed statements."""
-    from metrale import BufferArena, BufferSizes, HostBackend, ModelConfig, ScratchSpaceManager
+    from metrale import (REFERENCE, BufferArena, BufferSizes, BufferSpec, HostBackend, ModelConfig,
+                         ScratchSpaceManager)
     cfg = ModelConfig.preset("qwen3-next-80b")
     gpu = HostBackend()
     sizes = BufferSizes.from_config(cfg, 128, 4096, 16, 32, env={}).replace(ssm_rowwise_w_bf16=4096)
@@ -65,6 +67,11 @@ def setup():
     # (argument checks, the in-flight count, the range computation).
     empty = BufferArena.from_sizes(cfg, BufferSizes(**dict.fromkeys(sizes.as_dict(), 0))
                                    .replace(o_latent=256), 128, 32, gpu)
+    # An engine's own set (docs/buffer-sets.md): some reference buffers dropped,
+    # its own workspaces added.
+    own = REFERENCE.without(("ffn_act_q8", "fp8_act")).with_(
+        BufferSpec("sampler_probs", "float32", ["max_batch_size", "vocab_size"]))
+    custom = BufferArena.new(cfg, 128, 4096, 16, 32, gpu, env={}, buffers=own)
     mgr = ScratchSpaceManager(4096, 8)
     mgr.get_scratch()
     refm = RefScratchManager(4096, 8)
@@ -76,7 +83,8 @@ def setup():
         pass
     plain = Plain()
     plain.ptr = arena.hidden_states()
-    return dict(arena=arena, empty=empty, gpu=gpu, cfg=cfg, mgr=mgr, refm=refm, local=local,
+    return dict(arena=arena, empty=empty, custom=custom, gpu=gpu, cfg=cfg, mgr=mgr, refm=refm,
+                local=local,
                 slots=SlotsArena(arena.hidden_states()), plain=plain, dct={"hidden_states": 1})
 
 
@@ -104,6 +112,13 @@ ROWS = [
     ("accessor", "arena.moe_fp8_scratch(cfg, 64) (cached)", "arena.moe_fp8_scratch(cfg, 64)"),
     ("accessor", "empty.zero_all(gpu, 0) (call path)", "empty.zero_all(gpu, 0)"),
     ("accessor", "empty.zero_all_rows(gpu, 0, 1) (call path)", "empty.zero_all_rows(gpu, 0, 1)"),
+    ("by name", "anchor: arena.hidden_states() (accessor)", "arena.hidden_states()"),
+    ("by name", "arena.ptr('hidden_states')", "arena.ptr('hidden_states')"),
+    ("by name", "arena.ptrs.hidden_states", "arena.ptrs.hidden_states"),
+    ("by name", "arena.buffers['hidden_states'].ptr", "arena.buffers['hidden_states'].ptr"),
+    ("by name", "own set: custom.hidden_states()", "custom.hidden_states()"),
+    ("by name", "own set: custom.ptr('sampler_probs')", "custom.ptr('sampler_probs')"),
+    ("by name", "own set: custom.ptrs.sampler_probs", "custom.ptrs.sampler_probs"),
     ("scratch", "anchor: reference port (dict + lock)", "refm.get_scratch()"),
     ("scratch", "mgr.get_scratch()", "mgr.get_scratch()"),
     ("scratch", "anchor: threading.local read", "local.space"),

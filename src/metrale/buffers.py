@@ -21,35 +21,14 @@ nothing else.
 import hashlib
 import json
 
-from . import formulas
-from ._dtypes import ITEMSIZE
-from ._math import U64_MAX
 from ._record import Record
 
 __all__ = ["BufferSpec", "BufferSet", "ROW_RULES", "ACCESSORS", "MAX_BUFFERS",
            "MAX_ZERO_ALL", "RESERVED_NAMES"]
 
-# zero_all_rows rules: "whole" (cleared whole), "M" (rows of max_batch_tokens),
-# "Mp" (rows of ceil16(max_batch_tokens): GEMM-tiled buffers), "auto" (either,
-# told apart by the size's divisibility: ARENA.md 5.2, the reference rule).
-ROW_RULES = ("whole", "M", "Mp", "auto")
-# The accessors the arena class has compiled in, for the reference buffers.
-ACCESSORS = ("pointer", "bytes")
-# The C core's limits (arena_core.h MT_MAX_BUFFERS; kernels/zero_ranges.h
-# MT_MAX_ROWS_ENTRIES - 1: zero_all_rows clears its buffers in one launch whose
-# parameter block holds one entry per buffer, plus one a hole may split off).
-MAX_BUFFERS = 256
-MAX_ZERO_ALL = 30
-_MIN_ALIGN, _MAX_ALIGN = 256, 1 << 30
-_MAX_NAME = 64
-# The step inputs (StepInputs): token ids, then the byte scratch whose front
-# holds the token count and the decode metadata; one upload reaches both.
-STEP_IDS, STEP_META = "token_ids", "scratch"
-# Names a buffer cannot have: BufferSizes' attributes and methods.
-RESERVED_NAMES = frozenset({
-    "buffers", "limits", "levers", "from_config", "total_bytes", "as_dict", "as_tuple",
-    "replace", "keys", "items", "values", "get",
-})
+from ._spec_rules import (ACCESSORS, MAX_BUFFERS, MAX_ZERO_ALL, RESERVED_NAMES, ROW_RULES,
+                          STEP_IDS, STEP_META, check_spec, dims_of)
+
 _TEXT = ("holds", "words", "dtype_note", "families", "empty")
 
 
@@ -151,7 +130,7 @@ class BufferSpec(Record):
                  zero_all=False, prefill=False, rows="whole", checksum=False, total=True,
                  align=256, accessors=(), init_zero=False, shape_exact=None, shape_when=None,
                  holds="", words="", dtype_note="", families="", empty=""):
-        fields = _checked(name, dtype, shape, size, itemsize, floor, zero_all, prefill, rows,
+        fields = check_spec(name, dtype, shape, size, itemsize, floor, zero_all, prefill, rows,
                           checksum, total, align, accessors, init_zero, shape_exact,
                           shape_when, dict(holds=holds, words=words, dtype_note=dtype_note,
                                            families=families, empty=empty))
@@ -173,7 +152,7 @@ class BufferSpec(Record):
         if self.dtype is not None:
             out["itemsize"] = None          # the dtype's: follows a changed dtype
         if self.shape_exact and self.size is None:
-            out["shape"] = list(_dims(self.shape))
+            out["shape"] = list(dims_of(self.shape))
             out["shape_exact"] = None
         return out
 
@@ -236,187 +215,6 @@ _DEFAULTS = dict(dtype=None, shape=None, size=None, itemsize=None, floor=None, z
                  prefill=False, rows="whole", checksum=False, total=True, align=256,
                  accessors=(), init_zero=False, shape_exact=None, shape_when=None, holds="",
                  words="", dtype_note="", families="", empty="")
-
-
-def _bool(value, where):
-    if type(value) is not bool:
-        raise TypeError(f"{where} must be a bool, got {type(value).__name__}")
-    return value
-
-
-def _int(value, where, lo, hi=U64_MAX):
-    if type(value) is not int:
-        raise TypeError(f"{where} must be an int, got {type(value).__name__}")
-    if not lo <= value <= hi:
-        raise ValueError(f"{where} must be in {lo} .. {hi}, got {value}")
-    return value
-
-
-def _dims(text):
-    """The dimension expressions of an exact shape's list text."""
-    import ast
-    tree = ast.parse(text.strip(), mode="eval").body
-    if not isinstance(tree, ast.List):
-        raise ValueError("not a list")
-    return tuple(ast.unparse(e) for e in tree.elts)
-
-
-def _simple(expr):
-    return expr.isidentifier() or expr.isdigit()
-
-
-def _reads(names):
-    """Every symbol read through `names`, derived symbols expanded."""
-    terms = {t.name: t for t in formulas.TERMS}
-    seen, todo = set(), [formulas.ALIASES.get(n, n) for n in names]
-    while todo:
-        n = todo.pop()
-        if n in seen:
-            continue
-        seen.add(n)
-        if n in terms:
-            todo.extend(formulas.ALIASES.get(x, x) for x in formulas.names_of(terms[n].expr))
-    return seen
-
-
-def _checked(name, dtype, shape, size, itemsize, floor, zero_all, prefill, rows, checksum,
-             total, align, accessors, init_zero, shape_exact, shape_when, text):
-    if not isinstance(name, str):
-        raise TypeError(f"buffer spec name must be a str, got {type(name).__name__}")
-    if not formulas.is_name(name) or name.startswith("_") or len(name) > _MAX_NAME:
-        raise ValueError(f"buffer spec {name!r}: name must be a Python identifier of at most "
-                         f"{_MAX_NAME} characters, not a keyword and not starting with '_'")
-    where = f"buffer spec {name!r}"
-    if name in RESERVED_NAMES:
-        raise ValueError(f"{where}: name is reserved (a BufferSizes attribute): "
-                         + ", ".join(sorted(RESERVED_NAMES)))
-    if dtype is not None:
-        if not isinstance(dtype, str):
-            raise TypeError(f"{where}: dtype must be a str or None, got {type(dtype).__name__}")
-        if dtype not in ITEMSIZE:
-            raise ValueError(f"{where}: dtype: unknown element type {dtype!r}; one of "
-                             + ", ".join(ITEMSIZE))
-    if itemsize is not None:
-        _int(itemsize, f"{where}: itemsize", 1, 16)
-        if itemsize not in (1, 2, 4, 8, 16):
-            raise ValueError(f"{where}: itemsize must be 1, 2, 4, 8 or 16, got {itemsize}")
-        if dtype is not None and itemsize != ITEMSIZE[dtype]:
-            raise ValueError(f"{where}: itemsize {itemsize} disagrees with dtype {dtype} "
-                             f"({ITEMSIZE[dtype]} bytes)")
-    elif dtype is not None:
-        itemsize = ITEMSIZE[dtype]
-    read = set()
-    # shape: a sequence of dimensions (exact), or a description
-    dims = None
-    if shape is None:
-        text_shape, exact = "", False
-        if shape_exact:
-            raise ValueError(f"{where}: shape_exact without a shape")
-    elif isinstance(shape, str):
-        text_shape = shape
-        exact = bool(_bool(shape_exact, f"{where}: shape_exact")) if shape_exact is not None \
-            else False
-        if exact:
-            try:
-                dims = _dims(shape)
-            except (SyntaxError, ValueError, RecursionError, MemoryError):
-                raise ValueError(f"{where}: shape: an exact shape is a list expression "
-                                 f"such as '[M, H]', got {shape!r}") from None
-    elif isinstance(shape, (list, tuple)):
-        if shape_exact is not None and not shape_exact:
-            raise ValueError(f"{where}: shape_exact=False with a sequence shape")
-        dims = []
-        for i, d in enumerate(shape):
-            if type(d) is int:
-                if d < 1:
-                    raise ValueError(f"{where}: shape[{i}]: a dimension must be >= 1 (a "
-                                     f"zero or negative width), got {d}")
-                _int(d, f"{where}: shape[{i}]", 1)
-                dims.append(str(d))
-            elif isinstance(d, str):
-                dims.append(d.strip())
-            else:
-                raise TypeError(f"{where}: shape[{i}] must be an int or a str expression, "
-                                f"got {type(d).__name__}")
-        if not dims:
-            raise ValueError(f"{where}: shape: no dimensions (a scalar buffer is shape [1])")
-        dims = tuple(dims)
-        text_shape, exact = "[" + ", ".join(dims) + "]", True
-    else:
-        raise TypeError(f"{where}: shape must be a sequence of dimensions or a str, got "
-                        f"{type(shape).__name__}")
-    if dims is not None:
-        for i, d in enumerate(dims):
-            if not d.isdigit():
-                read |= formulas.check(d, f"{where}: shape[{i}]")
-    if shape_when is not None:
-        formulas.check(shape_when, f"{where}: shape_when")
-    if floor is not None:
-        _int(floor, f"{where}: floor", 0)
-    # size: the formula, given or from the shape
-    if size is None:
-        if dims is None:
-            raise ValueError(f"{where}: size: give size= (bytes, or an expression), or a "
-                             "sequence shape")
-        if itemsize is None:
-            raise ValueError(f"{where}: itemsize: a shape-sized buffer needs a dtype or an "
-                             "itemsize")
-        formula = "*".join([str(itemsize)] + [d if _simple(d) else f"({d})" for d in dims])
-        if floor:
-            formula = f"max({formula}, {floor})"
-    elif type(size) is int:
-        _int(size, f"{where}: size", 0)
-        formula = size = str(size)
-    elif isinstance(size, str):
-        read |= formulas.check(size, f"{where}: size")
-        formula = size = size.strip()
-    else:
-        raise TypeError(f"{where}: size must be a str expression or an int, got "
-                        f"{type(size).__name__}")
-    zero_all = _bool(zero_all, f"{where}: zero_all")
-    prefill = _bool(prefill, f"{where}: prefill")
-    checksum = _bool(checksum, f"{where}: checksum")
-    total = _bool(total, f"{where}: total")
-    init_zero = _bool(init_zero, f"{where}: init_zero")
-    if prefill and not zero_all:
-        raise ValueError(f"{where}: prefill: a zero_prefill_essentials buffer is also cleared "
-                         "by zero_all; set zero_all=True")
-    if not isinstance(rows, str):
-        raise TypeError(f"{where}: rows must be a str, got {type(rows).__name__}")
-    if rows not in ROW_RULES:
-        raise ValueError(f"{where}: rows must be one of {', '.join(ROW_RULES)}, got {rows!r}")
-    if rows != "whole":
-        if not zero_all:
-            raise ValueError(f"{where}: rows={rows!r}: zero_all_rows trims only zero_all "
-                             "buffers; set zero_all=True or rows='whole'")
-        if "M" not in _reads(read):
-            raise ValueError(f"{where}: rows={rows!r}: its size has no token dimension (it "
-                             "does not read max_batch_tokens), so it has no rows to trim")
-    _int(align, f"{where}: align", _MIN_ALIGN, _MAX_ALIGN)
-    if align & (align - 1):
-        raise ValueError(f"{where}: align must be a power of two, got {align}")
-    if isinstance(accessors, str) or not isinstance(accessors, (list, tuple)):
-        raise TypeError(f"{where}: accessors must be a sequence of str, got "
-                        f"{type(accessors).__name__}")
-    for a in accessors:
-        if a not in ACCESSORS:
-            raise ValueError(f"{where}: accessors: {a!r} is not one of {', '.join(ACCESSORS)}")
-    accessors = tuple(a for a in ACCESSORS if a in accessors)
-    if accessors:
-        from .reference import REFERENCE
-        have = REFERENCE[name].accessors if name in REFERENCE else ()
-        missing = [a for a in accessors if a not in have]
-        if missing:
-            raise ValueError(f"{where}: accessors: the arena has compiled accessors for the "
-                             f"reference buffers only (none {missing[0]!r} for {name!r}); "
-                             f"use arena.ptr({name!r}) or arena.ptrs.{name}")
-    for k, v in text.items():
-        if not isinstance(v, str):
-            raise TypeError(f"{where}: {k} must be a str, got {type(v).__name__}")
-    return dict(name=name, dtype=dtype, itemsize=itemsize, shape=text_shape, shape_exact=exact,
-                shape_when=shape_when, size=size, formula=formula, floor=floor,
-                zero_all=zero_all, prefill=prefill, rows=rows, checksum=checksum, total=total,
-                align=align, accessors=accessors, init_zero=init_zero, **text)
 
 
 # The groups of a set: which helper or property covers which buffers.
@@ -678,7 +476,7 @@ class BufferSet:
         return f"<BufferSet of {len(self)} buffers: {', '.join(self.names[:6])}" + \
             (", ...>" if len(self) > 6 else ">")
 
-    # -- files ---------------------------------------------------------------------------
+    # -- files (metrale/_buffer_files.py) ----------------------------------------------
     @classmethod
     def from_dict(cls, data, where="buffer set"):
         """A set from plain data, as a buffers file holds it.
@@ -702,46 +500,8 @@ class BufferSet:
             A key or value the format does not have, or a spec or set error
             (each message starts with `where`).
         """
-        if not isinstance(data, dict):
-            raise TypeError(f"{where}: a table (dict) at the top, got {type(data).__name__}")
-        unknown = set(data) - {"base", "drop", "replace", "buffer"}
-        if unknown:
-            raise ValueError(f"{where}: unknown key {sorted(unknown)[0]!r}; the keys are base, "
-                             "drop, replace, buffer")
-        base = data.get("base", "reference")
-        if base not in ("reference", "empty"):
-            raise ValueError(f"{where}: base must be 'reference' or 'empty', got {base!r}")
-        out = _reference() if base == "reference" else BufferSet()
-        try:
-            drop = data.get("drop", [])
-            if not isinstance(drop, list) or not all(isinstance(n, str) for n in drop):
-                raise TypeError("drop must be a list of buffer names")
-            out = out.without(drop)
-            changes = data.get("replace", {})
-            if not isinstance(changes, dict):
-                raise TypeError("replace must be a table of buffer name -> fields")
-            for name, fields in changes.items():
-                if not isinstance(fields, dict):
-                    raise TypeError(f"replace.{name} must be a table of fields")
-                out = out.replace(name, **fields)
-            new = data.get("buffer", [])
-            if not isinstance(new, list):
-                raise TypeError("buffer must be a list of tables ([[buffer]])")
-            specs = []
-            for i, fields in enumerate(new):
-                if not isinstance(fields, dict) or not isinstance(fields.get("name"), str):
-                    raise TypeError(f"buffer[{i}] must be a table with a name")
-                fields = dict(fields)
-                name = fields.pop("name")
-                try:
-                    specs.append(BufferSpec(name, **fields))
-                except TypeError as e:
-                    if "unexpected keyword" in str(e):
-                        raise TypeError(f"buffer spec {name!r}: {e}") from None
-                    raise
-            return out.with_(specs)
-        except (TypeError, ValueError) as e:
-            raise type(e)(f"{where}: {e}") from None
+        from ._buffer_files import from_dict
+        return from_dict(data, where)
 
     @classmethod
     def load(cls, path):
@@ -763,18 +523,8 @@ class BufferSet:
         ValueError, TypeError
             It does not parse, or as `from_dict` (the file is named).
         """
-        import os
-        path = os.fspath(path)
-        with open(path, "rb") as f:
-            raw = f.read()
-        if path.endswith(".json"):
-            try:
-                data = json.loads(raw.decode("utf-8"))
-            except (UnicodeDecodeError, ValueError) as e:
-                raise ValueError(f"{path}: not JSON: {e}") from None
-        else:
-            data = _toml(raw, path)
-        return cls.from_dict(data, path)
+        from ._buffer_files import load
+        return load(path)
 
     def to_dict(self, base=None):
         """The set as plain data, the inverse of `from_dict`.
@@ -783,7 +533,8 @@ class BufferSet:
         ----------
         base : BufferSet, optional
             Write the set as changes to `base` (dropped names, replaced specs,
-            new ones); None: `REFERENCE` when that is shorter, else every spec.
+            new ones); None: `REFERENCE` when this set keeps some of its
+            buffers in its order, else every spec from an empty base.
 
         Returns
         -------
@@ -791,39 +542,8 @@ class BufferSet:
             ``BufferSet.from_dict(s.to_dict()) == s`` holds when the set keeps
             `base`'s remaining buffers in their order, new ones after.
         """
-        ref = _reference()
-        if base is None:
-            kept = [s.name for s in self._specs if s.name in ref]
-            base = ref if kept == [n for n in ref.names if n in self] and kept else BufferSet()
-        out = {"base": "reference" if base == ref else "empty"}
-        if base == ref:
-            drop = [n for n in base.names if n not in self]
-            if drop:
-                out["drop"] = drop
-            rep = {s.name: {k: v for k, v in s.to_dict().items()
-                            if k != "name" and base[s.name].to_dict().get(k) != v}
-                   for s in self._specs if s.name in base and s != base[s.name]}
-            if rep:
-                out["replace"] = rep
-        new = [s.to_dict() for s in self._specs if s.name not in base]
-        if new:
-            out["buffer"] = new
-        return out
-
-
-def _toml(raw, path):
-    try:
-        import tomllib
-    except ImportError:         # Python 3.10
-        try:
-            import tomli as tomllib
-        except ImportError:
-            raise ValueError(f"{path}: reading TOML on Python 3.10 needs the tomli package "
-                             "(pip install tomli), or give the set as JSON") from None
-    try:
-        return tomllib.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
-        raise ValueError(f"{path}: not TOML: {e}") from None
+        from ._buffer_files import to_dict
+        return to_dict(self, base)
 
 
 def _reference():

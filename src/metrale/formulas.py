@@ -384,24 +384,47 @@ def values(config, M, max_seq_len, kv_block_size, max_batch_size, target, env):
         inputs first, then the derived symbols in `TERMS` order.  `namespace`
         adds the long names (`ALIASES`) and the helpers.
     """
+    ns = evaluation_namespace(config, M, max_seq_len, kv_block_size, max_batch_size, target, env)
+    return {k: ns[k] for k in _ORDER}
+
+
+# The symbols `values` returns, in order.
+_ORDER = tuple(s.name for s in SYMBOLS) + tuple(t.name for t in TERMS)
+
+
+def evaluation_namespace(config, M, max_seq_len, kv_block_size, max_batch_size, target, env):
+    """`namespace` of `values`, made directly (the sizing evaluates every
+    formula of a set in it).
+
+    Parameters
+    ----------
+    config, M, max_seq_len, kv_block_size, max_batch_size, target, env : object
+        As `values` takes them.
+
+    Returns
+    -------
+    dict
+        The helpers, every symbol and derived symbol, and the long names.
+    """
     from .levers import lever_on
     from .sizes import resolve_splitk
 
     policy, pinned = resolve_splitk(target, env)
     v = {"M": M, "max_seq_len": max_seq_len, "kv_block_size": kv_block_size,
          "max_batch_size": max_batch_size}
-    for s in SYMBOLS:
-        if len(s.fields) == 1 and not s.levers:
-            v[s.name] = getattr(config, s.fields[0])
+    for s in _FIELD_SYMBOLS:
+        v[s.name] = getattr(config, s.fields[0])
     v["sm_count"] = target.sm_count
     v["splitk_policy"], v["splitk_n"] = policy, pinned
     for lever, name in _SWITCHES:
         v[name] = lever_on(lever, env, config)      # the one lever rule
     ns = namespace(v)
     exec(_code(_TERMS_CODE, "exec"), ns)
-    for t in TERMS:
-        v[t.name] = ns[t.name]
-    return v
+    return ns
+
+
+# The input symbols read from one config field each.
+_FIELD_SYMBOLS = tuple(s for s in SYMBOLS if len(s.fields) == 1 and not s.levers)
 
 
 def namespace(symbol_values):

@@ -561,15 +561,15 @@ class BufferSizes(Mapping):
             all sizes exceeds 2**64 - 1 (the message names the buffer and
             max_batch_tokens).
         """
-        from .formulas import values as symbol_values
+        from .formulas import evaluation_namespace
         buffers = _buffer_set(buffers)
         M, max_seq_len, kv_block_size, max_batch_size, target, env = sizing_inputs(
             config, max_batch_tokens, max_seq_len, kv_block_size, max_batch_size, target, env)
         tp = check_index(tp_size, "tp_size", 1)
         config = config.shard(tp)
-        symbols = symbol_values(config, M, max_seq_len, kv_block_size, max_batch_size, target,
-                                env)
-        values = _evaluate(buffers, symbols)
+        ns = evaluation_namespace(config, M, max_seq_len, kv_block_size, max_batch_size, target,
+                                  env)
+        values = _evaluate(buffers, ns)
         levers = {}
         for lv in LEVERS:
             raw = env.get(lv.name)
@@ -698,15 +698,13 @@ def _totalled(buffers):
     return ids
 
 
-def _evaluate(buffers, symbols):
-    """Every size of the set for these symbol values (one compiled
+def _evaluate(buffers, ns):
+    """Every size of the set in the evaluation namespace `ns` (one compiled
     expression per set); ValueError naming the spec that fails."""
-    from .formulas import namespace
     code = buffers._cache.get("sizing")
     if code is None:
         code = buffers._cache["sizing"] = compile(
             "(" + "".join(f"({s.formula}), " for s in buffers) + ")", "<buffer set>", "eval")
-    ns = namespace(symbols)
     try:
         values = eval(code, ns)
     except ArithmeticError:
@@ -717,10 +715,10 @@ def _evaluate(buffers, symbols):
                 v = eval(s.formula, ns)
             except ArithmeticError as e:
                 raise ValueError(f"buffer spec {s.name!r}: size: {s.formula} fails at "
-                                 f"max_batch_tokens={symbols['M']}: {e}") from None
+                                 f"max_batch_tokens={ns['M']}: {e}") from None
             if type(v) is not int or v < 0:
                 raise ValueError(f"buffer spec {s.name!r}: size: {s.formula} = {v!r} at "
-                                 f"max_batch_tokens={symbols['M']}, not a size in bytes")
+                                 f"max_batch_tokens={ns['M']}, not a size in bytes")
     return values
 
 
