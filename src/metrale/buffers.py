@@ -549,3 +549,27 @@ class BufferSet:
 def _reference():
     from .reference import REFERENCE
     return REFERENCE
+
+
+def buffer_set_arg(buffers):
+    """The set a ``buffers=`` argument names: None means `REFERENCE`.
+
+    Parameters
+    ----------
+    buffers : BufferSet or None
+        The argument.
+
+    Returns
+    -------
+    BufferSet
+
+    Raises
+    ------
+    TypeError
+        `buffers` is neither a BufferSet nor None.
+    """
+    if buffers is None:
+        return _reference()
+    if not isinstance(buffers, BufferSet):
+        raise TypeError(f"buffers must be a BufferSet or None, got {type(buffers).__name__}")
+    return buffers

@@ -6,13 +6,10 @@ from metrale._record import Record
 __all__ = ["BufferSpec", "BufferSet", "ROW_RULES", "ACCESSORS", "MAX_BUFFERS", "MAX_ZERO_ALL",
            "RESERVED_NAMES"]
 
-ROW_RULES: tuple[str, ...]
-ACCESSORS: tuple[str, ...]
-MAX_BUFFERS: int
-MAX_ZERO_ALL: int
-STEP_IDS: str
-STEP_META: str
-RESERVED_NAMES: frozenset[str]
+from metrale._spec_rules import (ACCESSORS as ACCESSORS, MAX_BUFFERS as MAX_BUFFERS,
+                                 MAX_ZERO_ALL as MAX_ZERO_ALL, RESERVED_NAMES as RESERVED_NAMES,
+                                 ROW_RULES as ROW_RULES, STEP_IDS as STEP_IDS,
+                                 STEP_META as STEP_META)
 
 class BufferSpec(Record):
     name: str
@@ -73,3 +70,5 @@ class BufferSet:
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> BufferSet: ...
     def to_dict(self, base: BufferSet | None = None) -> dict[str, Any]: ...
+
+def buffer_set_arg(buffers: BufferSet | None) -> BufferSet: ...

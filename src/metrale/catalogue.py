@@ -19,7 +19,7 @@ only; the sizing modules load on first use.
 
 import re
 
-from .buffers import BufferSpec
+from .buffers import BufferSpec, buffer_set_arg
 from .formulas import SYMBOLS, TERMS, Symbol, Term, evaluate as _evaluate, names_of as _names
 from ._record import Record
 from .levers import LEVERS
@@ -101,17 +101,8 @@ def symbols(config, max_batch_tokens, max_seq_len, kv_block_size, max_batch_size
                                          max_batch_size, target, env))
 
 
-def _set(buffers):
-    if buffers is None:
-        return REFERENCE
-    from .buffers import BufferSet
-    if not isinstance(buffers, BufferSet):
-        raise TypeError(f"buffers must be a BufferSet or None, got {type(buffers).__name__}")
-    return buffers
-
-
 def _entry(name, buffers=None):
-    buffers = _set(buffers)
+    buffers = buffer_set_arg(buffers)
     if not isinstance(name, str):
         raise TypeError(f"name must be a str, got {type(name).__name__}")
     if name not in buffers:
@@ -378,7 +369,7 @@ def explain(name, sizes=None, config=None, *, max_batch_tokens=None, max_seq_len
             raise TypeError(f"sizes must be a BufferSizes or None, got {type(sizes).__name__}")
         if buffers is None:
             buffers = sizes.buffers
-    buffers = _set(buffers)
+    buffers = buffer_set_arg(buffers)
     e = _entry(name, buffers)
     i = buffers.index(name)
     doc = f"docs/buffers.md#{name}" if buffers is REFERENCE else "an engine's own set"

@@ -8,7 +8,7 @@ import os
 from collections.abc import Mapping
 
 from ._common import check_index
-from .buffers import BufferSet
+from .buffers import buffer_set_arg
 from ._math import U64_MAX
 from ._record import Record
 from .config import ModelConfig
@@ -429,7 +429,7 @@ class BufferSizes(Mapping):
     __slots__ = ("_set", "_values", "_levers", "_limits")
 
     def __init__(self, buffers=None, /, **sizes):
-        buffers = _buffer_set(buffers)
+        buffers = buffer_set_arg(buffers)
         missing = [n for n in buffers.names if n not in sizes]
         if missing:
             raise TypeError(f"BufferSizes() missing entries: {', '.join(missing)}")
@@ -562,7 +562,7 @@ class BufferSizes(Mapping):
             max_batch_tokens).
         """
         from .formulas import evaluation_namespace
-        buffers = _buffer_set(buffers)
+        buffers = buffer_set_arg(buffers)
         M, max_seq_len, kv_block_size, max_batch_size, target, env = sizing_inputs(
             config, max_batch_tokens, max_seq_len, kv_block_size, max_batch_size, target, env)
         tp = check_index(tp_size, "tp_size", 1)
@@ -674,14 +674,6 @@ class BufferSizes(Mapping):
         if self._set is REFERENCE:
             return f"BufferSizes({sizes})"
         return f"BufferSizes({self._set!r}, {sizes})"
-
-
-def _buffer_set(buffers):
-    if buffers is None:
-        return REFERENCE
-    if not isinstance(buffers, BufferSet):
-        raise TypeError(f"buffers must be a BufferSet or None, got {type(buffers).__name__}")
-    return buffers
 
 
 def _validated(buffers, sizes):
