@@ -7,10 +7,12 @@ import os
 import sys
 
 import metrale
+from metrale.buffers import BufferSet
 from metrale.config import ModelConfig
 from metrale.errors import MetraleError
 from metrale.levers import LEVERS
-from metrale.sizes import BUFFER_NAMES, SPLITK_POLICIES, BufferSizes, Target
+from metrale.reference import REFERENCE
+from metrale.sizes import SPLITK_POLICIES, BufferSizes, Target
 
 # Exit statuses: 2 for what the user typed (flags, values, the config file),
 # 1 for what failed while running (an allocation refused, a driver error).
@@ -49,6 +51,7 @@ def _parser():
     plan.add_argument("--max-batch-tokens", type=int, default=8192, metavar="M",
                       help="most tokens one forward pass carries (default: %(default)s)")
     _limit_args(plan)
+    _buffer_args(plan)
     plan.add_argument("--tokens", type=int, default=1, metavar="T",
                       help="live tokens for the zero_all_rows(T) ranges reported (default: %(default)s)")
     plan.add_argument("--allocate", action="store_true",
@@ -70,6 +73,15 @@ def _model_args(p):
     p.add_argument("--strict", action="store_true",
                    help="refuse a --config whose keys metrale does not understand whole, "
                    "instead of listing them")
+
+
+def _buffer_args(p):
+    """--buffers and --drop: the buffer set, as plan and fit take it."""
+    p.add_argument("--buffers", metavar="FILE",
+                   help="the engine's own buffer set, a TOML or JSON file (docs/buffer-sets.md); "
+                   "default: the reference engine's 46 buffers")
+    p.add_argument("--drop", metavar="NAME", action="append", default=[],
+                   help="leave buffer NAME out of the set (repeatable)")
 
 
 def _limit_args(p):
@@ -116,6 +128,7 @@ def _fit_parser(sub):
     fit.add_argument("--max-batch-tokens", type=int, default=None, metavar="M",
                      help="do not search: the arena at this M (default: the largest that fits)")
     _limit_args(fit)
+    _buffer_args(fit)
     fit.add_argument("--reserve", action="store_true",
                      help="size a reserved arena (stable addresses): each buffer rounded up to "
                      "--granularity")
@@ -143,8 +156,9 @@ def _lever_report(config, sizes, limits, target, env, tp):
         cfg, without = config, {k: v for k, v in env.items() if k != name}
         if how == "quantization_config":
             cfg = config.replace(quantization="")
-        base = BufferSizes.from_config(cfg, *limits, target=target, env=without, tp_size=tp)
-        changed = {n: [base[n], sizes[n]] for n in BUFFER_NAMES if base[n] != sizes[n]}
+        base = BufferSizes.from_config(cfg, *limits, target=target, env=without, tp_size=tp,
+                                       buffers=sizes.buffers)
+        changed = {n: [base[n], sizes[n]] for n in sizes if base[n] != sizes[n]}
         out.append({"lever": name, "value": how,
                     "source": "quantization_config" if how == "quantization_config" else "environment",
                     "changed": changed})
@@ -160,6 +174,31 @@ def _quantization_report(config):
     levers = quantization_levers(config)
     return {"method": config.quantization, "levers": list(levers),
             "used": bool(levers)}
+
+
+def _buffer_set(args):
+    """The buffer set of --buffers less --drop, and its record for the output."""
+    buffers = REFERENCE if args.buffers is None else BufferSet.load(args.buffers)
+    if args.drop:
+        try:
+            buffers = buffers.without(args.drop)
+        except ValueError as e:
+            raise ValueError(f"--drop: {e}"
+                             + (f" (the set of {args.buffers})" if args.buffers else "")) from None
+    record = {"reference": buffers == REFERENCE, "file": args.buffers,
+              "dropped": list(dict.fromkeys(args.drop)), "fingerprint": buffers.fingerprint(),
+              "count": len(buffers), "names": list(buffers.names)}
+    return buffers, record
+
+
+def _set_line(record):
+    """The set, in words: the header line of plan and fit when one was given."""
+    what = f"from {record['file']}" if record["file"] else "REFERENCE"
+    if record["dropped"]:
+        what += " without " + ", ".join(record["dropped"])
+    if record["reference"] and (record["file"] or record["dropped"]):
+        what += ": the same as REFERENCE"
+    return f"buffers: {record['count']} ({what}), fingerprint {record['fingerprint']}"
 
 
 def _model(args):
@@ -191,16 +230,19 @@ class _Planned:
     """What one ``metrale plan`` computes, as typed objects: the dict of
     ``--json`` and the picture of ``--svg`` are both read from it."""
 
-    __slots__ = ("model", "config", "notes", "target", "sizes", "layout")
+    __slots__ = ("model", "config", "notes", "target", "buffers", "set_record", "sizes",
+                 "layout")
 
     def __init__(self, args):
         from metrale._layout import plan_layout
         (self.config, self.notes), self.target = _model(args), _target(args)
+        self.buffers, self.set_record = _buffer_set(args)
         self.model = args.preset or args.config      # as the reader named it
         self.sizes = BufferSizes.from_config(self.config, args.max_batch_tokens,
                                              args.max_seq_len, args.kv_block_size,
                                              args.max_batch_size, target=self.target,
-                                             env=os.environ, tp_size=args.tp)
+                                             env=os.environ, tp_size=args.tp,
+                                             buffers=self.buffers)
         self.layout = plan_layout(self.sizes, args.max_batch_tokens)
 
 
@@ -238,8 +280,8 @@ def _report(args, planned):
     offsets = layout.offsets
     rows = []
     for name in layout.slab_order:
-        n = getattr(sizes, name)
-        m = membership(name)
+        n = sizes[name]
+        m = membership(name, buffers=planned.buffers)
         # zero_all_rows covers every zero_all buffer: the token-major ones
         # trimmed to the live rows ("rows"), the others whole ("rows:whole").
         groups = [g for g, on in (("zero_all", m["zero_all"]),
@@ -254,6 +296,7 @@ def _report(args, planned):
         "model_type": config.model_type,
         "config_warnings": planned.notes,
         "tp_size": args.tp,
+        "buffer_set": planned.set_record,
         "max_batch_tokens": args.max_batch_tokens, "max_seq_len": args.max_seq_len,
         "kv_block_size": args.kv_block_size, "max_batch_size": args.max_batch_size,
         "target": {"sm_count": target.sm_count, "splitk": target.splitk,
@@ -262,13 +305,14 @@ def _report(args, planned):
         "quantization": _quantization_report(config),
         "buffers": rows,
         "total_bytes": sizes.total_bytes(),
+        "not_in_total": [n for n in sizes if not planned.buffers[n].total],
         "slab_bytes": layout.slab_bytes,
         "zero_all": dict(zip(("offset", "length"), layout.zero_all)),
         "zero_prefill": dict(zip(("offset", "length"), layout.zero_prefill)),
         "zero_all_rows": {"tokens": args.tokens,
                           "ranges": [{"offset": o, "length": n}
                                      for o, n in layout.rows_ranges(args.tokens)]},
-        "null_buffers": [n for n in BUFFER_NAMES if getattr(sizes, n) == 0],
+        "null_buffers": [n for n in sizes if sizes[n] == 0],
     }
     if args.allocate:
         from metrale import BufferArena, HostBackend
@@ -279,7 +323,8 @@ def _report(args, planned):
             arena.zero_all(gpu, 0)
             result["allocated"] = {"backend": "host", "slab_bytes": arena.slab_bytes(),
                                    "allocations": gpu.alloc_count,
-                                   "zero_all_operations": gpu.memset_count - before}
+                                   "zero_all_operations": gpu.memset_count - before,
+                                   "fingerprint": arena.sizes().buffers.fingerprint()}
     return result
 
 
@@ -297,7 +342,8 @@ def _explain(args, planned):
     config = planned.config.shard(args.tp)   # the formula, evaluated for one rank
     return explain(args.explain, planned.sizes, config, max_batch_tokens=args.max_batch_tokens,
                    max_seq_len=args.max_seq_len, kv_block_size=args.kv_block_size,
-                   max_batch_size=args.max_batch_size, target=planned.target)
+                   max_batch_size=args.max_batch_size, target=planned.target,
+                   buffers=planned.buffers)
 
 
 def _print(result, out):
@@ -310,6 +356,8 @@ def _print(result, out):
       f"target={t['sm_count']} SMs/{t['splitk']}{tp}\n")
     for note in result["config_warnings"]:
         w(f"config: not understood: {note['message']}\n")
+    if result["buffer_set"]["file"] or result["buffer_set"]["dropped"]:
+        w(_set_line(result["buffer_set"]) + "\n")
     if t["splitk_switched"]:
         w("note: --sm-count switched the split-K policy from the reference's 'legacy' to "
           "'auto' (pass --splitk to choose)\n")
@@ -340,8 +388,10 @@ def _print(result, out):
     w(f"zero_all:                one range, offset {za['offset']:,}, {za['length']:,} bytes\n")
     w(f"zero_prefill_essentials: one range, offset {zp['offset']:,}, {zp['length']:,} bytes\n")
     w(f"NULL buffers ({len(result['null_buffers'])}): {', '.join(result['null_buffers']) or '-'}\n")
+    left_out = result["not_in_total"]
     w(f"total_bytes(): {result['total_bytes']:,} ({_mib(result['total_bytes'])} MiB; "
-      "all but o_latent and norm_unit_w)\n")
+      + (f"all but {' and '.join(left_out)}" if 0 < len(left_out) <= 3 else
+         f"all but {len(left_out)} buffers" if left_out else "every buffer") + ")\n")
     w(f"slab:          {result['slab_bytes']:,} ({_mib(result['slab_bytes'])} MiB, one allocation)\n")
     if "allocated" in result:
         a = result["allocated"]
@@ -374,6 +424,7 @@ def fit_answer(args):
     from metrale.fitting import fit, growth, growth_span, parse_size
 
     (config, notes), target = _model(args), _target(args)
+    buffers, set_record = _buffer_set(args)
     if args.budget is not None:
         if args.weights is not None:
             raise ValueError("--weights goes with --gpu-mem (the budget is their difference); "
@@ -398,7 +449,7 @@ def fit_answer(args):
     elif args.granularity is not None:
         raise ValueError("--granularity goes with --reserve")
     env = os.environ
-    sizing = dict(tp_size=args.tp, env=env, target=target)
+    sizing = dict(tp_size=args.tp, env=env, target=target, buffers=buffers)
     limits = (args.max_seq_len, args.kv_block_size, args.max_batch_size)
     result = fit(config, budget, *limits, reserve=args.reserve, debug=debug,
                  granularity=granularity, max_batch_tokens=args.max_batch_tokens,
@@ -412,6 +463,7 @@ def fit_answer(args):
         "target": {"sm_count": target.sm_count, "splitk": target.splitk,
                    "splitk_switched": args.sm_count is not None and args.splitk is None},
         "levers": sizes.levers(),
+        "buffer_set": set_record,
         "budget_from": source,
         "fit": {name: getattr(result, name) for name in result.__slots__},
     }
@@ -439,6 +491,8 @@ def _print_fit(answer, out):
     if t["splitk_switched"]:
         w("note: --sm-count switched the split-K policy from the reference's 'legacy' to "
           "'auto' (pass --splitk to choose)\n")
+    if answer["buffer_set"]["file"] or answer["buffer_set"]["dropped"]:
+        w(_set_line(answer["buffer_set"]) + "\n")
     src = answer["budget_from"]
     if "gpu_mem" in src:
         w(f"budget: --gpu-mem {src['gpu_mem']:,} less --weights {src['weights']:,} bytes\n")
