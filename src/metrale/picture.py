@@ -112,6 +112,9 @@ class _Plan:
         self.placed = [(n, offsets[n], sizes[n]) for n in layout.slab_order if sizes[n]]
         if not self.placed:
             raise ValueError("sizes places no buffer in the slab: every size is 0")
+        # The placed buffers a set aligns beyond the slab's 256 bytes (name -> bytes).
+        spec = sizes.buffers
+        self.aligned = {n: spec[n].align for n, _, _ in self.placed if spec[n].align > 256}
         self.nulls = [n for n, b in sizes.items() if not b]
         self.tokens = operator.index(tokens)
         self.ranges = {"zero_all": [layout.zero_all], "zero_prefill": [layout.zero_prefill],
@@ -305,8 +308,13 @@ def render_svg(layout, sizes, *, target, tokens, model, model_type):
     limits = " \u00b7 ".join(f"{k} {v:,}" for k, v in p.limits)
     w(_text(_MARGIN, 54, f"{limits} \u00b7 target {p.sm_count} SMs, split-K "
             f"{_shorten(p.splitk, 12)}", size=13, fill=_MUTED))
+    aligned = "256-byte aligned offsets"
+    if p.aligned:
+        most = max(p.aligned.values())
+        aligned = (f"aligned offsets (256 bytes; {len(p.aligned)} at their spec's, up to "
+                   f"{_human(most)})")
     w(_text(_MARGIN, 74, f"one allocation of {p.slab:,} bytes ({_human(p.slab)}): "
-            f"{n_rows} buffers at 256-byte aligned offsets, {len(p.nulls)} NULL; "
+            f"{n_rows} buffers at {aligned}, {len(p.nulls)} NULL; "
             f"total_bytes() {p.total:,}", size=13, fill=_MUTED))
 
     # Legend.
@@ -461,7 +469,8 @@ def _table(w, p, rows, row_h, y_of, scale):
                 fill=_MUTED))
         end = next_start.get(i, p.slab)
         pad = end - (off + n)
-        w(_text(_C_PAD, base, f"{pad:,} B" if pad else "\u2013", size=11, anchor="end",
+        # Exact up to 64 KiB; beyond (a large alignment's gap) short, to fit the column.
+        w(_text(_C_PAD, base, _pad_text(pad), size=11, anchor="end",
                 fill=_RANGE_COLOURS["zero_all"] if pad else _MUTED, data_pad=name))
         for (key, _, _), cx in zip(_RANGE_KINDS, _C_ZERO):
             c = _covered(off, n, p.ranges[key])
@@ -469,6 +478,13 @@ def _table(w, p, rows, row_h, y_of, scale):
             if cell:
                 w(_text(cx, base, cell, size=11, anchor="middle", fill=_RANGE_COLOURS[key],
                         data_zero=f"{key}:{name}"))
+
+
+def _pad_text(pad):
+    """The pad-after cell: bytes up to 64 KiB, a short binary size beyond."""
+    if not pad:
+        return "\u2013"
+    return f"{pad:,} B" if pad < 65536 else _human(pad)
 
 
 def _null_list(w, p, top, cols):
