@@ -178,7 +178,14 @@ def _quantization_report(config):
 
 def _buffer_set(args):
     """The buffer set of --buffers less --drop, and its record for the output."""
-    buffers = REFERENCE if args.buffers is None else BufferSet.load(args.buffers)
+    buffers = REFERENCE
+    if args.buffers is not None:
+        try:
+            buffers = BufferSet.load(args.buffers)
+        except OSError as e:
+            raise OSError(f"--buffers {args.buffers}: cannot read it: {e.strerror or e}") from None
+        except (ValueError, TypeError) as e:        # the message starts with the file
+            raise type(e)(f"--buffers {e}") from None
     if args.drop:
         try:
             buffers = buffers.without(args.drop)
@@ -189,6 +196,24 @@ def _buffer_set(args):
               "dropped": list(dict.fromkeys(args.drop)), "fingerprint": buffers.fingerprint(),
               "count": len(buffers), "names": list(buffers.names)}
     return buffers, record
+
+
+class _SpecErrors:
+    """Names the --buffers file in an error of one of its specs that only the
+    sizing finds (a size that is negative or divides by zero at these limits)."""
+
+    def __init__(self, args):
+        self.path = getattr(args, "buffers", None)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, e, tb):
+        text = str(e)
+        if (self.path and kind in (ValueError, TypeError) and "buffer spec '" in text
+                and not text.startswith("--buffers")):
+            raise kind(f"--buffers {self.path}: {text}") from None
+        return False
 
 
 def _set_line(record):
@@ -268,7 +293,8 @@ def plan(args):
     MetraleError, MemoryError
         ``--allocate`` failed.
     """
-    return _report(args, _Planned(args))
+    with _SpecErrors(args):
+        return _report(args, _Planned(args))
 
 
 def _report(args, planned):
@@ -331,6 +357,9 @@ def _report(args, planned):
 def _picture(args, planned):
     """The SVG of ``--svg``: the typed plan, drawn."""
     from metrale.picture import render_svg
+    if not planned.layout.slab_bytes:
+        raise ValueError(f"--svg {args.svg}: the set places no buffer in the slab (every "
+                         "size is 0): nothing to draw")
     return render_svg(planned.layout, planned.sizes, target=planned.target, tokens=args.tokens,
                       model=planned.model, model_type=planned.config.model_type)
 
@@ -340,6 +369,10 @@ def _explain(args, planned):
     limits and target."""
     from metrale.catalogue import explain
     config = planned.config.shard(args.tp)   # the formula, evaluated for one rank
+    try:
+        planned.buffers.index(args.explain)
+    except ValueError as e:             # names near matches
+        raise ValueError(f"--explain: {e}") from None
     return explain(args.explain, planned.sizes, config, max_batch_tokens=args.max_batch_tokens,
                    max_seq_len=args.max_seq_len, kv_block_size=args.kv_block_size,
                    max_batch_size=args.max_batch_size, target=planned.target,
@@ -420,6 +453,11 @@ def fit_answer(args):
         A bad size, limit, config file or option, or a budget the smallest
         arena does not fit.
     """
+    with _SpecErrors(args):
+        return _fit_answer(args)
+
+
+def _fit_answer(args):
     from metrale._math import U64_MAX
     from metrale.fitting import fit, growth, growth_span, parse_size
 
@@ -588,8 +626,9 @@ def main(argv=None):
         if args.command == "fit":
             return _fit_main(args)
         try:
-            planned = _Planned(args)
-            result = _report(args, planned)
+            with _SpecErrors(args):
+                planned = _Planned(args)
+                result = _report(args, planned)
             text = _explain(args, planned) if args.explain else None
             if args.svg:
                 svg = _picture(args, planned)

@@ -779,8 +779,8 @@ def fit(config, budget, max_seq_len, kv_block_size, max_batch_size, *, tp_size=1
         shrinks = _shrinking(buffers, arena.symbols(1))
         if shrinks is not None:
             raise ValueError(
-                f"buffers: the size of {shrinks.name!r}, {shrinks.formula}, is not seen to "
-                "grow with max_batch_tokens (it reads M in a condition or through %, or "
+                f"buffers: buffer spec {shrinks.name!r}: size: {shrinks.formula} is not seen "
+                "to grow with max_batch_tokens (it reads M in a condition or through %, or "
                 "shrinks as M grows), so the largest max_batch_tokens that fits cannot be "
                 "searched for; give max_batch_tokens to size one, or write the size with "
                 "max() and min()")
