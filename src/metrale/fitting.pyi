@@ -2,6 +2,7 @@ from typing import Literal, Mapping, SupportsIndex
 
 from metrale._backend import Backend
 from metrale._record import Record
+from metrale.buffers import BufferSet
 from metrale.config import ModelConfig
 from metrale.debug import DebugOptions
 from metrale.sizes import Target
@@ -56,7 +57,7 @@ class ArenaFit(Record):
 
 def fit(config: ModelConfig, budget: SupportsIndex | str | None, max_seq_len: SupportsIndex,
         kv_block_size: SupportsIndex, max_batch_size: SupportsIndex, *,
-        tp_size: SupportsIndex = ..., buffers: None = ..., reserve: bool = ...,
+        tp_size: SupportsIndex = ..., buffers: BufferSet | None = ..., reserve: bool = ...,
         debug: bool | DebugOptions | None = ..., granularity: SupportsIndex | str | None = ...,
         max_batch_tokens: SupportsIndex | None = ...,
         kv_bytes_per_token: SupportsIndex | None = ..., env: Mapping[str, str] | None = ...,
@@ -65,5 +66,6 @@ def fit(config: ModelConfig, budget: SupportsIndex | str | None, max_seq_len: Su
 def growth(config: ModelConfig, max_batch_tokens: SupportsIndex, max_seq_len: SupportsIndex,
            kv_block_size: SupportsIndex, max_batch_size: SupportsIndex, *,
            tp_size: SupportsIndex = ..., env: Mapping[str, str] | None = ...,
-           target: Target | None = ...) -> list[tuple[str, int, int]]: ...
+           target: Target | None = ...,
+           buffers: BufferSet | None = ...) -> list[tuple[str, int, int]]: ...
 def growth_span(max_batch_tokens: SupportsIndex) -> tuple[int, int]: ...
