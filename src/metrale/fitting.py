@@ -417,6 +417,8 @@ class _Growth:
         return None
 
     def binary(self, op, a, b):
+        if op is ast.Mult and ("c", 0) in (a, b):
+            return _const(0)                # whatever the other factor does
         if a is None or b is None:
             return None
         if a[0] == "c" and b[0] == "c":
