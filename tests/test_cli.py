@@ -262,3 +262,242 @@ def test_plan_groups_say_what_zero_all_rows_clears(capsys):
     assert main(["plan", "--preset", "qwen3-next-80b"]) == 0
     line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("logits "))
     assert line.endswith("zero_all,rows:whole")
+
+
+# -- buffer sets: --buffers FILE and --drop NAME (issue 23) ---------------------------------
+
+# An engine's set as a file: the expectations below are its formulas written out
+# for Llama-3.1-8B (H 4096, V 128256) at M = 64, max_batch_size 32.
+ENGINE_TOML = """\
+base = "reference"
+drop = ["ffn_act_q8", "ffn_act_a", "fp8_act"]
+
+[replace.logits]
+dtype = "float32"
+size = "4*Lr*V"
+
+[[buffer]]
+name = "sampler_probs"
+dtype = "float32"
+shape = ["max_batch_size", "vocab_size"]
+total = false
+
+[[buffer]]
+name = "staging"
+dtype = "bfloat16"
+shape = ["max_batch_tokens", "hidden_size"]
+zero_all = true
+rows = "M"
+align = 1048576
+"""
+ENGINE_JSON = {"base": "reference", "drop": ["ffn_act_q8", "ffn_act_a", "fp8_act"],
+               "replace": {"logits": {"dtype": "float32", "size": "4*Lr*V"}},
+               "buffer": [{"name": "sampler_probs", "dtype": "float32",
+                           "shape": ["max_batch_size", "vocab_size"], "total": False},
+                          {"name": "staging", "dtype": "bfloat16",
+                           "shape": ["max_batch_tokens", "hidden_size"], "zero_all": True,
+                           "rows": "M", "align": 1048576}]}
+H, V = 4096, 128256
+DROPPED = ("ffn_act_q8", "ffn_act_a", "fp8_act")
+LLAMA64 = ["plan", "--preset", "llama-3.1-8b", "--max-batch-tokens", "64"]
+
+
+def _ceil(x, g=256):
+    return -(-x // g) * g
+
+
+@pytest.fixture
+def engine(tmp_path):
+    toml = tmp_path / "engine.toml"
+    toml.write_text(ENGINE_TOML)
+    js = tmp_path / "engine.json"
+    js.write_text(json.dumps(ENGINE_JSON))
+    return toml, js
+
+
+def _plan_json(capsys, *argv):
+    assert main([*argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_plan_buffers_file_sizes_by_hand(capsys, engine, monkeypatch):
+    from helpers import PREFILL, ROWS
+    monkeypatch.delenv("METRALE_FP8_ROWWISE", raising=False)
+    toml, js = engine
+    r = _plan_json(capsys, *LLAMA64, "--buffers", str(toml))
+    got = {b["buffer"]: b for b in r["buffers"]}
+    names = [n for n in metrale.REFERENCE.names if n not in DROPPED] + ["sampler_probs", "staging"]
+    assert r["buffer_set"]["names"] == names and set(got) == set(names)
+    assert r["buffer_set"]["reference"] is False and r["buffer_set"]["count"] == 45
+    assert got["sampler_probs"]["bytes"] == 4 * 32 * V
+    assert got["staging"]["bytes"] == 2 * 64 * H
+    assert got["logits"]["bytes"] == 4 * 64 * V          # Lr = min(64, max(160, 33))
+    assert got["staging"]["offset"] % 2**20 == 0
+    assert got["staging"]["groups"] == ["zero_all", "rows"]
+    assert got["sampler_probs"]["groups"] == []
+    assert r["not_in_total"] == ["o_latent", "norm_unit_w", "sampler_probs"]
+    assert r["total_bytes"] == sum(b["bytes"] for n, b in got.items() if n not in r["not_in_total"])
+    # The slab: every live buffer rounded up to 256 bytes, plus the gap before
+    # staging, which follows token_ids, scratch, the prefill and the row-trimmed
+    # reference buffers and starts on a MiB.
+    before = sum(_ceil(got[n]["bytes"]) for n in {"token_ids", "scratch", *PREFILL, *ROWS})
+    assert r["slab_bytes"] == sum(_ceil(b["bytes"]) for b in got.values()) \
+        + _ceil(before, 2**20) - before
+    # the same set as JSON plans the same
+    j = _plan_json(capsys, *LLAMA64, "--buffers", str(js))
+    assert j["buffer_set"].pop("file") == str(js) and r["buffer_set"].pop("file") == str(toml)
+    assert j == r
+
+
+def test_plan_buffers_plain_layout_is_the_ceil256_sum(capsys, tmp_path):
+    path = tmp_path / "small.json"
+    path.write_text(json.dumps({"base": "empty", "buffer": [
+        {"name": "token_ids", "dtype": "int32", "shape": ["M"]},
+        {"name": "scratch", "size": 40000, "zero_all": True},
+        {"name": "hidden", "dtype": "bfloat16", "shape": ["M", "H"], "zero_all": True,
+         "prefill": True, "rows": "M"},
+        {"name": "probs", "dtype": "float32", "shape": ["max_batch_size", "V"]},
+        {"name": "odd", "size": "3*M + 1"},
+        {"name": "nothing", "size": 0}]}))
+    for m in (1, 7, 300):
+        r = _plan_json(capsys, "plan", "--preset", "llama-3.1-8b", "--max-batch-tokens", str(m),
+                       "--buffers", str(path))
+        sizes = {"token_ids": 4 * m, "scratch": 40000, "hidden": 2 * m * H, "probs": 4 * 32 * V,
+                 "odd": 3 * m + 1, "nothing": 0}
+        assert {b["buffer"]: b["bytes"] for b in r["buffers"]} == sizes
+        assert r["slab_bytes"] == sum(_ceil(n) for n in sizes.values())
+        assert r["null_buffers"] == ["nothing"]
+        # zero_all: scratch and hidden, back to back after token_ids
+        assert r["zero_all"] == {"offset": _ceil(4 * m),
+                                 "length": _ceil(40000) + 2 * m * H}
+        assert r["zero_prefill"] == {"offset": _ceil(4 * m) + _ceil(40000), "length": 2 * m * H}
+
+
+def test_plan_drop_from_the_reference(capsys):
+    r = _plan_json(capsys, *LLAMA64, "--drop", "ffn_act_q8", "--drop", "fp8_act")
+    assert r["buffer_set"] == {
+        "reference": False, "file": None, "dropped": ["ffn_act_q8", "fp8_act"],
+        "fingerprint": metrale.REFERENCE.without(["ffn_act_q8", "fp8_act"]).fingerprint(),
+        "count": 44, "names": [n for n in metrale.REFERENCE.names
+                               if n not in ("ffn_act_q8", "fp8_act")]}
+    full = _plan_json(capsys, *LLAMA64)
+    assert full["buffer_set"]["reference"] is True and full["buffer_set"]["dropped"] == []
+    assert full["buffer_set"]["fingerprint"] == metrale.REFERENCE.fingerprint()
+    kept = {b["buffer"]: b["bytes"] for b in full["buffers"]}
+    del kept["ffn_act_q8"], kept["fp8_act"]
+    assert {b["buffer"]: b["bytes"] for b in r["buffers"]} == kept
+    assert full["slab_bytes"] - r["slab_bytes"] == sum(
+        _ceil(b["bytes"]) for b in full["buffers"] if b["buffer"] in ("ffn_act_q8", "fp8_act"))
+    assert main([*LLAMA64, "--drop", "ffn_act_q8", "--drop", "fp8_act"]) == 0
+    out = capsys.readouterr().out
+    assert f"buffers: 44 (REFERENCE without ffn_act_q8, fp8_act), fingerprint " \
+        f"{r['buffer_set']['fingerprint']}\n" in out
+    assert "\nffn_act_q8 " not in out
+
+
+def test_plan_text_names_the_set(capsys, engine, tmp_path):
+    toml, _ = engine
+    assert main([*LLAMA64, "--buffers", str(toml), "--drop", "lora_xa"]) == 0
+    out = capsys.readouterr().out
+    assert f"\nbuffers: 44 (from {toml} without lora_xa), fingerprint " in out
+    line = next(ln for ln in out.splitlines() if ln.startswith("staging "))
+    assert f"{2 * 64 * H:,}" in line and line.endswith("zero_all,rows")
+    assert "all but o_latent, norm_unit_w and sampler_probs)" in out
+    same = tmp_path / "same.toml"
+    same.write_text('base = "reference"\n')
+    assert main([*LLAMA64, "--buffers", str(same)]) == 0
+    assert ": the same as REFERENCE), fingerprint " + metrale.REFERENCE.fingerprint() in \
+        capsys.readouterr().out
+    assert main(LLAMA64) == 0
+    out = capsys.readouterr().out
+    assert "buffers:" not in out and "all but o_latent and norm_unit_w)" in out
+
+
+def test_plan_buffers_explain_allocate_tp(capsys, engine):
+    toml, _ = engine
+    assert main([*LLAMA64, "--buffers", str(toml), "--explain", "staging"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("staging  (buffer 45 of 45; an engine's own set)")
+    assert "alignment:    1048576 bytes" in out and f"= {2 * 64 * H:,} bytes" in out
+    _one_line_error(capsys, [*LLAMA64, "--buffers", str(toml), "--explain", "ffn_act_q8"], 2,
+                    "--explain", "'ffn_act_q8'", "did you mean")
+    r = _plan_json(capsys, *LLAMA64, "--buffers", str(toml), "--allocate")
+    assert r["allocated"]["slab_bytes"] == r["slab_bytes"]
+    assert r["allocated"]["fingerprint"] == r["buffer_set"]["fingerprint"]
+    assert (r["allocated"]["allocations"], r["allocated"]["zero_all_operations"]) == (1, 1)
+    r = _plan_json(capsys, *LLAMA64, "--buffers", str(toml), "--tp", "2")
+    got = {b["buffer"]: b["bytes"] for b in r["buffers"]}
+    # one rank of 2: the vocabulary is split, the model width is not
+    assert (got["sampler_probs"], got["logits"], got["staging"]) == \
+        (4 * 32 * V // 2, 4 * 64 * V // 2, 2 * 64 * H)
+
+
+def test_plan_buffers_lever_report(capsys, tmp_path, monkeypatch):
+    path = tmp_path / "rowwise.toml"
+    path.write_text('drop = ["ssm_rowwise_w_bf16"]\n[[buffer]]\nname = "rowwise_extra"\n'
+                    'size = "4096*M if fp8_rowwise else 0"\n')
+    monkeypatch.setenv("METRALE_FP8_ROWWISE", "1")
+    argv = ["plan", "--preset", "qwen3-next-80b", "--max-batch-tokens", "64",
+            "--buffers", str(path)]
+    r = _plan_json(capsys, *argv)
+    assert r["levers"] == [{"lever": "METRALE_FP8_ROWWISE", "value": "1",
+                            "source": "environment",
+                            "changed": {"rowwise_extra": [0, 4096 * 64]}}]
+    assert main(argv) == 0
+    assert f"lever: METRALE_FP8_ROWWISE=1: rowwise_extra 0 -> {4096 * 64:,} bytes" in \
+        capsys.readouterr().out
+
+
+def test_plan_buffers_svg(capsys, engine, tmp_path):
+    import xml.etree.ElementTree as ET
+    toml, _ = engine
+    out = tmp_path / "engine.svg"
+    r = _plan_json(capsys, *LLAMA64, "--buffers", str(toml), "--svg", str(out))
+    root = ET.parse(out).getroot()
+    ns = "{http://www.w3.org/2000/svg}"
+    drawn = {e.get("data-buffer"): (int(e.get("data-offset")), int(e.get("data-bytes")))
+             for e in root.iter(ns + "rect") if e.get("data-buffer")}
+    assert drawn == {b["buffer"]: (b["offset"], b["bytes"]) for b in r["buffers"] if not b["null"]}
+    assert drawn["staging"][0] % 2**20 == 0 and not set(DROPPED) & set(drawn)
+    text = " ".join(e.text or "" for e in root.iter(ns + "text"))
+    assert "1 at their spec's, up to 1 MiB" in text
+
+
+def test_plan_buffers_errors_are_one_line(capsys, tmp_path):
+    def file(name, text):
+        path = tmp_path / name
+        path.write_text(text)
+        return str(path)
+    cases = [
+        (str(tmp_path / "absent.toml"), ("--buffers", "absent.toml", "cannot read")),
+        (str(tmp_path), ("--buffers", "cannot read")),
+        (file("a.toml", 'drop = ['), ("--buffers", "a.toml", "not TOML")),
+        (file("b.json", '{"drop": ["x"'), ("--buffers", "b.json", "not JSON")),
+        (file("c.json", "[1, 2]"), ("c.json", "table")),
+        (file("d.toml", '[[buffer]]\nname = "x"\nshape = ["M", 0]\n'),
+         ("d.toml", "buffer spec 'x'", "shape[1]")),
+        (file("e.toml", '[[buffer]]\nname = "x"\nsise = "M"\n'), ("e.toml", "'x'", "sise")),
+        (file("f.toml", '[[buffer]]\nname = "x"\nsize = "M"\nalign = "big"\n'),
+         ("f.toml", "'x'", "align")),
+        (file("g.toml", '[[buffer]]\nname = "x"\nsize = "M"\nalign = 3000\n'),
+         ("g.toml", "'x'", "align", "power of two")),
+        (file("h.toml", '[replace.nope]\nsize = "M"\n'), ("h.toml", "'nope'")),
+        (file("i.toml", '[[buffer]]\nname = "x"\nsize = "M - 100"\n'),
+         ("i.toml", "buffer spec 'x'", "M - 100", "max_batch_tokens=64")),
+        (file("j.toml", '[[buffer]]\nname = "x"\nsize = "M * 18446744073709551615"\n'),
+         ("j.toml", "size of x", "2^64 - 1")),
+        (file("k.toml", 'base = "mine"\n'), ("k.toml", "base")),
+        (file("l.toml", '[[buffer]]\nname = "logits"\nsize = 4\n'), ("l.toml", "'logits'")),
+    ]
+    for path, words in cases:
+        _one_line_error(capsys, [*LLAMA64, "--buffers", path], 2, *words)
+    _one_line_error(capsys, [*LLAMA64, "--drop", "fp8_ac"], 2, "--drop", "'fp8_ac'",
+                    "did you mean fp8_act")
+    ok = file("ok.toml", 'drop = ["lora_xa"]\n')
+    _one_line_error(capsys, [*LLAMA64, "--buffers", ok, "--drop", "lora_xa"], 2, "--drop",
+                    "'lora_xa'", "ok.toml")
+    empty = file("empty.toml", 'base = "empty"\n')
+    assert main([*LLAMA64, "--buffers", empty]) == 0          # a set may be empty ...
+    assert "slab:          0 " in capsys.readouterr().out
+    _one_line_error(capsys, [*LLAMA64, "--buffers", empty, "--svg", str(tmp_path / "e.svg")], 2,
+                    "--svg", "nothing to draw")               # ... but has no picture

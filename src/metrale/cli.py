@@ -200,7 +200,8 @@ def _buffer_set(args):
 
 class _SpecErrors:
     """Names the --buffers file in an error of one of its specs that only the
-    sizing finds (a size that is negative or divides by zero at these limits)."""
+    sizing finds (a size that is negative, divides by zero or overflows at
+    these limits)."""
 
     def __init__(self, args):
         self.path = getattr(args, "buffers", None)
@@ -210,8 +211,9 @@ class _SpecErrors:
 
     def __exit__(self, kind, e, tb):
         text = str(e)
-        if (self.path and kind in (ValueError, TypeError) and "buffer spec '" in text
-                and not text.startswith("--buffers")):
+        spec = "buffer spec '" in text or text.startswith(("size of ", "the sum of all"))
+        if self.path and kind in (ValueError, TypeError) and spec \
+                and not text.startswith("--buffers"):
             raise kind(f"--buffers {self.path}: {text}") from None
         return False
 
@@ -421,10 +423,11 @@ def _print(result, out):
     w(f"zero_all:                one range, offset {za['offset']:,}, {za['length']:,} bytes\n")
     w(f"zero_prefill_essentials: one range, offset {zp['offset']:,}, {zp['length']:,} bytes\n")
     w(f"NULL buffers ({len(result['null_buffers'])}): {', '.join(result['null_buffers']) or '-'}\n")
-    left_out = result["not_in_total"]
+    out = result["not_in_total"]
+    but = (", ".join(out[:-1]) + " and " if len(out) > 1 else "") + (out[-1] if out else "")
     w(f"total_bytes(): {result['total_bytes']:,} ({_mib(result['total_bytes'])} MiB; "
-      + (f"all but {' and '.join(left_out)}" if 0 < len(left_out) <= 3 else
-         f"all but {len(left_out)} buffers" if left_out else "every buffer") + ")\n")
+      + (f"all but {but}" if 0 < len(out) <= 4 else f"all but {len(out)} buffers" if out
+         else "every buffer") + ")\n")
     w(f"slab:          {result['slab_bytes']:,} ({_mib(result['slab_bytes'])} MiB, one allocation)\n")
     if "allocated" in result:
         a = result["allocated"]
