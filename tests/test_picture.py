@@ -5,8 +5,10 @@ plus the Chromium screenshot check of tools/render_svg.py where a browser is
 installed."""
 
 import importlib.util
+import json
 import random
 import struct
+import tempfile
 import xml.etree.ElementTree as ET
 import zlib
 from pathlib import Path
@@ -29,6 +31,17 @@ NS = "{http://www.w3.org/2000/svg}"
 # add up: OVERLAP_TOL.
 TOL = 1e-4
 OVERLAP_TOL = 2e-4
+
+
+# The set of the "llama-set" plan, as a file (kept for the module's life).
+_SET_DIR = tempfile.TemporaryDirectory(prefix="metrale-picture-")
+SET_FILE = Path(_SET_DIR.name) / "engine.json"
+SET_FILE.write_text(json.dumps({"drop": ["ffn_act_q8", "ffn_act_a", "fp8_act"], "buffer": [
+    {"name": "staging", "dtype": "bfloat16", "shape": ["M", "H"], "zero_all": True,
+     "rows": "M", "align": 2**20},
+    {"name": "flags", "size": 1000, "align": 65536},
+    {"name": "sampler", "dtype": "float32", "shape": ["max_batch_size", "V"], "total": False}]}))
+SET_ALIGN = {"staging": 2**20, "flags": 65536}
 
 
 def args_of(*argv):
@@ -54,6 +67,10 @@ ARGV = {
                       "--tokens", "3"),
     # A tiny max_batch_tokens: tokens >= m, rows ranges are zero_all's.
     "qwen-m1": ("--preset", "qwen3-next-80b", "--max-batch-tokens", "1"),
+    # An engine's own set (issue 23): reference buffers dropped, new ones with
+    # alignments of 64 KiB and 1 MiB (gaps past 64 KiB), one never zeroed.
+    "llama-set": ("--preset", "llama-3.1-8b", "--max-batch-tokens", "64", "--tokens", "5",
+                  "--buffers", str(SET_FILE), "--drop", "lora_xa"),
 }
 PLANS = {key: make_plan(*argv) for key, argv in ARGV.items()}
 SVGS = {key: draw(*argv) for key, argv in ARGV.items()}
@@ -142,7 +159,9 @@ def test_rects_do_not_overlap_and_gaps_are_the_padding(key):
     for o, n in placed:
         name = next(b["buffer"] for b in plan["buffers"] if b["offset"] == o)
         gap = by_end.get(o + n, 0)
-        assert pads[name] == (f"{gap:,} B" if gap else "\u2013")
+        # exact bytes up to 64 KiB, a short size beyond (a large alignment's gap)
+        assert pads[name] == (f"{gap:,} B" if 0 < gap < 65536 else human(gap) if gap
+                              else "\u2013")
 
 
 @pytest.mark.parametrize("key", list(PLANS))
@@ -248,6 +267,28 @@ def test_title_and_limits():
         assert f"{k} {plan[k]:,}" in all_text
     assert f"{plan['slab_bytes']:,} bytes" in all_text
     assert f"target {plan['target']['sm_count']} SMs" in all_text
+
+
+def test_a_set_with_larger_alignments():
+    plan = PLANS["llama-set"]
+    root = parse("llama-set")
+    offsets = {r.get("data-buffer"): int(r.get("data-offset")) for r in rects(root, "data-buffer")}
+    assert set(offsets) == {b["buffer"] for b in plan["buffers"] if not b["null"]}
+    assert not {"ffn_act_q8", "ffn_act_a", "fp8_act", "lora_xa"} & set(offsets)
+    for name, align in SET_ALIGN.items():
+        assert offsets[name] % align == 0
+    all_text = " ".join(t.text or "" for t in texts(root))
+    assert "buffers at aligned offsets (256 bytes; 2 at their spec's, up to 1 MiB)" in all_text
+    assert "256-byte aligned offsets" not in all_text
+    assert "256-byte aligned offsets" in " ".join(t.text or "" for t in texts(parse("nemotron-h")))
+    # a gap of more than 64 KiB (before a MiB-aligned buffer), written short; the
+    # rule for every pad cell is checked by test_rects_do_not_overlap_...
+    pads = {t.get("data-pad"): t.text for t in texts(root, "data-pad")}
+    size = {b["buffer"]: b["bytes"] for b in plan["buffers"]}
+    order = sorted((o, n) for n, o in offsets.items()) + [(plan["slab_bytes"], None)]
+    gaps = {a: nxt - o - size[a] for (o, a), (nxt, _) in zip(order, order[1:])}
+    big = [a for a, g in gaps.items() if g >= 65536]
+    assert big and all(pads[a] == human(gaps[a]) for a in big)
 
 
 # Typed plans made here, not by the CLI: the qwen-m1 case, without levers.
