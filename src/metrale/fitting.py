@@ -298,7 +298,7 @@ def _flip(a):
 def _quotient(a, b):
     """a // b (or cdiv(a, b)), a and b known, b not constant, b >= 0 where it
     is defined: the quotient moves with a and against b."""
-    (da, nna), (db, nnb) = _dir(a), _dir(b)
+    (db, nnb), nna = _dir(b), _dir(a)[1]
     if not (nna and nnb):
         return None
     return _joined([a, ("v", -db, True)], True)
