@@ -178,22 +178,22 @@ def _quantization_report(config):
 
 def _buffer_set(args):
     """The buffer set of --buffers less --drop, and its record for the output."""
+    path, drop = getattr(args, "buffers", None), getattr(args, "drop", None) or []
     buffers = REFERENCE
-    if args.buffers is not None:
+    if path is not None:
         try:
-            buffers = BufferSet.load(args.buffers)
+            buffers = BufferSet.load(path)
         except OSError as e:
-            raise OSError(f"--buffers {args.buffers}: cannot read it: {e.strerror or e}") from None
+            raise OSError(f"--buffers {path}: cannot read it: {e.strerror or e}") from None
         except (ValueError, TypeError) as e:        # the message starts with the file
             raise type(e)(f"--buffers {e}") from None
-    if args.drop:
+    if drop:
         try:
-            buffers = buffers.without(args.drop)
+            buffers = buffers.without(drop)
         except ValueError as e:
-            raise ValueError(f"--drop: {e}"
-                             + (f" (the set of {args.buffers})" if args.buffers else "")) from None
-    record = {"reference": buffers == REFERENCE, "file": args.buffers,
-              "dropped": list(dict.fromkeys(args.drop)), "fingerprint": buffers.fingerprint(),
+            raise ValueError(f"--drop: {e}" + (f" (the set of {path})" if path else "")) from None
+    record = {"reference": buffers == REFERENCE, "file": path,
+              "dropped": list(dict.fromkeys(drop)), "fingerprint": buffers.fingerprint(),
               "count": len(buffers), "names": list(buffers.names)}
     return buffers, record
 
@@ -284,14 +284,15 @@ def plan(args):
     Returns
     -------
     dict
-        Model, limits, target, levers in effect, quantization, each buffer
-        (bytes, offset, helpers), the zeroing ranges and the slab size; with
-        ``--allocate``, what the host backend did.
+        Model, limits, target, levers in effect, quantization, the buffer
+        set (``--buffers`` less ``--drop``: its fingerprint and names), each
+        buffer (bytes, offset, helpers), the zeroing ranges and the slab
+        size; with ``--allocate``, what the host backend did.
 
     Raises
     ------
     ValueError, TypeError, OSError
-        A bad limit, config file or option.
+        A bad limit, config file, buffers file, ``--drop`` name or option.
     MetraleError, MemoryError
         ``--allocate`` failed.
     """
@@ -423,10 +424,10 @@ def _print(result, out):
     w(f"zero_all:                one range, offset {za['offset']:,}, {za['length']:,} bytes\n")
     w(f"zero_prefill_essentials: one range, offset {zp['offset']:,}, {zp['length']:,} bytes\n")
     w(f"NULL buffers ({len(result['null_buffers'])}): {', '.join(result['null_buffers']) or '-'}\n")
-    out = result["not_in_total"]
-    but = (", ".join(out[:-1]) + " and " if len(out) > 1 else "") + (out[-1] if out else "")
+    left = result["not_in_total"]
+    but = (", ".join(left[:-1]) + " and " if len(left) > 1 else "") + (left[-1] if left else "")
     w(f"total_bytes(): {result['total_bytes']:,} ({_mib(result['total_bytes'])} MiB; "
-      + (f"all but {but}" if 0 < len(out) <= 4 else f"all but {len(out)} buffers" if out
+      + (f"all but {but}" if 0 < len(left) <= 4 else f"all but {len(left)} buffers" if left
          else "every buffer") + ")\n")
     w(f"slab:          {result['slab_bytes']:,} ({_mib(result['slab_bytes'])} MiB, one allocation)\n")
     if "allocated" in result:
@@ -446,15 +447,18 @@ def fit_answer(args):
     Returns
     -------
     dict
-        Model, target, levers in effect, where the budget came from, the
-        fields of `metrale.fitting.ArenaFit`, and with ``--explain`` the
-        growth of the arena and of each buffer with max_batch_tokens.
+        Model, target, levers in effect, the buffer set, where the budget
+        came from, the fields of `metrale.fitting.ArenaFit`, and with
+        ``--explain`` the growth of the arena and of each buffer with
+        max_batch_tokens.
 
     Raises
     ------
     ValueError, TypeError, OSError
-        A bad size, limit, config file or option, or a budget the smallest
-        arena does not fit.
+        A bad size, limit, config file, buffers file, ``--drop`` name or
+        option; a budget the smallest arena does not fit; or a set with a
+        size not seen to grow with max_batch_tokens (without
+        ``--max-batch-tokens``).
     """
     with _SpecErrors(args):
         return _fit_answer(args)
