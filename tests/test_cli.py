@@ -501,3 +501,17 @@ def test_plan_buffers_errors_are_one_line(capsys, tmp_path):
     assert "slab:          0 " in capsys.readouterr().out
     _one_line_error(capsys, [*LLAMA64, "--buffers", empty, "--svg", str(tmp_path / "e.svg")], 2,
                     "--svg", "nothing to draw")               # ... but has no picture
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "BufferSet.to_dict (buffers.py) writes a replaced spec as the fields of spec.to_dict() "
+    "that differ from the base's, but spec.to_dict() leaves out fields at their constructor "
+    "default: a field changed back to its default (zero_all=False on hidden_states, dtype=None) "
+    "is lost, so from_dict(to_dict(s)) != s. Fix: compare the specs' _arguments() in full"))
+def test_a_set_written_by_to_dict_plans_as_itself(capsys, tmp_path):
+    mine = metrale.REFERENCE.replace("hidden_states", zero_all=False, prefill=False,
+                                     rows="whole", checksum=False)
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps(mine.to_dict()))
+    r = _plan_json(capsys, *LLAMA64, "--buffers", str(path))
+    assert r["buffer_set"]["fingerprint"] == mine.fingerprint()
