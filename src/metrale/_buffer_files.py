@@ -109,16 +109,26 @@ def to_dict(self, base):
     """
     ref = _reference()
     if base is None:
+        # REFERENCE when the set is its buffers in its order (some dropped or
+        # replaced), then new ones: the form from_dict rebuilds
         kept = [s.name for s in self._specs if s.name in ref]
-        base = ref if kept == [n for n in ref.names if n in self] and kept else BufferSet()
+        ordered = kept == [n for n in ref.names if n in self] and \
+            list(self.names[:len(kept)]) == kept
+        base = ref if kept and ordered else BufferSet()
+    elif not isinstance(base, BufferSet) or (base != ref and len(base)):
+        raise ValueError("to_dict: base must be REFERENCE, an empty BufferSet or None")
     out = {"base": "reference" if base == ref else "empty"}
     if base == ref:
         drop = [n for n in base.names if n not in self]
         if drop:
             out["drop"] = drop
-        rep = {s.name: {k: v for k, v in s.to_dict().items()
-                        if k != "name" and base[s.name].to_dict().get(k) != v}
-               for s in self._specs if s.name in base and s != base[s.name]}
+        rep = {}
+        for s in self._specs:
+            if s.name in base and s != base[s.name]:
+                mine, theirs = s._arguments(), base[s.name]._arguments()
+                # every field that differs, defaults included (to_dict leaves those out)
+                rep[s.name] = {k: list(v) if isinstance(v, tuple) else v
+                               for k, v in mine.items() if k != "name" and theirs[k] != v}
         if rep:
             out["replace"] = rep
     new = [s.to_dict() for s in self._specs if s.name not in base]
