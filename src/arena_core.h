@@ -58,7 +58,11 @@ typedef struct mt_layout {
     uint64_t size[MT_MAX_BUFFERS];
     uint64_t offset[MT_MAX_BUFFERS];
     int order[MT_MAX_BUFFERS];          /* buffer ids in slab order */
-    uint64_t slab_bytes;                /* bytes the backend must allocate (0: none) */
+    uint64_t slab_bytes;                /* bytes the backend must allocate (0: none),
+                                           with base_align - MT_ALIGN (plain) or - the
+                                           granularity (reserved) of front padding */
+    uint64_t base_align;                /* the alignment the base needs: the largest of the
+                                           placed buffers' (reserved: and the granularity) */
     uint64_t max_batch_tokens;
     mt_range zero_all;                  /* the zero_all buffers, whole, padding between them */
     mt_range zero_prefill;              /* the zero_prefill_essentials buffers, whole */
@@ -80,6 +84,11 @@ int mt_layout_table(mt_layout *L, int n, const unsigned *flags, const uint64_t *
  * multiple of MT_ALIGN. */
 int mt_layout_plan(mt_layout *L, const uint64_t *sizes, uint64_t max_batch_tokens,
                    uint64_t guard);
+
+/* Where the buffers start in an allocation (or reservation) of slab_bytes at
+ * `p`, which the backend aligns to MT_ALIGN (a reservation to the
+ * granularity): p rounded up to base_align.  Offsets are from there. */
+uint64_t mt_layout_base(const mt_layout *L, uint64_t p);
 
 /* ---- reserved layouts (stable addresses) ----------------------------------------
  * A reserved arena owns one virtual reservation; each buffer has its own

@@ -104,6 +104,7 @@ static void reset_plan(mt_layout *L)
     memset(L->offset, 0, n * sizeof L->offset[0]);
     memset(L->room, 0, n * sizeof L->room[0]);
     L->slab_bytes = L->max_batch_tokens = L->guard = 0;
+    L->base_align = MT_ALIGN;
     L->zero_all.offset = L->zero_all.length = 0;
     L->zero_prefill.offset = L->zero_prefill.length = 0;
     L->reserved = 0;
@@ -124,11 +125,15 @@ int mt_layout_plan(mt_layout *L, const uint64_t *sizes, uint64_t max_batch_token
         if (n == 0) continue;   /* an empty buffer is NULL: no range */
         if (mt_round_up(cur, L->align[b], &cur) != MT_OK) return MT_ERR_OVERFLOW;
         L->offset[b] = cur;
+        if (L->align[b] > L->base_align) L->base_align = L->align[b];
         if (n > UINT64_MAX - cur || align_up(cur + n, &cur) != MT_OK) return MT_ERR_OVERFLOW;
         if (guard > UINT64_MAX - cur) return MT_ERR_OVERFLOW;
         cur += guard;
     }
-    L->slab_bytes = cur;
+    /* the backend aligns the allocation to MT_ALIGN only: room to move the
+     * base up to the largest alignment a buffer asks for */
+    if (cur && L->base_align - MT_ALIGN > UINT64_MAX - cur) return MT_ERR_OVERFLOW;
+    L->slab_bytes = cur ? cur + (L->base_align - MT_ALIGN) : 0;
     L->zero_all = group_range(L, MT_IN_ZERO_ALL);
     L->zero_prefill = group_range(L, MT_IN_PREFILL);
     return MT_OK;
@@ -254,6 +259,12 @@ void mt_checksum_f32(const void *data, size_t n, double out[3])
 }
 
 
+uint64_t mt_layout_base(const mt_layout *L, uint64_t p)
+{
+    return (p + (L->base_align - 1)) & ~(L->base_align - 1);
+}
+
+
 /* ---- reserved layouts ------------------------------------------------------- */
 
 int mt_round_up(uint64_t x, uint64_t g, uint64_t *out)
@@ -272,11 +283,13 @@ int mt_layout_plan_reserved(mt_layout *L, const uint64_t *sizes, const uint64_t 
     reset_plan(L);
     L->reserved = 1;
     L->guard = guard;
+    L->base_align = gran;
     for (int i = 0; i < L->n; i++) {
         int b = L->order[i];
         if (sizes[b] > reserve[b]) return MT_ERR_LIMIT;
         if (reserve[b] == 0) continue;      /* never anything: no sub-range */
         if (mt_round_up(cur, L->align[b], &cur) != MT_OK) return MT_ERR_OVERFLOW;
+        if (L->align[b] > L->base_align) L->base_align = L->align[b];
         L->offset[b] = cur;
         if ((rc = with_guard(L, reserve[b], &span)) != MT_OK) return rc;
         if (span > UINT64_MAX - cur) return MT_ERR_OVERFLOW;
@@ -291,7 +304,9 @@ int mt_layout_plan_reserved(mt_layout *L, const uint64_t *sizes, const uint64_t 
         L->room[b] = end - cur;
         cur = end;
     }
-    L->slab_bytes = cur;
+    /* the reservation is aligned to the granularity only (as for mt_layout_plan) */
+    if (cur && L->base_align - gran > UINT64_MAX - cur) return MT_ERR_OVERFLOW;
+    L->slab_bytes = cur ? cur + (L->base_align - gran) : 0;
     return mt_layout_resize(L, sizes, max_batch_tokens, gran);
 }
 

@@ -27,7 +27,9 @@ cdef class BufferArena:
     # -- where the buffers are ---------------------------------------------------------
     cdef Backend _gpu             # holds the memory; every operation goes through it
     cdef mt_layout _layout        # offsets and sizes (C core), the zero ranges derive from it
-    cdef uintptr_t _base          # the slab (or the reservation); 0 once freed
+    cdef uintptr_t _base          # where the buffers start (offsets are from it); 0 once freed
+    cdef uintptr_t _alloc         # the allocation (or reservation) holding them: _base, or
+                                  # below it where a buffer's alignment moved the base up
     cdef tuple _ptrs              # prebuilt pointer ints by buffer id: an accessor is one load;
                                   # replaced (never mutated) whenever a pointer changes
     cdef tuple _bytes             # sizes by buffer id; replaced whenever a size changes

@@ -34,6 +34,7 @@ cdef extern from "arena_core.h" nogil:
         uint64_t offset[MT_MAX_BUFFERS]
         int order[MT_MAX_BUFFERS]
         uint64_t slab_bytes
+        uint64_t base_align
         uint64_t max_batch_tokens
         mt_range zero_all
         mt_range zero_prefill
@@ -44,6 +45,7 @@ cdef extern from "arena_core.h" nogil:
     int mt_layout_table(mt_layout *L, int n, const unsigned *flags, const uint64_t *align)
     int mt_layout_plan(mt_layout *L, const uint64_t *sizes, uint64_t max_batch_tokens,
                        uint64_t guard)
+    uint64_t mt_layout_base(const mt_layout *L, uint64_t p)
     int mt_round_up(uint64_t x, uint64_t g, uint64_t *out)
     int mt_layout_plan_reserved(mt_layout *L, const uint64_t *sizes, const uint64_t *reserve,
                                 uint64_t max_batch_tokens, uint64_t gran, uint64_t guard)

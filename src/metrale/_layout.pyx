@@ -102,8 +102,17 @@ cdef class SlabPlan:
 
     @property
     def slab_bytes(self):
-        """Bytes of the one allocation, placement padding included (int)."""
+        """Bytes of the one allocation, placement padding included, and the
+        room to align its base (`base_align`) (int)."""
         return self.L.slab_bytes
+
+    @property
+    def base_align(self):
+        """The alignment the slab's base needs (int): the largest of its
+        buffers' (a reserved plan's: and the granularity).  `slab_bytes`
+        holds the room to move an allocation aligned to 256 bytes (a
+        reservation to the granularity) up to it."""
+        return self.L.base_align
 
     @property
     def max_batch_tokens(self):

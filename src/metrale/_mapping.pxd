@@ -11,11 +11,13 @@ cdef object unmap_chunks(Backend be, uintptr_t base, list chunks, list mapped, l
 # Release again the (handle, bytes) of `orphans`; those that fail stay.  Returns
 # the first error or None.
 cdef object release_orphans(Backend be, list orphans)
-# Free a reservation at `base` of `nbytes` and what is in it: wait for the
-# device (unless `waited`: the caller just did), unmap every chunk of `chunks` (a list it empties), release the
+# Free a reservation of `nbytes` at `alloc`, whose chunks are mapped at offsets
+# from `base` (alloc, or above it where the layout's base alignment moved it),
+# and what is in it: wait for the device (unless `waited`: the caller just
+# did), unmap every chunk of `chunks` (a list it empties), release the
 # orphans, free the host copies (id, pointer, bytes) of `kept`, then the
 # reservation itself if nothing stays mapped.  Returns (error or None, whether
 # the reservation was freed); an unmap or release error counts only if
 # something is still held.
-cdef tuple free_reservation(Backend be, uintptr_t base, size_t nbytes, list chunks,
-                            list orphans, list kept, bint waited=*)
+cdef tuple free_reservation(Backend be, uintptr_t base, uintptr_t alloc, size_t nbytes,
+                            list chunks, list orphans, list kept, bint waited=*)

@@ -58,8 +58,8 @@ cdef object release_orphans(Backend be, list orphans):
     return first
 
 
-cdef tuple free_reservation(Backend be, uintptr_t base, size_t nbytes, list chunks,
-                            list orphans, list kept, bint waited=False):
+cdef tuple free_reservation(Backend be, uintptr_t base, uintptr_t alloc, size_t nbytes,
+                            list chunks, list orphans, list kept, bint waited=False):
     first = None
     try:
         if chunks and not waited:
@@ -76,7 +76,7 @@ cdef tuple free_reservation(Backend be, uintptr_t base, size_t nbytes, list chun
     freed = False
     if base and not chunks:
         try:
-            be.unreserve(base, nbytes)
+            be.unreserve(alloc, nbytes)
         except Exception as e:
             first = first or e
         else:

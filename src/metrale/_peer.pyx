@@ -41,13 +41,14 @@ def _build_shared(BufferArena a, sizes, top_sizes, group):
                    for i in range(a._layout.n))
     try:
         a._peers = tp._share(a._gpu, grp, a._base, a._layout.slab_bytes, list(a._chunks),
-                             layout, a._ptrs, a._granule, a._layout.max_batch_tokens, a._buffers)
+                             layout, a._ptrs, a._granule, a._layout.max_batch_tokens, a._buffers,
+                             a._layout.base_align)
     except BaseException:
         a._set_ptrs((0,) * a._layout.n)
-        err, freed = free_reservation(a._gpu, a._base, a._layout.slab_bytes, a._chunks,
+        err, freed = free_reservation(a._gpu, a._base, a._alloc, a._layout.slab_bytes, a._chunks,
                                       a._orphans, a._kept)
         if freed:
-            a._base = 0
+            a._base = a._alloc = 0
         raise
     return None
 
@@ -154,7 +155,7 @@ The peers' slabs mapped into this process, each in its own reservation.
         self._slabs = {}
         self._orphans = []
 
-    def map_peer(self, rank, size_t nbytes, list chunks, list fds):
+    def map_peer(self, rank, size_t nbytes, list chunks, list fds, size_t align=0):
         """Reserve `nbytes`, import each descriptor and map it at its chunk.
 
         Parameters
@@ -167,24 +168,30 @@ The peers' slabs mapped into this process, each in its own reservation.
             (offset, length) of each of the peer's physical chunks.
         fds : list of int
             One descriptor per chunk; not closed here.
+        align : int, optional
+            The alignment the peer's base needs (its layout's `base_align`,
+            a power of two; 0: the reservation's own).
 
         Returns
         -------
         int
             The base address of the peer's slab in this process.
         """
-        cdef uintptr_t base = 0
+        cdef uintptr_t base = 0, alloc = 0
         cdef uint64_t h = 0
         if rank in self._slabs:
             raise ValueError(f"rank {rank} is mapped already")
         if len(chunks) != len(fds):
             raise ValueError(f"{len(chunks)} chunks but {len(fds)} descriptors")
-        self._gpu.reserve(nbytes, &base)
-        entry = [base, nbytes, []]
+        if align & (align - 1):
+            raise ValueError(f"align must be a power of two, got {align}")
+        self._gpu.reserve(nbytes, &alloc)
+        base = (alloc + align - 1) & ~(align - 1) if align else alloc
+        entry = [base, alloc, nbytes, []]
         self._slabs[rank] = entry
         try:
             for (off, n), fd in zip(chunks, fds):
-                if off + n > nbytes:
+                if base - alloc + off + n > nbytes:
                     raise ValueError(f"rank {rank}: chunk [{off}, +{n}) lies outside its "
                                      f"{nbytes}-byte slab")
                 self._gpu.import_handle(fd, n, &h)
@@ -193,7 +200,7 @@ The peers' slabs mapped into this process, each in its own reservation.
                 except BaseException:
                     self._gpu.release_handle(h, n)
                     raise
-                entry[2].append((off, n, h))
+                entry[3].append((off, n, h))
         except BaseException:
             try:
                 self._unmap_rank(rank)
@@ -206,8 +213,8 @@ The peers' slabs mapped into this process, each in its own reservation.
         """Unmap and release `rank`'s chunks, then free its reservation; the
         first error propagates after every step was tried."""
         entry = self._slabs[rank]
-        err, freed = free_reservation(self._gpu, entry[0], entry[1], entry[2], self._orphans, [],
-                                      True)
+        err, freed = free_reservation(self._gpu, entry[0], entry[1], entry[2], entry[3],
+                                      self._orphans, [], True)
         if freed:
             del self._slabs[rank]
         if err is not None:
@@ -221,7 +228,7 @@ The peers' slabs mapped into this process, each in its own reservation.
         -------
         tuple of (int, int)
         """
-        chunks = [c for entry in self._slabs.values() for c in entry[2]]
+        chunks = [c for entry in self._slabs.values() for c in entry[3]]
         return len(chunks), sum(c[1] for c in chunks)
 
     def close(self):

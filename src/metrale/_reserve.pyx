@@ -20,7 +20,7 @@ from metrale._common cimport buffer_ids, index_arg, limit_arg, limit_tuple, logg
 from metrale._core cimport (
     MT_ERR_OVERFLOW, MT_IN_ZERO_ALL, MT_LIFE_EXPORTED, MT_LIFE_OK, MT_MAX_BUFFERS, MT_OK,
     MT_WAIT_OPERATIONS, mt_chunk_needed, mt_commit_gaps, mt_commit_needed, mt_group_ranges,
-    mt_layout_plan_reserved, mt_layout_resize, mt_range)
+    mt_layout_base, mt_layout_plan_reserved, mt_layout_resize, mt_range)
 from metrale._life cimport (
     mt_life_reshape_begin, mt_life_reshape_end, raise_life, wait_life)
 from metrale._debug cimport refill_guards
@@ -70,16 +70,17 @@ cdef int build(BufferArena a, object sizes, object top_sizes) except -1:
         except OutOfMemoryError as e:
             raise OutOfMemoryError(f"buffer arena: cannot reserve {a._layout.slab_bytes} bytes "
                                    f"of address space: {e}") from e
-        a._base = base
+        a._alloc = base
+        a._base = mt_layout_base(&a._layout, base)
         try:
             commit(a)
             zero_fresh(a, False)
             refill_guards(a)
         except BaseException:
-            err, freed = free_reservation(be, a._base, a._layout.slab_bytes, a._chunks,
+            err, freed = free_reservation(be, a._base, a._alloc, a._layout.slab_bytes, a._chunks,
                                           a._orphans, a._kept)
             if freed:
-                a._base = 0
+                a._base = a._alloc = 0
             raise
     a._set_ptrs(a._pointers(True))
     logger().info("buffer arena for max_batch_tokens=%d: %.1f MiB mapped of a %.1f MiB "

@@ -278,6 +278,10 @@ class BufferSet:
         if ids is not None and (specs[ids].zero_all or specs[ids].rows != "whole"):
             raise ValueError(f"buffer spec {STEP_IDS!r}: zero_all: the step inputs upload the "
                              "token ids every step, before the zeroing; a helper would erase them")
+        for name in (STEP_IDS, STEP_META):
+            if name in index and specs[index[name]].align != 256:
+                raise ValueError(f"buffer spec {name!r}: align: the step inputs' buffers sit "
+                                 "back to back (one upload reaches both): 256 only")
         object.__setattr__(self, "_specs", specs)
         object.__setattr__(self, "_index", index)
         object.__setattr__(self, "_cache", {})

@@ -412,7 +412,7 @@ def _check_agreement(infos, names):
 
 
 def _share(gpu, group, base, nbytes, chunks, layout, ptrs, granularity, max_batch_tokens,
-           buffers):
+           buffers, base_align):
     """The collective setup (module docstring): returns a _Sharing, or raises
     MetraleError on every rank with nothing of the peers left mapped."""
     from metrale._peer import PeerSlabs
@@ -438,7 +438,8 @@ def _share(gpu, group, base, nbytes, chunks, layout, ptrs, granularity, max_batc
         errors = []
         bases = {}
         if nbytes and len(local) > 1:
-            errors = _exchange(gpu, slabs, me, infos, local, chunks, srv, timeout, bases)
+            errors = _exchange(gpu, slabs, me, infos, local, chunks, srv, timeout, bases,
+                               base_align)
         try:
             outcome = group.all_gather({"errors": errors})
         except MetraleError as e:
@@ -472,7 +473,7 @@ def _header(me, to, chunks, error):
                        "error": error}).encode()
 
 
-def _exchange(gpu, slabs, me, infos, local, chunks, srv, timeout, bases):
+def _exchange(gpu, slabs, me, infos, local, chunks, srv, timeout, bases, base_align):
     """Send this rank's chunks to each local peer, receive and map theirs;
     returns the errors seen here (the caller all-gathers them).  Never raises
     for what a peer or a stranger sends: every rank must reach the second
@@ -505,14 +506,14 @@ def _exchange(gpu, slabs, me, infos, local, chunks, srv, timeout, bases):
             os.close(fd)
     pending = set(local) - {me}
     try:
-        _gather_slabs(slabs, me, infos, pending, srv, timeout, bases, errors)
+        _gather_slabs(slabs, me, infos, pending, srv, timeout, bases, errors, base_align)
     except Exception as e:          # a bug here must not strand the other ranks
         errors.append(f"rank {me} failed while receiving its peers' slabs: "
                       f"{type(e).__name__}: {e}")
     return errors
 
 
-def _gather_slabs(slabs, me, infos, pending, srv, timeout, bases, errors):
+def _gather_slabs(slabs, me, infos, pending, srv, timeout, bases, errors, base_align):
     """Accept connections until every pending rank's slab is mapped (or has
     failed, or the deadline passes).  Connections are read when they have
     data, so a silent stranger holds up nobody; one whose peer credentials
@@ -550,7 +551,8 @@ def _gather_slabs(slabs, me, infos, pending, srv, timeout, bases, errors):
                 sel.unregister(conn)
                 with conn:
                     conn.settimeout(max(deadline - time.monotonic(), 0.001))
-                    r, err = _receive(conn, key.data, slabs, me, infos, pending, bases)
+                    r, err = _receive(conn, key.data, slabs, me, infos, pending, bases,
+                                      base_align)
                 if r is None:
                     continue                # a stranger's message: ignored
                 pending.discard(r)
@@ -577,7 +579,7 @@ def _peer_rank(conn, pids):
     return pids.get(pid, False)
 
 
-def _receive(conn, sender, slabs, me, infos, pending, bases):
+def _receive(conn, sender, slabs, me, infos, pending, bases, base_align):
     """One peer's header and descriptors: (rank, its error or None), or
     (None, None) for a message that is no pending rank's.  `sender` is the
     rank the peer credentials showed (None: unknown).  Whatever a rank sends
@@ -618,7 +620,8 @@ def _receive(conn, sender, slabs, me, infos, pending, bases):
                 if flags & socket.MSG_CTRUNC or len(got) != 1:
                     raise OSError(f"a descriptor did not arrive (flags {flags:#x}, "
                                   f"{len(got)} descriptors; out of descriptors?)")
-            bases[r] = slabs.map_peer(r, infos[r]["slab"], [tuple(c) for c in chunks], fds)
+            bases[r] = slabs.map_peer(r, infos[r]["slab"], [tuple(c) for c in chunks], fds,
+                                      base_align)
         finally:
             for fd in fds:
                 os.close(fd)
