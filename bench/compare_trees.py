@@ -28,11 +28,14 @@ ROWS = [
     ("empty.zero_all_rows(gpu, 0, 1) (call path)", "empty.zero_all_rows(gpu, 0, 1)", 100_000),
     ("from_sizes + release (construction)",
      "BufferArena.from_sizes(cfg, small, 1, 1, gpu).release()", 2_000),
+    ("BufferSizes.from_config (sizing)",
+     "BufferSizes.from_config(cfg, 8192, 4096, 16, 32, env=noenv)", 2_000),
 ]
 
 _SETUP = """
 from metrale import BufferArena, BufferSizes, HostBackend, ModelConfig
 cfg = ModelConfig.preset("qwen3-next-80b")
+noenv = {}
 gpu = HostBackend()
 sizes = BufferSizes.from_config(cfg, 128, 4096, 16, 32, env={}).replace(ssm_rowwise_w_bf16=4096)
 arena = BufferArena.from_sizes(cfg, sizes, 128, 32, gpu)

@@ -44,10 +44,11 @@ def accessors(reference):
     out = []
     for i, spec in enumerate(reference):
         name = spec.name
-        # Unchecked tuple loads, the one place: measured (bench/bench_host.py),
-        # and in range by construction: _ref_ptrs and _ref_bytes always hold
-        # one entry per reference buffer (the class sets them only so), and
-        # every id is below that count.
+        # Unchecked tuple loads (a borrowed item, compared with the ABSENT
+        # marker, then returned with one new reference), the one place:
+        # measured (bench/bench_host.py), and in range by construction:
+        # _ref_ptrs and _ref_bytes are always tuples of one entry per reference
+        # buffer (the class sets them only so), and every id is below that count.
         for kind, attr, what, ret in (
                 ("pointer", "_ref_ptrs", f"Device pointer of the {name} buffer "
                  f"(docs/buffers.md#{name}).", "The address; 0 when the buffer is empty or "
@@ -57,9 +58,7 @@ def accessors(reference):
             if kind not in spec.accessors:
                 continue
             method = name if kind == "pointer" else f"{name}_bytes"
-            out += ["    @cython.boundscheck(False)",
-                    "    @cython.wraparound(False)",
-                    f"    def {method}(self):",
+            out += [f"    def {method}(self):",
                     f'        """{what}',
                     "",
                     "        Returns",
@@ -72,10 +71,10 @@ def accessors(reference):
                     "        MetraleError",
                     f"            The arena's buffer set has no {name}.",
                     '        """',
-                    f"        r = self.{attr}[{i}]",
-                    "        if r is ABSENT:",
+                    f"        cdef PyObject *r = _ITEM(<PyObject *>self.{attr}, {i})",
+                    "        if r == _ABSENT:",
                     f"            _absent(self, {name!r})",
-                    "        return r", ""]
+                    "        return <object>r", ""]
     return "\n".join(out)
 
 

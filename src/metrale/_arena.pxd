@@ -9,6 +9,15 @@ from metrale._core cimport mt_cursor, mt_layout, mt_life
 
 
 cdef class BufferArena:
+    # -- the hot path, first: next to the object's header -----------------------------
+    cdef tuple _ptrs              # prebuilt pointer ints by buffer id: an accessor is one load;
+                                  # replaced (never mutated) whenever a pointer changes
+    cdef tuple _bytes             # sizes by buffer id; replaced whenever a size changes
+    cdef tuple _ref_ptrs          # the same by REFERENCE id, for the compiled accessors (the
+    cdef tuple _ref_bytes         # same tuples for REFERENCE; ABSENT where the set lacks one)
+    cdef readonly object ptrs     # the pointer table: one attribute per buffer
+    cdef dict _ptr_by_name        # name -> pointer (`ptr`); None until then after _ptrs changed
+
     # -- what the buffers are sized for -----------------------------------------------
     cdef object _buffers          # the BufferSet: which buffers, in which order (their ids)
     cdef dict _index              # its name -> id (the set's own dict, never changed)
@@ -30,13 +39,6 @@ cdef class BufferArena:
     cdef uintptr_t _base          # where the buffers start (offsets are from it); 0 once freed
     cdef uintptr_t _alloc         # the allocation (or reservation) holding them: _base, or
                                   # below it where a buffer's alignment moved the base up
-    cdef tuple _ptrs              # prebuilt pointer ints by buffer id: an accessor is one load;
-                                  # replaced (never mutated) whenever a pointer changes
-    cdef tuple _bytes             # sizes by buffer id; replaced whenever a size changes
-    cdef tuple _ref_ptrs          # the same by REFERENCE id, for the compiled accessors (the
-    cdef tuple _ref_bytes         # same tuples for REFERENCE; ABSENT where the set lacks one)
-    cdef readonly object ptrs     # the pointer table: one attribute per buffer
-    cdef dict _ptr_by_name        # name -> pointer (`ptr`), replaced with _ptrs
     cdef dict _infos              # name -> BufferInfo, made from the two tuples in _infos_of
     cdef tuple _infos_of
 

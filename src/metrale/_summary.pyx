@@ -446,15 +446,16 @@ class ArenaPointers:
         raise AttributeError("ArenaPointers is read-only (the arena updates it)")
 
     def __iter__(self):
-        return ((n, getattr(self, n)) for n in self.__slots__)
+        return ((n, getattr(self, n)) for n in type(self).__slots__)
 
     def __reduce__(self):
         raise TypeError("ArenaPointers cannot be pickled: its pointers are this process's")
 
     def __repr__(self):
-        shown = ", ".join(f"{n}={getattr(self, n):#x}" for n in self.__slots__[:4])
-        more = ", ..." if len(self.__slots__) > 4 else ""
-        return f"<ArenaPointers of {len(self.__slots__)} buffers: {shown}{more}>"
+        names = type(self).__slots__
+        shown = ", ".join(f"{n}={getattr(self, n):#x}" for n in names[:4])
+        more = ", ..." if len(names) > 4 else ""
+        return f"<ArenaPointers of {len(names)} buffers: {shown}{more}>"
 
 
 def _pointer_table(buffers):
