@@ -169,15 +169,32 @@ def check_spec(name, dtype, shape, size, itemsize, floor, zero_all, prefill, row
                                 f"got {type(d).__name__}")
         if not dims:
             raise ValueError(f"{where}: shape: no dimensions (a scalar buffer is shape [1])")
-        dims = tuple(dims)
-        text_shape, exact = "[" + ", ".join(dims) + "]", True
+        exact = True            # text_shape: from the checked dims, below
     else:
         raise TypeError(f"{where}: shape must be a sequence of dimensions or a str, got "
                         f"{type(shape).__name__}")
     if dims is not None:
         for i, d in enumerate(dims):
-            if not d.isdigit():
-                read |= formulas.check(d, f"{where}: shape[{i}]")
+            # Every dimension is checked as an expression: text that only
+            # looks like digits ("007", "²") would pass and fail at sizing
+            # with a SyntaxError.  One that reads no symbol is a constant,
+            # refused unless >= 1 ("0" is a zero-width dimension).
+            names = formulas.check(d, f"{where}: shape[{i}]")
+            read |= names
+            if not names:
+                try:
+                    value = formulas.evaluate(d, {})
+                except ArithmeticError as e:
+                    raise ValueError(f"{where}: shape[{i}]: {d!r} fails: {e}") from None
+                if type(value) is not int or value < 1:
+                    raise ValueError(f"{where}: shape[{i}]: a dimension must be >= 1 (a zero "
+                                     f"or negative width), got {d!r} = {value!r}")
+        # Each dimension as dims_of reads it back from the shape text (replace,
+        # to_dict): written "(M + 1)" it would come back "M + 1", another
+        # formula text and so another fingerprint for the same buffer.
+        dims = dims_of("[" + ", ".join(dims) + "]")
+        if not isinstance(shape, str):
+            text_shape = "[" + ", ".join(dims) + "]"
     if shape_when is not None:
         formulas.check(shape_when, f"{where}: shape_when")
     if floor is not None:

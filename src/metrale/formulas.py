@@ -237,6 +237,11 @@ _USABLE = frozenset(
     + list(ALIASES) + list(HELPERS))
 
 _MAX_EXPR = 2000            # characters of one expression
+# Brackets one expression may nest: the sizing compiles a set's formulas into
+# one expression, a shape's dimension a few brackets deeper than it is written,
+# and CPython's parser stops at 200 (an expression that parsed alone then
+# failed there with a SyntaxError).
+_MAX_DEPTH = 100
 _U64 = 1 << 64
 _BINOPS = (ast.Add, ast.Sub, ast.Mult, ast.FloorDiv, ast.Mod)
 _UNARY = (ast.USub, ast.UAdd, ast.Not)
@@ -278,10 +283,16 @@ def check(expr, where):
     except (SyntaxError, ValueError, RecursionError, MemoryError) as e:
         raise ValueError(f"{where}: {expr!r} is not an expression ({e})") from None
     read = set()
+    # A helper is a function: named anywhere but as what a call calls, it is
+    # no size (and used to fail only at sizing, with a TypeError naming nothing).
+    called = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
     for node in ast.walk(tree):
         bad = _bad_node(node)
         if bad:
             raise ValueError(f"{where}: {expr!r}: {bad}")
+        if isinstance(node, ast.Name) and node.id in HELPERS and id(node) not in called:
+            raise ValueError(f"{where}: {expr!r}: {node.id} is a helper: call it, "
+                             f"{node.id}(...)")
         if isinstance(node, ast.Name):
             if node.id not in _USABLE:
                 raise ValueError(f"{where}: unknown name {node.id!r} in {expr!r}; "
@@ -290,6 +301,13 @@ def check(expr, where):
                                  "and the helpers " + ", ".join(HELPERS))
             if node.id not in HELPERS:
                 read.add(node.id)
+    depth = most = 0
+    for c in expr:          # no string constant got here: every bracket is one
+        depth += (c in "([{") - (c in ")]}")
+        most = max(most, depth)
+    if most > _MAX_DEPTH:
+        raise ValueError(f"{where}: {expr!r}: brackets nested {most} deep, more than "
+                         f"{_MAX_DEPTH}")
     return frozenset(read)
 
 
@@ -320,6 +338,9 @@ def _bad_node(node):
             return f"{node.func.id}() takes plain positional arguments"
         if node.func.id == "cdiv" and len(node.args) != 2:
             return "cdiv() takes two arguments"
+        if node.func.id in ("max", "min") and len(node.args) < 2:
+            # of one int they would iterate it: a TypeError at sizing
+            return f"{node.func.id}() takes two or more arguments"
         if node.func.id.startswith("ceil") and len(node.args) != 1:
             return f"{node.func.id}() takes one argument"
         return ""
