@@ -417,7 +417,7 @@ class BufferSet:
         specs = (specs,) if isinstance(specs, BufferSpec) else tuple(specs)
         return BufferSet(self._specs + specs)
 
-    def replace(self, name, **changes):
+    def replace(self, name, /, **changes):
         """This set with one spec changed (`BufferSpec.replace`), in place in the order.
 
         Parameters
