@@ -174,14 +174,18 @@ int mt_rows_args_init(const mt_layout *L, uint64_t hole_lo, uint64_t hole_hi, mt
         uint64_t size = L->size[b];
         mt_rows_entry e;
         if (!(L->flags[b] & MT_IN_ZERO_ALL) || size == 0) continue;
-        if (n + 2 > MT_MAX_ROWS_ENTRIES) return -1;     /* more than a buffer set may have */
         rows_entry(L, b, m, &e);
+        /* Room for this buffer's entries only (two where the hole splits it):
+         * reserving two for every buffer refused 30 buffers and a split, the
+         * most a buffer set may have (MT_MAX_ROWS_ENTRIES - 1 and one more). */
         if (hole_lo < hole_hi && hole_lo < e.offset + size && e.offset < hole_hi) {
             uint64_t cut_lo = hole_lo > e.offset ? hole_lo - e.offset : 0;
             uint64_t cut_hi = hole_hi - e.offset < size ? hole_hi - e.offset : size;
+            if (n + (cut_lo > 0) + (cut_hi < size) > MT_MAX_ROWS_ENTRIES) return -1;
             if (cut_lo > 0) { a->e[n] = e; a->e[n].hi = cut_lo; n++; }
             if (cut_hi < size) { a->e[n] = e; a->e[n].lo = cut_hi; n++; }
         } else {
+            if (n + 1 > MT_MAX_ROWS_ENTRIES) return -1;     /* more than a set may have */
             a->e[n++] = e;
         }
     }
