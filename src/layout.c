@@ -197,6 +197,9 @@ int mt_rows_args_init(const mt_layout *L, uint64_t hole_lo, uint64_t hole_hi, mt
         uint64_t next = a->e[i + 1].offset;
         end = a->e[i].offset + a->e[i].size;
         if (next <= end) continue;
+        /* Never across the hole: a buffer the hole covers whole has no entry,
+         * so its neighbours' padding would span it (and clear the count). */
+        if (hole_lo < hole_hi && hole_lo < next && end < hole_hi) continue;
         if ((!L->reserved && !L->guard) || (align_up(end, &end) == MT_OK && end == next))
             a->e[i].pad_to = next;
     }
