@@ -9,9 +9,10 @@ stands for one config field or limit can also be written by that name
 
 An engine's own expressions (a spec's size, shape or condition) are checked
 by `check` before anything is evaluated: integer arithmetic (``+ - * // %``),
-comparisons, ``and`` / ``or`` / ``not``, ``a if c else b`` and the helpers
-``max``, ``min``, ``cdiv`` and ``ceil4`` ... ``ceil256`` over the integer
-symbols.  Nothing else (no attribute, no subscript, no power, no string), so
+comparisons, ``and`` / ``or`` / ``not``, ``a if c else b`` and calls of the
+helpers ``max``, ``min`` (of two or more), ``cdiv`` and ``ceil4`` ...
+``ceil256`` over the integer symbols, brackets nested at most 100 deep.
+Nothing else (no attribute, no subscript, no power, no string), so
 evaluating one runs no code but that arithmetic and always ends.
 
 Pure Python; the sizing (`metrale.sizes`) evaluates a whole set at once.
