@@ -344,10 +344,14 @@ class BufferSet:
 
         Raises
         ------
+        TypeError
+            `name` is not a str.
         ValueError
             No buffer of that name (the message suggests near names).
         """
-        i = self._index.get(name) if isinstance(name, str) else None
+        if not isinstance(name, str):       # as every other name argument (_common.buffer_ids)
+            raise TypeError(self._unknown(name))
+        i = self._index.get(name)
         if i is None:
             raise ValueError(self._unknown(name))
         return i
@@ -389,10 +393,17 @@ class BufferSet:
 
         Raises
         ------
+        TypeError
+            `names` is not a str or an iterable of str.
         ValueError
             A name that is not in the set.
         """
-        names = (names,) if isinstance(names, str) else tuple(names)
+        if isinstance(names, str):
+            names = (names,)
+        elif not hasattr(names, "__iter__"):
+            raise TypeError(f"names must be a buffer name or an iterable of buffer names, got "
+                            f"{type(names).__name__}")
+        names = tuple(names)
         for n in names:
             self.index(n)
         drop = set(names)
