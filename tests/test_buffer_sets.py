@@ -420,6 +420,13 @@ def test_without_with_and_replace_make_new_sets():
     assert REFERENCE.without(()) == REFERENCE
     with pytest.raises(ValueError, match="unknown buffer name 'logit'.*did you mean logits"):
         REFERENCE.without(["logit"])
+    for bad in (3, [3], ["logits", None], [b"logits"]):
+        with pytest.raises(TypeError, match="names"):
+            REFERENCE.without(bad)
+    with pytest.raises(TypeError, match="buffer names are str"):
+        REFERENCE.index(3)
+    with pytest.raises(TypeError, match="buffer names are str"):
+        REFERENCE.replace(3, size=1)
     t = s.with_([SAMPLER, LSE]).with_(STAGING)
     assert t.names[-3:] == ("sampler_probs", "splitkv_lse", "allreduce_staging")
     assert t["sampler_probs"] is SAMPLER and t.index("splitkv_lse") == 44
