@@ -199,7 +199,7 @@ def reference_part(draw, most=12):
     specs = []
     for name in names:
         s = REFERENCE[name]
-        if name != "token_ids" and draw(st.booleans()):
+        if name not in ("token_ids", "scratch") and draw(st.booleans()):   # 256 only
             changes = {"align": draw(st.sampled_from(ALIGNS))}
             if draw(st.booleans()):
                 z = draw(st.booleans())
@@ -276,8 +276,10 @@ def slab_order(buffers):
 
 
 def plain_layout(buffers, sizes, guard=0):
-    """name -> offset (None: empty), and the slab bytes."""
-    offsets, cur = {}, 0
+    """name -> offset (None: empty), and the slab bytes: the placed buffers,
+    then room to move the base (allocated at 256) up to the largest
+    alignment a placed buffer asks for."""
+    offsets, cur, base = {}, 0, ALIGN
     for i in slab_order(buffers):
         s = buffers.specs[i]
         n = sizes[s.name]
@@ -286,13 +288,16 @@ def plain_layout(buffers, sizes, guard=0):
             continue
         cur = _ceil(cur, s.align)
         offsets[s.name] = cur
+        base = max(base, s.align)
         cur = _ceil(cur + n, ALIGN) + guard
-    return offsets, cur
+    return offsets, cur + (base - ALIGN if cur else 0)
 
 
 def reserved_layout(buffers, top, gran, guard=0):
-    """name -> (offset of its sub-range or None, room), and the reservation."""
-    out, cur = {}, 0
+    """name -> (offset of its sub-range or None, room), and the reservation
+    (with room to move the base, reserved at `gran`, up to the largest
+    alignment)."""
+    out, cur, base = {}, 0, gran
     for i in slab_order(buffers):
         s = buffers.specs[i]
         r = top[s.name]
@@ -300,11 +305,12 @@ def reserved_layout(buffers, top, gran, guard=0):
             out[s.name] = (None, 0)
             continue
         cur = _ceil(cur, s.align)
+        base = max(base, s.align)
         span = r if not guard else _ceil(r, ALIGN) + guard
         end = _ceil(cur + span, ALIGN if _part(s) == 0 else gran)
         out[s.name] = (cur, end - cur)
         cur = end
-    return out, cur
+    return out, cur + (base - gran if cur else 0)
 
 
 def rows_live(spec, n, m, tokens):
@@ -590,6 +596,11 @@ def _base_of(arena, offsets):
     return bases.pop() if bases else None
 
 
+def _largest_align(buffers, sizes, least=ALIGN):
+    """The alignment a slab's base needs: the largest of its placed buffers'."""
+    return max([least] + [s.align for s in buffers if sizes[s.name]])
+
+
 def sentinel_plain(gpu, case, debug, data):
     sizes, m, bs, cfg = case
     guard = debug.guard_bytes if debug else 0
@@ -600,10 +611,12 @@ def sentinel_plain(gpu, case, debug, data):
         base = _base_of(arena, offsets)
         if base is None:
             return
-        assert base % sizes.buffers._slab_align() == 0
+        largest = _largest_align(sizes.buffers, sizes)
+        assert base % largest == 0
         for s in sizes.buffers:
             assert arena.ptr(s.name) % s.align == 0 and arena.nbytes(s.name) == sizes[s.name]
-        slab = Slab(arena, gpu, base, [(0, slab_bytes)])
+        # from the aligned base: the slab less the room it moved up by at most
+        slab = Slab(arena, gpu, base, [(0, slab_bytes - (largest - ALIGN))])
         run_sentinels(arena, gpu, sizes, offsets, m, not guard, slab, data)
     assert live_counts(gpu) == before
 
@@ -628,7 +641,7 @@ def sentinel_reserved(gpu, cfg, buffers, lim, top, after, data):
             base = _base_of(arena, offsets)
             if base is None:
                 continue
-            assert base % max(gran, buffers._slab_align()) == 0
+            assert base % _largest_align(buffers, top_sizes, gran) == 0
             slab = Slab(arena, gpu, base, _mapped_regions(sizes, offsets, gran))
             run_sentinels(arena, gpu, sizes, offsets, limits[0], False, slab, data)
     assert (live_counts(gpu), vm_counts(gpu)) == before

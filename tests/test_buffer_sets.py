@@ -690,9 +690,10 @@ def test_every_buffer_by_name_and_the_pointer_table():
         for (_, end, x), (start, _, y) in zip(seen, seen[1:]):
             assert end <= start, (x, y)
         base = min(s for s, _, _ in seen)
-        assert max(e for _, e, _ in seen) - base <= a.slab_bytes()
-        # the slab starts at the set's largest alignment: that much more is allocated
-        assert gpu.live_bytes == a.slab_bytes() + 4096 - 256
+        # the slab holds room to move its base up to the set's largest
+        # alignment (4096 here), counted in slab_bytes and allocated
+        assert max(e for _, e, _ in seen) - base <= a.slab_bytes() - (4096 - 256)
+        assert gpu.live_bytes == a.slab_bytes()
         for bad in ("hidden_states", "nothin", ""):
             with pytest.raises(ValueError, match="name: unknown buffer name"):
                 a.ptr(bad)
@@ -763,13 +764,22 @@ def test_step_inputs_need_token_ids_and_scratch():
             assert gpu.host_alloc_count == 0
 
 
+def test_step_inputs_buffers_keep_the_reference_alignment():
+    # one upload reaches token_ids and scratch back to back: no other alignment
+    for i, name in ((0, "token_ids"), (1, "scratch")):
+        with pytest.raises(ValueError, match=f"buffer spec '{name}': align: .*256 only"):
+            CUSTOM.with_(STEP_SPECS[i].replace(align=512))
+    with pytest.raises(ValueError, match="buffer spec 'token_ids': zero_all"):
+        CUSTOM.with_(STEP_SPECS[0].replace(zero_all=True))
+
+
 def test_step_inputs_work_over_a_custom_set():
-    # the step inputs placed first whatever the set's order; scratch aligned
-    # further apart than the reference does: the one upload still reaches both
-    buffers = CUSTOM.with_([STEP_SPECS[1].replace(align=8192), STEP_SPECS[0]])
+    # the step inputs placed first, back to back, whatever the set's order:
+    # the one upload reaches both
+    buffers = CUSTOM.with_([STEP_SPECS[1], STEP_SPECS[0]])
     gpu = HostBackend()
     with _new(buffers, gpu) as a:
-        assert a.ptr("scratch") % 8192 == 0 and a.ptr("token_ids") < a.ptr("scratch")
+        assert a.ptr("token_ids") + _ceil(a.nbytes("token_ids"), 256) == a.ptr("scratch")
         for name in ("allreduce_staging", "tiled", "sampler_probs"):
             _host_bytes(a.ptr(name), a.nbytes(name))[:] = 0xAB
         with a.step_inputs() as st:
@@ -1071,7 +1081,9 @@ def test_every_address_is_aligned_as_its_spec_asks():
                     a.resize(max_batch_tokens=120)
                     assert a.ptr("big") % align == 0 and a.nbytes("big") == 120 * 1000
                 else:
-                    assert gpu.live_bytes == a.slab_bytes() + max(align, 1024) - 256
+                    # room to move the base up to the largest alignment, in slab_bytes
+                    assert gpu.live_bytes == a.slab_bytes()
+                    assert a.sizes().total_bytes() + max(align, 1024) - 256 <= a.slab_bytes()
                 _host_bytes(a.ptr("big"), a.nbytes("big"))[:] = 1
                 a.zero_all()
                 assert not _host_bytes(a.ptr("big"), a.nbytes("big")).any()

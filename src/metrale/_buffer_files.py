@@ -108,15 +108,20 @@ def to_dict(self, base):
     dict
     """
     ref = _reference()
+    # REFERENCE as the base only when the set is its buffers in its order
+    # (some dropped or replaced), then new ones: the form from_dict rebuilds
+    kept = [s.name for s in self._specs if s.name in ref]
+    ordered = bool(kept) and kept == [n for n in ref.names if n in self] and \
+        list(self.names[:len(kept)]) == kept
     if base is None:
-        # REFERENCE when the set is its buffers in its order (some dropped or
-        # replaced), then new ones: the form from_dict rebuilds
-        kept = [s.name for s in self._specs if s.name in ref]
-        ordered = kept == [n for n in ref.names if n in self] and \
-            list(self.names[:len(kept)]) == kept
-        base = ref if kept and ordered else BufferSet()
+        base = ref if ordered else BufferSet()
     elif not isinstance(base, BufferSet) or (base != ref and len(base)):
-        raise ValueError("to_dict: base must be REFERENCE, an empty BufferSet or None")
+        raise ValueError("to_dict: base must be REFERENCE or an empty BufferSet (the bases a "
+                         "buffers file names), or None")
+    elif base == ref and not ordered:
+        raise ValueError("to_dict: this set cannot be written as changes to REFERENCE: its "
+                         "reference buffers are not in REFERENCE's order ahead of its new ones "
+                         "(give base=None or an empty set)")
     out = {"base": "reference" if base == ref else "empty"}
     if base == ref:
         drop = [n for n in base.names if n not in self]

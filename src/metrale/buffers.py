@@ -547,15 +547,22 @@ class BufferSet:
         Parameters
         ----------
         base : BufferSet, optional
-            Write the set as changes to `base` (dropped names, replaced specs,
+            `REFERENCE` or an empty set (the bases a buffers file names):
+            write the set as changes to it (dropped names, replaced specs,
             new ones); None: `REFERENCE` when this set keeps some of its
-            buffers in its order, else every spec from an empty base.
+            buffers in its order with the new ones after, else every spec.
 
         Returns
         -------
         dict
-            ``BufferSet.from_dict(s.to_dict()) == s`` holds when the set keeps
-            `base`'s remaining buffers in their order, new ones after.
+            ``BufferSet.from_dict(s.to_dict(base)) == s`` always holds.
+
+        Raises
+        ------
+        ValueError
+            `base` is another set, or `REFERENCE` for a set that does not
+            keep its reference buffers in their order ahead of its new ones
+            (a file could not say where they go).
         """
         from ._buffer_files import to_dict
         return to_dict(self, base)
