@@ -19,7 +19,7 @@ MIB2 = 2 << 20                   # the driver hands out whole 2 MiB pages
 
 
 def _free(gpu):
-    gpu.sync(0)
+    gpu.synchronize()
     return gpu.mem_info()[0]
 
 
