@@ -250,9 +250,12 @@ int mt_life_released(const mt_life *l);
  * (MT_LIFE_IN_FLIGHT: waiting there could wait for itself) or the word was
  * inherited across fork (MT_LIFE_FORKED); on MT_LIFE_OK the caller waits with
  * mt_life_wait(MT_WAIT_OPERATIONS), reshapes, then mt_life_reshape_end.
+ * `views_ok` (NULL: none), one flag per slot: live exports of those slots do
+ * not refuse (a reshape that leaves their memory in place); an export of
+ * another slot still gives MT_LIFE_EXPORTED, the word as before the call.
  * `stay_paused` (a sleep) keeps new operations out until the next reshape
  * ends.  A close waits for a running reshape (MT_WAIT_ALL). */
-int mt_life_reshape_begin(mt_life *l);
+int mt_life_reshape_begin(mt_life *l, const unsigned char *views_ok);
 void mt_life_reshape_end(mt_life *l, int stay_paused);
 int mt_life_paused(const mt_life *l);
 /* Whether the word was inherited across fork(). */

@@ -182,17 +182,42 @@ int mt_life_released(const mt_life *l)
     return (atomic_load_explicit(&((mt_life *)l)->state, memory_order_acquire) & LIFE_RELEASED) != 0;
 }
 
-int mt_life_reshape_begin(mt_life *l)
+int mt_life_reshape_begin(mt_life *l, const unsigned char *views_ok)
 {
     if (forked(l)) return MT_LIFE_FORKED;
     uint64_t s = atomic_load_explicit(&l->state, memory_order_acquire);
     do {
         if (s & LIFE_RELEASED) return MT_LIFE_RELEASED;
         if (s & LIFE_BUSY) return MT_LIFE_BUSY;
-        if (s & LIFE_EXPORTS) return MT_LIFE_EXPORTED;
+        if ((s & LIFE_EXPORTS) && !views_ok) return MT_LIFE_EXPORTED;
         if (tls_life_depth > 0) return MT_LIFE_IN_FLIGHT;
     } while (!atomic_compare_exchange_weak_explicit(&l->state, &s, s | LIFE_PAUSED | LIFE_BUSY,
                                                     memory_order_acq_rel, memory_order_acquire));
+    if (views_ok) {
+        /* Paused: no export starts now.  One counted in the word reaches its
+         * slot at once (mt_life_export adds to the word first, mt_life_unexport
+         * takes from its slot first), so the slots add up to the word's count
+         * once those in progress are done; then every live view is in a slot
+         * and each must be allowed. */
+        struct timespec pause = {0, 1000};
+        for (;;) {
+            uint64_t want = (atomic_load_explicit(&l->state, memory_order_acquire) & LIFE_EXPORTS)
+                            / LIFE_EXPORT_ONE, sum = 0;
+            int refused = 0;
+            for (int i = 0; i < l->nslots; i++) {
+                uint64_t k = atomic_load_explicit(&l->exports[i], memory_order_acquire);
+                sum += k;
+                if (k && !views_ok[i]) refused = 1;
+            }
+            if (refused) {      /* as before the call: paused only if it was */
+                uint64_t clear = LIFE_BUSY | ((s & LIFE_PAUSED) ? 0 : LIFE_PAUSED);
+                atomic_fetch_and_explicit(&l->state, ~clear, memory_order_release);
+                return MT_LIFE_EXPORTED;
+            }
+            if (sum == want) break;
+            nanosleep(&pause, NULL);
+        }
+    }
     atomic_store_explicit(&l->reshaper, (uintptr_t)&tls_me, memory_order_relaxed);
     return MT_LIFE_OK;
 }

@@ -55,7 +55,15 @@ cdef class BufferArena:
     cdef object _top_sizes        # BufferSizes of the reserved limits (each buffer's room)
     cdef object _top_limits       # the reserved limits, as _limits
     cdef list _chunks             # [(offset, bytes, handle)] mapped now, sorted
-    cdef list _kept               # [(buffer id, host pointer, bytes)] a sleep copied out
+    cdef list _kept               # [(buffer id, host pointer, capacity)] pinned copies for
+                                  # sleep(keep=...): made once, reused, freed by release
+    cdef dict _keeping            # buffer id -> bytes this sleep copied to its _kept buffer
+    cdef list _hosted             # [(offset, bytes, handle)] host memory for sleep(offload=...):
+                                  # made once, reused, freed by release
+    cdef uintptr_t _stage         # a reservation of slab_bytes where _hosted stay mapped
+    cdef list _at_base            # asleep: the _hosted mapped at the buffers' own addresses too
+    cdef list _host_orphans       # [(handle, bytes)] host handles whose release failed: retried
+    cdef dict _offloaded          # buffer id -> bytes this sleep moved to host memory
     cdef list _orphans            # [(handle, bytes)] unmapped, whose release failed: retried
     cdef uint64_t _reshapes       # resizes so far (StepInputs made before one refuse)
     cdef uint64_t _peak           # the most bytes ever committed (memory_stats)

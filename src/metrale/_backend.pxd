@@ -61,6 +61,18 @@ cdef class Backend:
     cdef int unmap(self, uintptr_t p, size_t n) except -1
     # Wait for all work on the device (before memory is unmapped).
     cdef int quiesce(self) except -1
+    # Host memory the device maps, for sleep(offload=...): a physical handle
+    # in host memory (CUDA: a host-NUMA handle; host: a memfd), mapped and
+    # unmapped like a device handle (map_host / unmap_host count it apart from
+    # mapped_bytes, in host_mapped_bytes; it may be mapped at several places),
+    # and a copy between two mapped ranges in stream order (not waited for).
+    cdef readonly Py_ssize_t host_handle_count
+    cdef readonly unsigned long long host_handle_bytes, host_mapped_bytes
+    cdef int create_host(self, size_t n, uint64_t *handle) except -1
+    cdef int release_host(self, uint64_t handle, size_t n) except -1
+    cdef int map_host(self, uintptr_t p, size_t n, uint64_t handle) except -1
+    cdef int unmap_host(self, uintptr_t p, size_t n) except -1
+    cdef int copy(self, uintptr_t dst, uintptr_t src, size_t n, uintptr_t stream) except -1
     # Host memory for copies (pinned on CUDA), counted like the allocations.
     cdef readonly Py_ssize_t host_alloc_count, live_host_alloc_count
     cdef int host_alloc(self, size_t n, void **out) except -1

@@ -74,6 +74,13 @@ cdef class Backend:
         Bytes of physical memory mapped now (reserved arenas).
     handle_count : int
         Physical handles alive now (reserved arenas).
+    host_handle_count : int
+        Physical handles in host memory alive now (``sleep(offload=...)``).
+    host_handle_bytes : int
+        Their bytes.
+    host_mapped_bytes : int
+        Bytes of those handles mapped now (a handle mapped at two places
+        counts twice); not in `mapped_bytes`.
     export_count : int
         Physical handles exported to peer processes (tensor-parallel arenas).
     import_count : int
@@ -160,6 +167,23 @@ cdef class Backend:
     cdef int unmap(self, uintptr_t p, size_t n) except -1:
         return _unusable(self)
     cdef int quiesce(self) except -1:
+        return _unusable(self)
+    cdef int create_host(self, size_t n, uint64_t *handle) except -1:
+        return _unusable(self)
+    cdef int release_host(self, uint64_t handle, size_t n) except -1:
+        return _unusable(self)
+    cdef int map_host(self, uintptr_t p, size_t n, uint64_t handle) except -1:
+        # the device's own mapping call; counted as host memory
+        self.map(p, n, handle)
+        self.mapped_bytes -= n
+        self.host_mapped_bytes += n
+        return 0
+    cdef int unmap_host(self, uintptr_t p, size_t n) except -1:
+        self.unmap(p, n)
+        self.mapped_bytes += n
+        self.host_mapped_bytes -= n
+        return 0
+    cdef int copy(self, uintptr_t dst, uintptr_t src, size_t n, uintptr_t stream) except -1:
         return _unusable(self)
     cdef int host_alloc(self, size_t n, void **out) except -1:
         return _unusable(self)
@@ -456,6 +480,27 @@ Host memory, synchronous: everything the arena does, with no GPU.
         return 0
 
     cdef int quiesce(self) except -1:
+        return 0
+
+    # Host memory for offloaded buffers: a memfd, so that it can be mapped at
+    # two places (the arena's own addresses and its staging range) at once.
+    cdef int create_host(self, size_t n, uint64_t *handle) except -1:
+        self.create_exportable(n, handle)
+        self.handle_count -= 1
+        self.host_handle_count += 1
+        self.host_handle_bytes += n
+        return 0
+
+    cdef int release_host(self, uint64_t handle, size_t n) except -1:
+        self.release_handle(handle, n)
+        self.handle_count += 1
+        self.host_handle_count -= 1
+        self.host_handle_bytes -= n
+        return 0
+
+    cdef int copy(self, uintptr_t dst, uintptr_t src, size_t n, uintptr_t stream) except -1:
+        with nogil:
+            memcpy(<void *>dst, <void *>src, n)
         return 0
 
     cdef int host_alloc(self, size_t n, void **out) except -1:

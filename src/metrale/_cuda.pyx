@@ -337,6 +337,29 @@ An NVIDIA GPU through the CUDA driver.
         self.handle_count -= 1
         return 0
 
+    cdef int create_host(self, size_t n, uint64_t *handle) except -1:
+        with nogil:
+            self._current()
+            _vmm.create_host(self.device_id, n, handle)
+        self.host_handle_count += 1
+        self.host_handle_bytes += n
+        return 0
+
+    cdef int release_host(self, uint64_t handle, size_t n) except -1:
+        with nogil:
+            self._current()
+            _vmm.release(handle)
+        self.host_handle_count -= 1
+        self.host_handle_bytes -= n
+        return 0
+
+    cdef int copy(self, uintptr_t dst, uintptr_t src, size_t n, uintptr_t stream) except -1:
+        with nogil:
+            self._current()
+            check(cydriver.cuMemcpyAsync(<cydriver.CUdeviceptr>dst, <cydriver.CUdeviceptr>src, n,
+                                         <cydriver.CUstream>stream), "cuMemcpyAsync")
+        return 0
+
     cdef int map(self, uintptr_t p, size_t n, uint64_t handle) except -1:
         with nogil:
             self._current()

@@ -18,7 +18,7 @@ cdef uint64_t mt_life_exports(const mt_life *l, int slot) noexcept nogil
 cdef int mt_life_close(mt_life *l) noexcept nogil
 cdef void mt_life_reopen(mt_life *l) noexcept nogil
 cdef int mt_life_released(const mt_life *l) noexcept nogil
-cdef int mt_life_reshape_begin(mt_life *l) noexcept nogil
+cdef int mt_life_reshape_begin(mt_life *l, const unsigned char *views_ok) noexcept nogil
 cdef void mt_life_reshape_end(mt_life *l, int stay_paused) noexcept nogil
 cdef int mt_life_forked(const mt_life *l) noexcept nogil
 

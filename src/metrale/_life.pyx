@@ -29,7 +29,7 @@ cdef extern from "arena_core.h" nogil:
     void c_reopen "mt_life_reopen"(mt_life *l)
     int c_wait "mt_life_wait"(mt_life *l, int until, long timeout_us)
     int c_released "mt_life_released"(const mt_life *l)
-    int c_reshape_begin "mt_life_reshape_begin"(mt_life *l)
+    int c_reshape_begin "mt_life_reshape_begin"(mt_life *l, const unsigned char *views_ok)
     void c_reshape_end "mt_life_reshape_end"(mt_life *l, int stay_paused)
     int c_forked "mt_life_forked"(const mt_life *l)
 
@@ -68,8 +68,8 @@ cdef void mt_life_reopen(mt_life *l) noexcept nogil:
 cdef int mt_life_released(const mt_life *l) noexcept nogil:
     return c_released(l)
 
-cdef int mt_life_reshape_begin(mt_life *l) noexcept nogil:
-    return c_reshape_begin(l)
+cdef int mt_life_reshape_begin(mt_life *l, const unsigned char *views_ok) noexcept nogil:
+    return c_reshape_begin(l, views_ok)
 
 cdef void mt_life_reshape_end(mt_life *l, int stay_paused) noexcept nogil:
     c_reshape_end(l, stay_paused)

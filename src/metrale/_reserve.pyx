@@ -13,6 +13,7 @@ forwards `resize`, `sleep`, `wake` and `committed_bytes` here.
 
 from libc.stdint cimport uint64_t, uintptr_t
 from libc.stdlib cimport free, malloc
+from libc.string cimport memset
 
 from metrale._arena cimport BufferArena, init_zero
 from metrale._backend cimport Backend
@@ -22,7 +23,7 @@ from metrale._core cimport (
     MT_WAIT_OPERATIONS, mt_chunk_needed, mt_commit_gaps, mt_commit_needed, mt_group_ranges,
     mt_layout_base, mt_layout_plan_reserved, mt_layout_resize, mt_range)
 from metrale._life cimport (
-    mt_life_reshape_begin, mt_life_reshape_end, raise_life, wait_life)
+    mt_life_exports, mt_life_reshape_begin, mt_life_reshape_end, raise_life, wait_life)
 from metrale._debug cimport refill_guards
 from metrale._layout cimport table_into
 from metrale._mapping cimport free_reservation, release_orphans, unmap_chunks
@@ -220,21 +221,37 @@ def _arena_is_sleeping(BufferArena a):
 
 # -- reshapes -------------------------------------------------------------------------------
 
-cdef int begin(BufferArena a, str what) except -1:
+cdef int begin(BufferArena a, str what, object views_ok=None) except -1:
     """Start a reshape: refused (nothing changed) unless the arena is
-    reserved, not shared, and nothing else holds it; then wait for the
-    operations in flight.  Every argument is converted before this: no user
-    code runs while a reshape holds the arena."""
+    reserved, not shared, and nothing else holds it (live views only of the
+    buffers in `views_ok`, ids whose memory the reshape leaves in place);
+    then wait for the operations in flight.  Every argument is converted
+    before this: no user code runs while a reshape holds the arena."""
+    cdef unsigned char ok[MT_MAX_BUFFERS]
+    cdef unsigned char *okp = NULL
     if not a._reserved:
         raise MetraleError(f"{what}: the arena has no reservation (build it with reserve=...)")
     if a._peers is not None:
         raise MetraleError(f"{what}: the arena is shared with its tensor-parallel peers, whose "
                            "mappings of it would go stale; release it and build it again on "
                            "every rank (docs/tensor-parallel.md)")
-    rc = mt_life_reshape_begin(a._life)
-    if rc == MT_LIFE_EXPORTED and what == "wake":
+    if views_ok is not None:
+        memset(ok, 0, sizeof(ok))
+        for i in views_ok:
+            ok[<int>i] = 1
+        okp = ok
+    rc = mt_life_reshape_begin(a._life, okp)
+    if rc == MT_LIFE_EXPORTED and what == "wake" and not a._sleeping:
         # a live view means it is awake: say that, not BufferError
         raise MetraleError("wake: the buffer arena is not sleeping")
+    if rc == MT_LIFE_EXPORTED and views_ok is not None:
+        names = a._buffers.names
+        held = ", ".join(f"{names[i]} ({mt_life_exports(a._life, i)})" for i in range(len(names))
+                         if mt_life_exports(a._life, i) and i not in views_ok)
+        raise BufferError(f"{what}: views of buffers whose memory it gives back or moves are "
+                          f"alive: {held or 'being dropped right now'}; drop them first "
+                          "(views of offloaded buffers, and of buffers a resize does not "
+                          "shrink, may stay: docs/stable-addresses.md)")
     if rc != MT_LIFE_OK:
         raise_life(rc, "the buffer arena", what, a._exported())
     try:
@@ -256,7 +273,8 @@ def _arena_resize(BufferArena a, max_batch_tokens=None, max_seq_len=None, kv_blo
     Every pointer stays where it is; `sizes`, the ``*_bytes``
     accessors, `buffers` and the zeroing helpers follow the new limits.
     A CUDA graph captured before a growth replays correctly after it.
-    The device's pending work is waited for before anything is
+    Views of buffers the resize does not shrink stay valid (a view of
+    one it shrinks refuses it).  The device's pending work is waited for before anything is
     unmapped.  A chunk is unmapped only whole, so a shrink keeps the
     chunks still partly needed; on a sleeping arena resize only sets
     the limits, and `wake` maps exactly what they need (sleep, resize,
@@ -282,7 +300,7 @@ def _arena_resize(BufferArena a, max_batch_tokens=None, max_seq_len=None, kv_blo
     TypeError
         Both limits and `sizes` given, or a wrong type.
     BufferError
-        A view of the arena is alive; nothing changed.
+        A view of a buffer the resize shrinks is alive; nothing changed.
     OutOfMemoryError
         A physical allocation or mapping was refused; the arena is as
         before.
@@ -341,7 +359,8 @@ def _arena_resize(BufferArena a, max_batch_tokens=None, max_seq_len=None, kv_blo
             raise ValueError(f"resize: {names[i]} needs {values[i]} bytes, above "
                              f"its reserved {tops[i]} bytes")
         cur[i] = values[i]
-    begin(a, "resize")
+    # a view of a buffer that keeps at least its size keeps its memory
+    begin(a, "resize", [i for i in range(n) if cur[i] >= a._layout.size[i]])
     try:
         for i in range(n):
             old[i] = a._layout.size[i]
@@ -380,75 +399,102 @@ def _arena_resize(BufferArena a, max_batch_tokens=None, max_seq_len=None, kv_blo
     return None
 
 
-def _arena_sleep(BufferArena a, keep=()):
-    """Give back all physical memory; the pointers stay reserved.
+def _arena_sleep(BufferArena a, keep=(), offload=()):
+    """Give back the device memory; the pointers stay reserved.
 
-    The device's pending work is waited for; the buffers named in
-    `keep` are copied to host memory (pinned on CUDA); then every chunk
-    is unmapped and released.  Accessors keep returning the same
-    pointers; operations and views raise MetraleError until `wake`;
-    `resize` sets the limits `wake` maps for.  `release` of a sleeping
-    arena frees everything.
+    The device's pending work is waited for.  The buffers named in
+    `offload` move to host memory mapped at their own addresses: their
+    views (and every tensor made from them) stay valid, and work that
+    touches only them (a CUDA graph replay) runs while the arena sleeps,
+    over the host link.  The buffers named in `keep` are copied to host
+    memory (pinned on CUDA) for `wake` to copy back.  Every other buffer
+    is discarded: its addresses are unmapped.  Then every device chunk is
+    unmapped and released.  The host memory of both is made by the first
+    sleep that needs it and reused by the next ones (`release` frees
+    it).  Accessors keep returning the same pointers; operations and new
+    views raise MetraleError until `wake`; `resize` sets the limits
+    `wake` maps for.  `release` of a sleeping arena frees everything.
 
     Parameters
     ----------
     keep : iterable of str, optional
-        Buffers whose contents `wake` restores.
+        Buffers whose contents `wake` restores (copied out and back).
+    offload : iterable of str, optional
+        Buffers moved to host memory at their own addresses for the sleep,
+        and back to device memory by `wake`.
 
     Raises
     ------
     TypeError, ValueError
-        `keep` holds something other than a buffer name.
+        `keep` or `offload` holds something other than a buffer name, or a
+        buffer is in both.
     BufferError
-        A view of the arena is alive; nothing changed.
+        A view of a buffer not offloaded is alive; nothing changed.
     OutOfMemoryError
-        The host copies could not be allocated; nothing changed.
+        Host memory could not be had; nothing changed.
     MetraleError
         The arena has no reservation, already sleeps or is released; or
-        the backend failed a copy (nothing changed) or an unmap (the
-        arena then sleeps with that chunk still mapped; `wake` works).
+        the backend failed: a copy (nothing changed), mapping the host
+        memory at the buffers' addresses (the arena is awake again, its
+        kept and offloaded buffers restored, the others' contents
+        undefined), an unmap (the arena then sleeps with that chunk still
+        mapped; `wake` works).
     """
-    cdef void *host = NULL
     cdef Backend be = a._gpu
+    cdef uint64_t n
     ids = buffer_ids(keep, "keep", a._buffers)
-    begin(a, "sleep")
+    off = buffer_ids(offload, "offload", a._buffers)
+    both = [a._buffers.names[i] for i in ids if i in off]
+    if both:
+        raise ValueError(f"keep, offload: {', '.join(both)} in both (a buffer is kept or "
+                         "offloaded)")
+    begin(a, "sleep", off)
     try:
         if a._sleeping:
             raise MetraleError("sleep: the buffer arena is already sleeping")
         be.quiesce()
-        kept = []
-        try:
-            for i in ids:
-                n = a._layout.size[i]
-                if n == 0:
-                    continue
-                be.host_alloc(n, &host)
-                kept.append((i, <uintptr_t>host, n))
-                be.d2h(host, a._base + a._layout.offset[i], n, 0)
-        except BaseException:
-            for _, p, _n in kept:
-                be.host_free(<void *><uintptr_t>p)
-            raise
-        a._kept = kept
+        runs = _runs(a, off)
+        _host_memory(a, runs)
+        _keep_buffers(a, ids)
+        moved, copied = {}, {}
+        for i in off:
+            n = a._layout.size[i]
+            if n:
+                be.copy(a._stage + a._layout.offset[i], a._base + a._layout.offset[i], n, 0)
+                moved[i] = n
+        for i, p, cap in a._kept:
+            n = a._layout.size[i]
+            if n and i in ids:
+                be.d2h(<void *><uintptr_t>p, a._base + a._layout.offset[i], n, 0)
+                copied[i] = n
+        be.sync(0)
+        a._offloaded, a._keeping = moved, copied
         a._sleeping = True
         err = unmap_chunks(be, a._base, a._chunks, a._chunks, a._orphans)
         if err is not None:
             raise err
+        try:
+            _map_hosted(a, _overlapping(a, runs))
+        except BaseException:
+            _restore(a)         # awake again: the kept and offloaded buffers back
+            a._sleeping = False
+            raise
     finally:
         mt_life_reshape_end(a._life, a._sleeping)    # paused while it sleeps
     return None
 
 
 def _arena_wake(BufferArena a):
-    """Map physical memory again at the same addresses after `sleep`.
+    """Map device memory again at the same addresses after `sleep`.
 
     Zeroes the zero_all set (one fused operation) and norm_unit_w (the
-    buffers filled with zeros at construction), then
-    restores the buffers `sleep` kept (a kept buffer of the zero_all set
-    gets its kept contents; after a resize while asleep, up to the
-    buffer's new size); every other buffer's contents
-    are undefined (fresh memory).  A CUDA graph captured before the
-    sleep replays bit-identically afterwards.
+    buffers filled with zeros at construction), then copies back the
+    buffers `sleep` offloaded (their host memory unmapped from their
+    addresses first: views of them stay valid) and those it kept (a kept
+    or offloaded buffer of the zero_all set gets its contents; after a
+    resize while asleep, up to the buffer's new size); every other
+    buffer's contents are undefined (fresh memory).  A CUDA graph
+    captured before the sleep replays bit-identically afterwards.
 
     Raises
     ------
@@ -459,31 +505,240 @@ def _arena_wake(BufferArena a):
         The arena has no reservation, is not sleeping, is released, or
         the backend failed; the arena then still sleeps.
     """
-    cdef Backend be = a._gpu
-    begin(a, "wake")
+    begin(a, "wake", list(a._offloaded))
     try:
         if not a._sleeping:
             raise MetraleError("wake: the buffer arena is not sleeping")
+        at_base = a._at_base
+        _unmap_hosted(a)
         try:
-            commit(a)
-            zero_fresh(a, True)     # then the kept buffers over it
-            for i, p, n in a._kept:     # up to the current size (a resize while asleep)
-                n = min(n, a._layout.size[i])
-                if n:
-                    be.h2d(a._base + a._layout.offset[i], <void *><uintptr_t>p, n, 0)
-            refill_guards(a)
+            _restore(a)
         except BaseException:
             try:
-                be.quiesce()
-            except Exception:
-                pass
-            unmap_chunks(be, a._base, a._chunks, a._chunks, a._orphans)
+                _map_hosted(a, at_base)     # asleep as before
+            except Exception as e:
+                logger().warning("buffer arena: mapping the offloaded buffers' host memory "
+                                 "again after a failed wake failed: %s", e)
             raise
-        for _, p, _n in a._kept:
-            be.host_free(<void *><uintptr_t>p)
-        a._kept = []
         a._sleeping = False
+        a._offloaded, a._keeping = {}, {}
         trim(a)                     # chunks a failed sleep left and the limits no longer need
     finally:
         mt_life_reshape_end(a._life, a._sleeping)    # paused while it sleeps
+    return None
+
+
+# -- what a sleep keeps and offloads --------------------------------------------------------
+
+cdef int _restore(BufferArena a) except -1:
+    """Device memory for the current sizes, zeroed as when new, with the kept
+    and offloaded buffers copied back (nothing mapped at the buffers' own
+    addresses but the arena's chunks); on failure the chunks are unmapped
+    again and the error propagates."""
+    cdef Backend be = a._gpu
+    cdef uint64_t n
+    try:
+        commit(a)
+        zero_fresh(a, True)     # then the kept and offloaded buffers over it
+        for i, p, cap in a._kept:       # up to the current size (a resize while asleep)
+            n = min(a._keeping.get(i, 0), a._layout.size[i])
+            if n:
+                be.h2d(a._base + a._layout.offset[i], <void *><uintptr_t>p, n, 0)
+        for i, k in a._offloaded.items():
+            n = min(k, a._layout.size[i])
+            if n:
+                be.copy(a._base + a._layout.offset[i], a._stage + a._layout.offset[i], n, 0)
+        be.sync(0)
+        refill_guards(a)
+    except BaseException:
+        try:
+            be.quiesce()
+        except Exception:
+            pass
+        unmap_chunks(be, a._base, a._chunks, a._chunks, a._orphans)
+        raise
+    return 0
+
+
+cdef list _runs(BufferArena a, list ids):
+    """The granules the buffers `ids` occupy at their current sizes, as
+    merged (offset, bytes) runs."""
+    cdef uint64_t g = a._granule, lo, hi
+    spans = []
+    for i in ids:
+        if a._layout.size[i]:
+            lo = a._layout.offset[i] // g * g
+            hi = (a._layout.offset[i] + a._layout.size[i] + g - 1) // g * g
+            spans.append([lo, hi])
+    spans.sort()
+    out = []
+    for lo, hi in spans:
+        if out and lo <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], hi)
+        else:
+            out.append([lo, hi])
+    return [(lo, hi - lo) for lo, hi in out]
+
+
+cdef int _host_memory(BufferArena a, list runs) except -1:
+    """Host memory mapped at the staging range for every run: what the
+    arena has when it covers them (made once, reused), else new handles for
+    the runs (the old ones, which overlap them there and hold nothing a
+    sleep needs, released first)."""
+    cdef Backend be = a._gpu
+    cdef uintptr_t stage
+    cdef uint64_t h = 0
+    if all(any(o <= lo and lo + n <= o + k for o, k, _h in a._hosted) for lo, n in runs):
+        return 0
+    old, a._hosted = a._hosted, []
+    _drop_hosted(a, old)
+    if a._hosted:
+        raise MetraleError("sleep: unmapping the host memory of an earlier offload failed")
+    stage = a._stage
+    made = []
+    try:
+        if not stage:
+            be.reserve(a._layout.slab_bytes, &stage)
+        for lo, n in runs:
+            be.create_host(n, &h)
+            try:
+                be.map_host(stage + lo, n, h)
+            except BaseException:
+                be.release_host(h, n)
+                raise
+            made.append((lo, n, h))
+    except BaseException:
+        try:
+            for lo, n, h in made:
+                be.unmap_host(stage + lo, n)
+                be.release_host(h, n)
+            if stage and not a._stage:
+                be.unreserve(stage, a._layout.slab_bytes)
+        except Exception as e:
+            logger().warning("buffer arena: undoing host memory for offloaded buffers "
+                             "failed: %s", e)
+        raise
+    a._hosted, a._stage = made, stage
+    return 0
+
+
+cdef int _drop_hosted(BufferArena a, list hosted) except -1:
+    """Unmap from the staging range and release `hosted`; what fails stays
+    in a._hosted, released by the next release."""
+    cdef Backend be = a._gpu
+    first = None
+    for lo, n, h in hosted:
+        try:
+            be.unmap_host(a._stage + lo, n)
+        except Exception as e:
+            first = first or e
+            a._hosted.append((lo, n, h))
+            continue
+        try:
+            be.release_host(h, n)
+        except Exception as e:
+            first = first or e
+            a._host_orphans.append((h, n))      # released again by release
+    if first is not None:
+        logger().warning("buffer arena: giving back host memory of offloaded buffers "
+                         "failed: %s", first)
+    return 0
+
+
+cdef list _overlapping(BufferArena a, list runs):
+    """The host handles that hold some of `runs`."""
+    return [e for e in a._hosted if any(e[0] < r + k and r < e[0] + e[1] for r, k in runs)]
+
+
+cdef int _map_hosted(BufferArena a, list entries) except -1:
+    """Map the host handles `entries` at the buffers' own addresses; on
+    failure what this call mapped is unmapped again."""
+    cdef Backend be = a._gpu
+    done = []
+    try:
+        for lo, n, h in entries:
+            be.map_host(a._base + lo, n, h)
+            done.append((lo, n, h))
+    except BaseException:
+        for lo, n, h in done:
+            be.unmap_host(a._base + lo, n)
+        raise
+    a._at_base = done
+    return 0
+
+
+cdef int _unmap_hosted(BufferArena a) except -1:
+    """Unmap the host memory from the buffers' own addresses (the device's
+    work waited for); on failure what this call unmapped is mapped again."""
+    cdef Backend be = a._gpu
+    if not a._at_base:
+        return 0
+    be.quiesce()
+    done = []
+    try:
+        for lo, n, h in a._at_base:
+            be.unmap_host(a._base + lo, n)
+            done.append((lo, n, h))
+    except BaseException:
+        for lo, n, h in done:
+            be.map_host(a._base + lo, n, h)
+        raise
+    a._at_base = []
+    return 0
+
+
+cdef int _keep_buffers(BufferArena a, list ids) except -1:
+    """A pinned host buffer for each of `ids` at its current size: what the
+    arena has when large enough (made once, reused), else a new one, the
+    old one freed only once the new one is made."""
+    cdef Backend be = a._gpu
+    cdef void *host = NULL
+    have = {k[0]: k for k in a._kept}
+    made = []
+    try:
+        for i in ids:
+            n = a._layout.size[i]
+            if n and (i not in have or have[i][2] < n):
+                be.host_alloc(n, &host)
+                made.append((i, <uintptr_t>host, n))
+    except BaseException:
+        for _, p, _n in made:
+            be.host_free(<void *><uintptr_t>p)
+        raise
+    for k in made:
+        if k[0] in have:
+            be.host_free(<void *><uintptr_t>have[k[0]][1])
+        have[k[0]] = k
+    a._kept = sorted(have.values())
+    return 0
+
+
+def free_hosted(BufferArena a):
+    """Give back the host memory of sleep(offload=...) (release): unmapped
+    from the buffers' addresses and the staging range, released, the staging
+    range unreserved.  What fails stays recorded for the next release.
+
+    Parameters
+    ----------
+    a : BufferArena
+        The arena being released.
+
+    Raises
+    ------
+    MetraleError
+        The backend failed to unmap or release some of it (kept for the
+        next call).
+    """
+    cdef Backend be = a._gpu
+    _unmap_hosted(a)
+    hosted, a._hosted = a._hosted, []
+    _drop_hosted(a, hosted)
+    for h, n in list(a._host_orphans):
+        be.release_host(h, n)
+        a._host_orphans.remove((h, n))
+    if a._hosted:
+        raise MetraleError("release: unmapping host memory of offloaded buffers failed")
+    if a._stage:
+        be.unreserve(a._stage, a._layout.slab_bytes)
+        a._stage = 0
     return None

@@ -372,7 +372,13 @@ def _arena_memory_stats(BufferArena a):
         ``"buffer_bytes"``: buffer name -> bytes, every buffer;
         ``"physical_handles"``: handles mapped now (0 unless reserved);
         ``"unreleased_handles"``: handles whose release the backend refused;
-        ``"kept_bytes"``: host copies a sleep holds;
+        ``"kept_bytes"``: bytes of the buffers a sleep copied out (`keep`);
+        ``"host_keep_bytes"``: the pinned host memory held for `keep` (made
+        once, reused by every sleep, freed by `release`);
+        ``"offloaded_bytes"``: bytes of the buffers a sleep moved to host
+        memory (`offload`);
+        ``"host_offload_bytes"``, ``"host_handles"``: the host memory held
+        for `offload` (made once, reused, freed by `release`) and its handles;
         ``"exported_handles"``: this arena's handles exported to peers;
         ``"imported_handles"``, ``"imported_bytes"``: peers' handles mapped
         here; ``"live_views"``: views (and arrays made from them) alive;
@@ -389,7 +395,11 @@ def _arena_memory_stats(BufferArena a):
         "buffer_bytes": dict(zip(a._buffers.names, a._bytes)),
         "physical_handles": len(a._chunks),
         "unreleased_handles": len(a._orphans),
-        "kept_bytes": sum(k[2] for k in a._kept),
+        "kept_bytes": sum(a._keeping.values()),
+        "host_keep_bytes": sum(k[2] for k in a._kept),
+        "offloaded_bytes": sum(a._offloaded.values()),
+        "host_offload_bytes": sum(h[1] for h in a._hosted),
+        "host_handles": len(a._hosted),
         "exported_handles": a._peers.exported if a._peers is not None else 0,
         "imported_handles": imported[0],
         "imported_bytes": imported[1],

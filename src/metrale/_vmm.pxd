@@ -18,6 +18,9 @@ cdef int unreserve(uintptr_t p, size_t n) except -1 nogil
 # A physical handle of n bytes on `device`; `exportable` requests a POSIX file
 # descriptor handle type, the only kind export_fd can share.
 cdef int create(int device, size_t n, bint exportable, uint64_t *handle) except -1 nogil
+# A physical handle of n bytes of host memory (the device's NUMA node) that
+# the device maps as its own (sleep(offload=...)); n a multiple of its unit.
+cdef int create_host(int device, size_t n, uint64_t *handle) except -1 nogil
 cdef int release(uint64_t handle) except -1 nogil
 # Map `handle` whole at p and make it read/write for `device`; on failure
 # nothing stays mapped.

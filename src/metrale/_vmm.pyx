@@ -96,6 +96,32 @@ cdef int create(int device, size_t n, bint exportable, uint64_t *handle) except 
     return 0
 
 
+cdef int create_host(int device, size_t n, uint64_t *handle) except -1 nogil:
+    # Host memory on the device's own NUMA node (node 0 where the driver
+    # knows none), which the device maps as it maps its own.
+    cdef cydriver.CUmemAllocationProp prop
+    cdef cydriver.CUmemGenericAllocationHandle h = 0
+    cdef int node = -1
+    cdef size_t g = 0
+    if cydriver.cuDeviceGetAttribute(&node, cydriver.CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID,
+                                     <cydriver.CUdevice>device) != cydriver.CUDA_SUCCESS or node < 0:
+        node = 0
+    memset(&prop, 0, sizeof(prop))
+    prop.type = cydriver.CU_MEM_ALLOCATION_TYPE_PINNED
+    prop.location.type = cydriver.CU_MEM_LOCATION_TYPE_HOST_NUMA
+    prop.location.id = node
+    check(cydriver.cuMemGetAllocationGranularity(&g, &prop, cydriver.CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+          "cuMemGetAllocationGranularity")
+    if g == 0 or n % g:
+        with gil:
+            from metrale.errors import MetraleError
+            raise MetraleError(f"host memory for offloaded buffers comes in units of {g} bytes "
+                               f"on this machine, which {n} is not a multiple of")
+    check(cydriver.cuMemCreate(&h, n, &prop, 0), "cuMemCreate", "host NUMA memory", n)
+    handle[0] = <uint64_t>h
+    return 0
+
+
 cdef int release(uint64_t handle) except -1 nogil:
     return check(cydriver.cuMemRelease(<cydriver.CUmemGenericAllocationHandle>handle), "cuMemRelease")
 

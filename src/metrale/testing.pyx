@@ -18,7 +18,7 @@ __all__ = ["FaultyBackend"]
 
 OPERATIONS = ("alloc", "free", "memset", "d2h", "h2d", "sync", "reserve", "unreserve",
               "create", "release_handle", "map", "set_access", "unmap", "host_alloc",
-              "export", "import")
+              "export", "import", "copy")
 
 
 @cython.no_gc_clear         # as every backend (see _backend.pyx)
@@ -75,7 +75,9 @@ A HostBackend whose nth next operation of a kind fails, on demand.
             ``sleep(keep=...)``; ``OutOfMemoryError``); and the peer
             sharing of a tensor-parallel arena: ``"export"`` and
             ``"import"`` (``MetraleError``; ``"create"`` fails its
-            shareable handles too).
+            shareable handles too); ``"copy"``, the copies of
+            ``sleep(offload=...)`` and its ``wake`` (``"create"``, ``"map"``
+            and ``"unmap"`` fail its host memory's handles and mappings too).
         nth : int, optional
             Which of the next operations of that kind fails: 1 (the default)
             for the very next one.
@@ -218,6 +220,11 @@ A HostBackend whose nth next operation of a kind fails, on demand.
         if self._fails("unmap"):
             raise MetraleError("HOST_INJECTED_FAULT: unmap failed")
         return HostBackend.unmap(self, p, n)
+
+    cdef int copy(self, uintptr_t dst, uintptr_t src, size_t n, uintptr_t stream) except -1:
+        if self._fails("copy"):
+            raise MetraleError("HOST_INJECTED_FAULT: copy failed")
+        return HostBackend.copy(self, dst, src, n, stream)
 
     cdef int host_alloc(self, size_t n, void **out) except -1:
         if self._fails("host_alloc"):
