@@ -11,6 +11,10 @@ Qwen3-Next-80B preset, max_batch_tokens 8192 (max_seq_len 4096, kv_block_size
 * anchors: cuMemFree + cuMemAlloc of the same bytes (what a new arena costs),
   and re-capturing a torch CUDA graph of a decode-like step over the arena
   (what a moved pointer costs an engine that captured graphs);
+* sleep(keep=hidden_states, residual) and sleep(offload=every buffer) with
+  their wakes, after the first (which makes the host memory), against
+  copying the same bytes device -> pinned host and back (torch), and the
+  device memory sleep(offload=...) gives back;
 * resize 1024 -> 8192 -> 1024 on an arena reserved for 8192: times, pointers
   unchanged, mapped bytes before / after, and the peak of used device memory
   during the growth (cuMemGetInfo, after each step of it) against the new size;
@@ -29,8 +33,7 @@ import time
 import torch
 from cuda.bindings import driver
 
-from metrale import BufferArena, CudaBackend, ModelConfig
-from metrale._buffers import GROUPS
+from metrale import REFERENCE, BufferArena, CudaBackend, ModelConfig
 
 # Run as a script from bench/: its sibling holds the shared timing.
 from bench_cuda import timed_back_to_back
@@ -61,6 +64,19 @@ def per_op_us(fn, stream, runs):
     for _ in range(3):
         fn()
     return timed_back_to_back(fn, stream, runs)
+
+
+def copy_both_ways(nbytes, runs):
+    """ms to copy `nbytes` device -> pinned host and back (torch, synchronized)."""
+    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    dev = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    out, back = [], []
+    for _ in range(runs):
+        torch.cuda.synchronize()
+        out.append(wall(lambda: (host.copy_(dev), torch.cuda.synchronize())))
+        back.append(wall(lambda: (dev.copy_(host), torch.cuda.synchronize())))
+    del host, dev
+    return out, back
 
 
 def main():
@@ -101,10 +117,51 @@ def main():
     row("wake() wall (maps, zeroes zero_all + norm_unit_w, syncs)", stats(wakes))
     row("given back by sleep (cuMemGetInfo / mapped), min", f"{min(given) * 100:.2f} %")
     row("taken again by wake (cuMemGetInfo / mapped), min", f"{min(taken) * 100:.2f} %")
+
+    # -- sleep(keep=...): the copies, the pinned buffers made by the first sleep ------
     keep = ("hidden_states", "residual")
-    ks = [wall(lambda: a.sleep(keep=keep)) for _ in range(1)]
-    kw = [wall(a.wake)]
-    row(f"sleep(keep={keep}) / wake wall", f"{ks[0]:.3f} ms / {kw[0]:.3f} ms")
+    kb = sum(a.nbytes(n) for n in keep)
+    first = wall(lambda: a.sleep(keep=keep)), wall(a.wake)
+    ks, kw = [], []
+    for _ in range(runs):
+        torch.cuda.synchronize()
+        ks.append(wall(lambda: a.sleep(keep=keep)))
+        kw.append(wall(a.wake))
+    out, back = copy_both_ways(kb, runs)
+    row(f"sleep(keep={keep}): {kb:,} bytes; first sleep / wake",
+        f"{first[0]:.3f} ms / {first[1]:.3f} ms (makes the pinned buffers)")
+    row("sleep(keep=...) wall, after the first", stats(ks))
+    row("wake() with the kept copies back, wall", stats(kw))
+    row("anchor: copy those bytes out / back (pinned, torch)", f"{statistics.median(out):.3f} ms / "
+        f"{statistics.median(back):.3f} ms")
+    ratio = (statistics.median(ks) + statistics.median(kw)) / (statistics.median(out)
+                                                             + statistics.median(back))
+    row("sleep + wake (keep) / the copies both ways", f"{ratio:.3f}x (target <= 1.2x)")
+
+    # -- sleep(offload=every buffer): host memory at the same addresses -----------------
+    names = tuple(a.buffers)
+    torch.cuda.synchronize()
+    first = wall(lambda: a.sleep(offload=names)), wall(a.wake)
+    os_, ow, og = [], [], []
+    for _ in range(max(5, runs // 3)):
+        torch.cuda.synchronize()
+        free0 = gpu.mem_info()[0]
+        os_.append(wall(lambda: a.sleep(offload=names)))
+        og.append((gpu.mem_info()[0] - free0) / mapped)
+        ow.append(wall(a.wake))
+    ob = a.memory_stats()["host_offload_bytes"]
+    out, back = copy_both_ways(sum(a.nbytes(n) for n in names), max(5, runs // 3))
+    row("sleep(offload=all) first sleep / wake (makes the host handles)",
+        f"{first[0]:.3f} ms / {first[1]:.3f} ms; host memory {ob:,} bytes in "
+        f"{a.memory_stats()['host_handles']} handles")
+    row("sleep(offload=all) wall, after the first", stats(os_))
+    row("wake() after sleep(offload=all), wall", stats(ow))
+    row("anchor: copy the buffers' bytes out / back (pinned, torch)",
+        f"{statistics.median(out):.3f} ms / {statistics.median(back):.3f} ms")
+    row("sleep(offload=all) / copy out; wake / copy back",
+        f"{statistics.median(os_) / statistics.median(out):.3f}x; "
+        f"{statistics.median(ow) / statistics.median(back):.3f}x (target <= 1.2x each)")
+    row("device memory given back by sleep(offload=all), min", f"{min(og) * 100:.2f} % (>= 99 %)")
 
     # -- anchors ------------------------------------------------------------------
     fa = []
@@ -167,14 +224,14 @@ def main():
     plain = BufferArena.new(cfg, *LIMITS, gpu)
     sizes = c.sizes()
     for helper, group in (("zero_all", "zero_all"), ("zero_prefill_essentials", "prefill")):
-        nbytes = sum(getattr(sizes, n) for n in GROUPS[group])
+        nbytes = sum(getattr(sizes, n) for n in REFERENCE.groups[group])
         base = ok(driver.cuMemAlloc(nbytes))
         cs = driver.CUstream(stream.cuda_stream)
         t_mem = per_op_us(lambda: driver.cuMemsetD32Async(base, 0, nbytes // 4, cs), stream, runs)
         t_res = per_op_us(lambda: getattr(c, helper)(stream=stream), stream, runs)
         t_plain = per_op_us(lambda: getattr(plain, helper)(stream=stream), stream, runs)
         ok(driver.cuMemFree(base))
-        row(f"{helper}: reserved arena (one range launch, {len(GROUPS[group])} buffers)",
+        row(f"{helper}: reserved arena (one range launch, {len(REFERENCE.groups[group])} buffers)",
             f"{t_res:8.2f} us")
         row(f"{helper}: unreserved arena (one memset incl. padding)", f"{t_plain:8.2f} us")
         row(f"{helper}: one memset of the same {nbytes:,} bytes", f"{t_mem:8.2f} us")
