@@ -75,7 +75,6 @@ def copy_both_ways(nbytes, runs):
         torch.cuda.synchronize()
         out.append(wall(lambda: (host.copy_(dev), torch.cuda.synchronize())))
         back.append(wall(lambda: (dev.copy_(host), torch.cuda.synchronize())))
-    del host, dev
     return out, back
 
 

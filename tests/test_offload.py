@@ -295,14 +295,14 @@ def test_sleep_never_runs_while_a_view_of_a_discarded_buffer_lives():
         def churn(name, check):
             while not stop.is_set():
                 try:
-                    v = a.view(name, "uint8")
+                    held = [a.view(name, "uint8")]
                 except MetraleError:            # asleep: no new view
                     time.sleep(0.0002)
                     continue
                 time.sleep(0.0002)              # held while the main thread tries
                 if check and a.is_sleeping():
                     errors.append("asleep with a live view of a discarded buffer")
-                del v
+                held.clear()
                 time.sleep(0.0002)              # a window for the sleeps
 
         threads = [threading.Thread(target=churn, args=("residual", True)),

@@ -80,5 +80,5 @@ def test_tensors_and_a_graph_live_through_sleep_and_wake(gpu):
         put(seq + 9)
         g.replay()
         assert (got() == (seq + 9) * 2 + 1).all()
-        del g, x, y
         torch.cuda.synchronize()
+        g = x = y = None                                # before the arena's release

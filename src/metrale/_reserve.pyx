@@ -713,7 +713,7 @@ cdef int _keep_buffers(BufferArena a, list ids) except -1:
     return 0
 
 
-def free_hosted(BufferArena a):
+def _free_hosted(BufferArena a):
     """Give back the host memory of sleep(offload=...) (release): unmapped
     from the buffers' addresses and the staging range, released, the staging
     range unreserved.  What fails stays recorded for the next release.
