@@ -36,8 +36,7 @@ import time
 import torch
 
 import metrale
-from metrale import BufferArena, CudaBackend, ModelConfig
-from metrale._buffers import GROUPS
+from metrale import REFERENCE, BufferArena, CudaBackend, ModelConfig
 
 from bench_cuda import timed, timed_back_to_back, warm_up
 
@@ -95,7 +94,7 @@ def main():
     t_build = (time.perf_counter() - t0) * 1e3
     plain = BufferArena.new(cfg, args.m, 4096, 16, 32, gpu)
     sizes = arena.sizes()
-    zero_all, checksum = GROUPS["zero_all"], GROUPS["checksum"]
+    zero_all, checksum = REFERENCE.groups["zero_all"], REFERENCE.groups["checksum"]
     zbytes = sum(getattr(sizes, n) for n in zero_all)
     cbytes = sum(getattr(sizes, n) for n in checksum)
     print(f"debug arena: slab {arena.slab_bytes():,} bytes (plain {plain.slab_bytes():,}); "

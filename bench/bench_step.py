@@ -30,8 +30,7 @@ import time
 import numpy as np
 import torch
 
-from metrale import BufferArena, CudaBackend, ModelConfig
-from metrale._buffers import GROUPS
+from metrale import REFERENCE, BufferArena, CudaBackend, ModelConfig
 from metrale._layout import plan_layout
 
 from bench_cuda import timed, timed_back_to_back, warm_up
@@ -142,7 +141,7 @@ def main():
     pinned = {n: torch.zeros(nb, dtype=torch.uint8, pin_memory=True) for n, (_, _, nb) in regions.items()}
     pinned_np = {n: pinned[n].numpy().view(views[n].dtype).reshape(views[n].shape) for n in regions}
     targets = {n: dev[off:off + nb] for n, (dev, off, nb) in regions.items()}
-    zero_views = {n: torch.from_dlpack(arena.view(n, "uint8")) for n in GROUPS["zero_all"]
+    zero_views = {n: torch.from_dlpack(arena.view(n, "uint8")) for n in REFERENCE.groups["zero_all"]
                   if getattr(sizes, n)}
     plan = plan_layout(sizes, M)                   # the torch path trims as zero_all_rows does
     trimmed = [v[:plan.rows_length(n, BATCH)] for n, v in zero_views.items()]

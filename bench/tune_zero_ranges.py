@@ -21,14 +21,13 @@ import tempfile
 
 from cuda.bindings import driver as cu
 
-from metrale import BufferSizes, ModelConfig
-from metrale._buffers import GROUPS
+from metrale import REFERENCE, BufferSizes, ModelConfig
 from metrale._layout import plan_layout, zero_rows_ranges
 from metrale.sizes import Target
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = os.path.join(HERE, "..", "src")
-MAXR = len(GROUPS["zero_all"])      # MT_MAX_RANGES of kernels/zero_ranges.h
+MAXR = len(REFERENCE.groups["zero_all"])      # MT_MAX_RANGES of kernels/zero_ranges.h
 
 
 class Args(ctypes.Structure):

@@ -8,7 +8,7 @@ Run it with the Python that has metrale installed (or an editable install of
 this tree).  Every word comes from metrale.catalogue, metrale.levers and the
 tables of metrale.config (what from_hf_config reads, how a tensor-parallel
 rank is sized), every helper membership from the buffer table
-(metrale._buffers.GROUPS), and every number from BufferSizes.from_config, so
+(metrale.REFERENCE.groups), and every number from BufferSizes.from_config, so
 the generated files (and sections) are never edited by hand.
 """
 
