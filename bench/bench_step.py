@@ -5,7 +5,7 @@ Qwen3-Next-80B preset at max_batch_tokens 8192, max_seq_len 4096, KV blocks of
 16, max_batch_size 32 (so R = 32, B = 257).  In the same process:
 
 1. GPU time of zero_all_rows(tokens_at=...) against zero_all_rows(tokens=n)
-   for n = 1, 16, 4096 (each alone behind a spin, median of N, and per
+   for n = 1, 16, 4096, 8192 (each alone behind a spin, median of N, and per
    operation over 20 back to back), for grids of 4..32 blocks per SM.
 2. Host cost of a decode-step prologue for a batch of 32: the same numpy fill
    (token ids, positions, LoRA slots, KV slots, sequence lengths, block
@@ -20,7 +20,7 @@ Qwen3-Next-80B preset at max_batch_tokens 8192, max_seq_len 4096, KV blocks of
 3. One graph for every batch size against one graph per bucket (vLLM's
    default 35 sizes: 1, 2, 4, 8, 16, ..., 256): captures, capture +
    instantiation time, device memory the graphs take (cuMemGetInfo).
-Run:  python bench/bench_step.py [--runs 30] [--steps 2000]
+Run:  python bench/bench_step.py [--runs 30] [--steps 2000] [--zeroing-only] [--tunings ...]
 """
 
 import argparse
@@ -90,6 +90,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=30)
     ap.add_argument("--steps", type=int, default=2000)
+    ap.add_argument("--zeroing-only", action="store_true", help="part 1 only")
+    ap.add_argument("--tunings", default="4:512:8,8:512:8,4:256:32,8:256:32,4:256:4",
+                    help="blocks_per_sm:tile_chunks:spread, comma-separated (part 1)")
     args = ap.parse_args()
     cfg = ModelConfig.preset("qwen3-next-80b")
     gpu = CudaBackend(0)
@@ -108,9 +111,10 @@ def main():
     print(f"{'n':>6} {'grid/SM':>7} {'tile':>5} {'spread':>6} {'host count':>22} {'device count':>22} {'x alone':>8} {'x b2b':>7}")
     cell = torch.zeros(1, dtype=torch.int32, device="cuda")
     default = gpu.rows_at_tuning()
-    for per_sm, per, spread in ((4, 512, 8), (8, 512, 8), (4, 256, 32), (8, 256, 32), (4, 256, 4)):
+    tunings = [tuple(int(x) for x in t.split(":")) for t in args.tunings.split(",")]
+    for per_sm, per, spread in tunings:
         gpu.tune_rows_at(blocks_per_sm=per_sm, tile_chunks=per, spread=spread)
-        for n in (1, 16, 4096):
+        for n in (1, 16, 4096, 8192):
             cell.fill_(n)
             torch.cuda.synchronize()
             host = lambda: arena.zero_all_rows(stream=s, tokens=n)            # noqa: E731
@@ -123,6 +127,8 @@ def main():
             print(f"{n:>6} {per_sm:>7} {per:>5} {spread:>6} {rh[0]:>8.1f} ({rh[1]:.1f}..{rh[2]:.1f}) "
                   f"{rd[0]:>8.1f} ({rd[1]:.1f}..{rd[2]:.1f}) {rd[0] / rh[0]:>8.3f} {bd / bh:>7.3f}")
     gpu.tune_rows_at(**default)
+    if args.zeroing_only:
+        return
 
     # -- 2. decode prologue host cost ---------------------------------------------------
     rng = np.random.default_rng(0)
