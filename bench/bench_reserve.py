@@ -161,6 +161,13 @@ def main():
         f"{statistics.median(os_) / statistics.median(out):.3f}x; "
         f"{statistics.median(ow) / statistics.median(back):.3f}x (target <= 1.2x each)")
     row("device memory given back by sleep(offload=all), min", f"{min(og) * 100:.2f} % (>= 99 %)")
+    sd, wd = [], []
+    for _ in range(runs):
+        torch.cuda.synchronize()
+        sd.append(wall(a.sleep))
+        wd.append(wall(a.wake))
+    row(f"sleep() / wake() once offloaded ({a.memory_stats()['physical_handles']} handles)",
+        f"{statistics.median(sd):.3f} ms / {statistics.median(wd):.3f} ms")
 
     # -- anchors ------------------------------------------------------------------
     fa = []

@@ -104,6 +104,10 @@ def test_host_memory_is_made_once_and_reused():
         a.wake()
         handles, host_allocs = gpu.host_handle_count, gpu.host_alloc_count
         assert handles >= 1 and host_allocs == len(KEEP)
+        # from this wake on the device memory comes in pieces of at most an
+        # eighth of the slab, which the next sleeps remap one by one
+        piece = -(-a.slab_bytes() // 8)
+        assert a.memory_stats()["physical_handles"] >= -(-a.committed_bytes() // piece) >= 2
         held = a.memory_stats()["host_offload_bytes"], a.memory_stats()["host_keep_bytes"]
         for _ in range(5):
             m, before = stamp(a, gpu)
@@ -240,6 +244,27 @@ def test_a_failed_sleep_changes_nothing(op, nth):
 
 def _same(x, y):
     return x[:3] == y[:3] and all((x[3][n] == y[3][n]).all() for n in OFFLOAD)
+
+
+@pytest.mark.parametrize("nth", [1, 2, 3])
+def test_a_failed_unmap_part_way_leaves_it_asleep_and_wakeable(nth):
+    gpu = FaultyBackend()
+    with reserved(gpu) as a:
+        a.sleep(offload=OFFLOAD)
+        a.wake()                                # now in pieces: the sleep below pipelines
+        m, before = stamp(a, gpu)
+        gpu.inject_fault("unmap", nth)
+        with pytest.raises(MetraleError, match="unmap"):
+            a.sleep(offload=OFFLOAD, keep=KEEP)
+        assert a.is_sleeping()
+        a.wake()
+        for name in OFFLOAD + KEEP:
+            assert (m.read(name) == before[name]).all(), name
+        a.sleep(offload=OFFLOAD)
+        a.wake()
+        for name in OFFLOAD:
+            assert (m.read(name) == before[name]).all(), name
+    assert counts(gpu) == NOTHING
 
 
 def test_a_failed_mapping_at_the_buffers_addresses_wakes_the_arena_again():

@@ -119,18 +119,25 @@ cdef int commit(BufferArena a) except -1:
             have[i].offset = a._chunks[i][0]
             have[i].length = a._chunks[i][1]
         ngaps = mt_commit_gaps(need, nneed, have, nhave, gaps)
+        pieces = []
+        for i in range(ngaps):      # no chunk longer than _piece (0: any)
+            lo, n = gaps[i].offset, gaps[i].length
+            while a._piece and n > a._piece:
+                pieces.append((lo, a._piece))
+                lo, n = lo + a._piece, n - a._piece
+            pieces.append((lo, n))
         try:
-            for i in range(ngaps):
+            for lo, n in pieces:
                 if a._shareable:
-                    be.create_exportable(gaps[i].length, &h)
+                    be.create_exportable(n, &h)
                 else:
-                    be.create(gaps[i].length, &h)
+                    be.create(n, &h)
                 try:
-                    be.map(a._base + gaps[i].offset, gaps[i].length, h)
+                    be.map(a._base + lo, n, h)
                 except BaseException:
-                    be.release_handle(h, gaps[i].length)
+                    be.release_handle(h, n)
                     raise
-                added.append((gaps[i].offset, gaps[i].length, h))
+                added.append((lo, n, h))
         except BaseException:
             a._chunks.extend(added)
             unmap_chunks(be, a._base, added, a._chunks, a._orphans)
@@ -453,35 +460,96 @@ def _arena_sleep(BufferArena a, keep=(), offload=()):
         if a._sleeping:
             raise MetraleError("sleep: the buffer arena is already sleeping")
         be.quiesce()
+        if off and not a._piece:
+            # Host memory, and from the next wake on device memory, in pieces
+            # of an eighth of the slab: a sleep remaps each piece while the
+            # next one is still being copied out.
+            a._piece = max(a._granule, (a._layout.slab_bytes // 8 + a._granule - 1)
+                           // a._granule * a._granule)
         runs = _runs(a, off)
         _host_memory(a, runs)
         _keep_buffers(a, ids)
-        moved, copied = {}, {}
-        for i in off:
-            n = a._layout.size[i]
-            if n:
-                be.copy(a._stage + a._layout.offset[i], a._base + a._layout.offset[i], n, 0)
-                moved[i] = n
-        for i, p, cap in a._kept:
-            n = a._layout.size[i]
-            if n and i in ids:
-                be.d2h(<void *><uintptr_t>p, a._base + a._layout.offset[i], n, 0)
-                copied[i] = n
-        be.sync(0)
-        a._offloaded, a._keeping = moved, copied
-        a._sleeping = True
-        err = unmap_chunks(be, a._base, a._chunks, a._chunks, a._orphans)
-        if err is not None:
-            raise err
+        chunks = sorted(a._chunks)
+        events = []
         try:
-            _map_hosted(a, _overlapping(a, runs))
-        except BaseException:
-            _restore(a)         # awake again: the kept and offloaded buffers back
-            a._sleeping = False
-            raise
+            copied = {}
+            for i, p, cap in a._kept:
+                n = a._layout.size[i]
+                if n and i in ids:
+                    be.d2h(<void *><uintptr_t>p, a._base + a._layout.offset[i], n, 0)
+                    copied[i] = n
+            moved = _copy_out(a, off, chunks, events)
+            a._offloaded, a._keeping = moved, copied
+            a._sleeping = True
+            _remap(a, chunks, events, _overlapping(a, runs))
+        finally:
+            for ev in events:
+                be.event_destroy(ev)
     finally:
         mt_life_reshape_end(a._life, a._sleeping)    # paused while it sleeps
     return None
+
+
+cdef dict _copy_out(BufferArena a, list off, list chunks, list events):
+    """Queue the copies of the offloaded buffers to their host memory (at the
+    staging range), chunk by chunk in address order, with an event after
+    each chunk's: buffer id -> bytes.  On failure nothing is changed but
+    the staging copy (the copies queued are waited for)."""
+    cdef Backend be = a._gpu
+    cdef uintptr_t ev = 0
+    cdef uint64_t lo, hi, o, n, x, y
+    if not off:
+        return {}
+    try:
+        for c in chunks:
+            lo, hi = c[0], c[0] + c[1]
+            for i in off:
+                o, n = a._layout.offset[i], a._layout.size[i]
+                x, y = max(o, lo), min(o + n, hi)
+                if x < y:
+                    be.copy(a._stage + x, a._base + x, y - x, 0)
+            be.event_create(&ev)
+            events.append(ev)
+            be.event_record(ev, 0)
+    except BaseException:
+        be.quiesce()
+        raise
+    return {i: a._layout.size[i] for i in off if a._layout.size[i]}
+
+
+cdef int _remap(BufferArena a, list chunks, list events, list entries) except -1:
+    """The second half of a sleep: each chunk unmapped once its copies are
+    done, and each host handle in `entries` mapped at the buffers' own
+    addresses as soon as no chunk is mapped under it (the copy of the next
+    chunk runs meanwhile).  A failed mapping wakes the arena again (the
+    error follows); a failed unmap leaves it asleep with that chunk mapped."""
+    cdef Backend be = a._gpu
+    pending = list(entries)
+    if not events:              # nothing offloaded: every chunk at once
+        err = unmap_chunks(be, a._base, a._chunks, a._chunks, a._orphans)
+        if err is not None:
+            raise err
+        return 0
+    for k in range(len(chunks)):
+        be.event_wait(events[k])
+        err = unmap_chunks(be, a._base, [chunks[k]], a._chunks, a._orphans)
+        if err is not None:
+            be.quiesce()
+            raise err
+        ready = [e for e in pending
+                 if not any(e[0] < c[0] + c[1] and c[0] < e[0] + e[1] for c in a._chunks)]
+        try:
+            for e in ready:
+                be.map_host(a._base + e[0], e[1], e[2])
+                a._at_base.append(e)
+                pending.remove(e)
+        except BaseException:
+            be.quiesce()            # every copy done: the staging range is whole
+            _unmap_hosted(a)
+            _restore(a)             # awake again: the kept and offloaded buffers back
+            a._sleeping = False
+            raise
+    return 0
 
 
 def _arena_wake(BufferArena a):
@@ -588,7 +656,7 @@ cdef int _host_memory(BufferArena a, list runs) except -1:
     cdef Backend be = a._gpu
     cdef uintptr_t stage
     cdef uint64_t h = 0
-    if all(any(o <= lo and lo + n <= o + k for o, k, _h in a._hosted) for lo, n in runs):
+    if all(_covered(a._hosted, lo, lo + n) for lo, n in runs):
         return 0
     old, a._hosted = a._hosted, []
     _drop_hosted(a, old)
@@ -596,10 +664,16 @@ cdef int _host_memory(BufferArena a, list runs) except -1:
         raise MetraleError("sleep: unmapping the host memory of an earlier offload failed")
     stage = a._stage
     made = []
+    pieces = []
+    for lo, n in runs:          # no handle longer than _piece
+        while a._piece and n > a._piece:
+            pieces.append((lo, a._piece))
+            lo, n = lo + a._piece, n - a._piece
+        pieces.append((lo, n))
     try:
         if not stage:
             be.reserve(a._layout.slab_bytes, &stage)
-        for lo, n in runs:
+        for lo, n in pieces:
             be.create_host(n, &h)
             try:
                 be.map_host(stage + lo, n, h)
@@ -620,6 +694,14 @@ cdef int _host_memory(BufferArena a, list runs) except -1:
         raise
     a._hosted, a._stage = made, stage
     return 0
+
+
+cdef bint _covered(list hosted, uint64_t lo, uint64_t hi):
+    """Whether the (sorted, disjoint) host handles cover [lo, hi) together."""
+    for o, k, _h in hosted:
+        if o <= lo < o + k:
+            lo = o + k
+    return lo >= hi
 
 
 cdef int _drop_hosted(BufferArena a, list hosted) except -1:
