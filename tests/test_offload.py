@@ -16,6 +16,7 @@ import pytest
 
 import metrale
 from metrale import BufferArena, MetraleError, OutOfMemoryError
+from metrale._summary import Pin
 from metrale.sizes import BUFFER_NAMES
 from metrale.testing import FaultyBackend
 
@@ -136,6 +137,9 @@ def test_views_of_discarded_buffers_refuse_the_sleep():
     with reserved(gpu) as a:
         m, before = stamp(a, gpu)
         keep_alive = a.view("residual", "uint8"), a.view("residual", "uint8")
+        hs = a.view("hidden_states", "uint8")
+        assert a.pins() == (Pin("view", "hidden_states", 1), Pin("view", "residual", 2))
+        del hs
         for offload in ((), ("hidden_states",)):
             with pytest.raises(BufferError, match=r"residual \(2\)"):
                 a.sleep(offload=offload)
@@ -144,6 +148,7 @@ def test_views_of_discarded_buffers_refuse_the_sleep():
         a.sleep(offload=("residual", "hidden_states"))
         a.wake()
         del keep_alive
+        assert a.pins() == ()
         a.sleep()
         a.wake()
     assert counts(gpu) == NOTHING

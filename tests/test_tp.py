@@ -13,6 +13,7 @@ import pytest
 
 import metrale
 from metrale import BufferArena, MetraleError, OutOfMemoryError
+from metrale._summary import Pin
 from metrale.reference import REFERENCE
 BUFFER_NAMES, GROUPS = REFERENCE.names, REFERENCE.groups
 from metrale.testing import FaultyBackend
@@ -59,6 +60,11 @@ def rank_share(rank, size, path):
         n = a.sizes().hidden_states
         out["ranks"] = a.peer_ranks()
         out["counts"] = (gpu.export_count, gpu.import_count, gpu.handle_count)
+        out["pins"] = a.pins()
+        try:
+            a.sleep()
+        except MetraleError as e:
+            out["refusal"] = str(e)
         own = {name: getattr(a, name)() for name in GROUPS["pointer"]}
         same = True
         for r in range(size):
@@ -278,6 +284,9 @@ def test_two_ranks_share_their_slabs(tmp_path):
         exports, imports, handles = out["counts"]
         assert exports == handles - imports and imports == exports     # each chunk once, each way
         assert exports == 1, "an arena reserved at its limits is one chunk"
+        # the ledger: what pins the memory, named by the sleep it refuses
+        assert out["pins"] == (Pin("peer_export", None, 1), Pin("peer_import", None, 1))
+        assert "(peer_export: 1, peer_import: 1)" in out["refusal"]
         assert out["counts_after_steps"] == out["counts"]
         assert out["same_offsets"] and out["self_is_own"] and out["distinct"]
         assert out["read"] == [0x10, 0x11, 0x10, 0x11]          # min per rank, max per rank

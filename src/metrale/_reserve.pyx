@@ -239,9 +239,11 @@ cdef int begin(BufferArena a, str what, object views_ok=None) except -1:
     if not a._reserved:
         raise MetraleError(f"{what}: the arena has no reservation (build it with reserve=...)")
     if a._peers is not None:
-        raise MetraleError(f"{what}: the arena is shared with its tensor-parallel peers, whose "
-                           "mappings of it would go stale; release it and build it again on "
-                           "every rank (docs/tensor-parallel.md)")
+        pins = ", ".join(f"{p.kind}: {p.count}" for p in a.pins() if p.kind != "view")
+        raise MetraleError(f"{what}: the arena is shared with its tensor-parallel peers"
+                           f"{f' ({pins})' if pins else ''}, "
+                           "whose mappings keep its pages and would go stale; release it and "
+                           "build it again on every rank (docs/tensor-parallel.md)")
     if views_ok is not None:
         memset(ok, 0, sizeof(ok))
         for i in views_ok:

@@ -48,6 +48,27 @@ class BufferInfo(Record):
     _hex = ("ptr",)
 
 
+class Pin(Record):
+    """One thing that keeps an arena's memory from being given back
+    (`BufferArena.pins`).
+
+    Attributes
+    ----------
+    kind : str
+        ``"view"``: views of a buffer (and arrays made from them);
+        ``"peer_export"``: the arena's physical handles exported to its
+        tensor-parallel peers, whose mappings keep the pages however this
+        process unmaps them; ``"peer_import"``: peers' handles this arena
+        maps.
+    name : str or None
+        The buffer, for views; else None.
+    count : int
+        Views, or handles.
+    """
+
+    __slots__ = ("kind", "name", "count")
+
+
 def _mib(n):
     return f"{n / 1048576:,.2f} MiB"
 
@@ -354,6 +375,32 @@ def _arena_debug_options(BufferArena a):
         None for an arena built without ``debug=``.
     """
     return a._debug
+
+
+def _arena_pins(BufferArena a):
+    """What keeps the arena's memory from being given back now: the ledger
+    a sleep, a shrinking resize and a release check before they change
+    anything (each refuses while a pin stands in its way, naming it;
+    docs/stable-addresses.md).  metrale makes no dma-buf export; the only
+    exports of its memory are these.
+
+    Returns
+    -------
+    tuple of Pin
+        The views of each buffer that has some, in the set's order, then
+        the peer exports and imports of a shared arena.
+    """
+    cdef int i
+    names = a._buffers.names
+    out = [Pin("view", names[i], mt_life_exports(a._life, i)) for i in range(a._layout.n)
+           if mt_life_exports(a._life, i)]
+    if a._peers is not None:
+        imported = a._peers.imported()
+        if a._peers.exported:
+            out.append(Pin("peer_export", None, a._peers.exported))
+        if imported[0]:
+            out.append(Pin("peer_import", None, imported[0]))
+    return tuple(out)
 
 
 def _arena_memory_stats(BufferArena a):
