@@ -351,9 +351,10 @@ SIZING_ERRORS = [
     (BufferSpec("probe", "float32", ["M", 2**62]), ("exceeds 2^64 - 1",)),
     (BufferSpec("probe", size="M - 2 * M"), ("size", "not a size in bytes")),
     (BufferSpec("probe", "float32", ["M", "H - 2 * H"]), ("size", "not a size in bytes")),
-    (BufferSpec("probe", size="M // (M - M)"), ("size", "division")),
-    (BufferSpec("probe", size="cdiv(H, M - M)"), ("size", "division")),
-    (BufferSpec("probe", size="M % (H - H)"), ("size", "modulo")),
+    # CPython's words: "integer division or modulo by zero", "division by zero" (3.14)
+    (BufferSpec("probe", size="M // (M - M)"), ("size", "by zero")),
+    (BufferSpec("probe", size="cdiv(H, M - M)"), ("size", "by zero")),
+    (BufferSpec("probe", size="M % (H - H)"), ("size", "by zero")),
     (BufferSpec("probe", size="M > 3"), ("size", "not a size in bytes")),     # a bool
 ]
 
