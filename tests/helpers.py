@@ -153,6 +153,21 @@ def _slab_part(name):
 SLAB_ORDER = tuple(sorted(BUFFER_NAMES, key=lambda n: (_slab_part(n), BUFFER_NAMES.index(n))))
 
 
+def spec_part(spec):
+    """The slab part of any buffer set's spec (docs/buffer-sets.md, written
+    out apart from the C core): token_ids, scratch, the prefill buffers, the
+    other row-trimmed ones, the rest of zero_all, everything else."""
+    if spec.name == "token_ids":
+        return 0
+    if spec.name == "scratch":
+        return 1
+    if spec.prefill:
+        return 2
+    if spec.rows != "whole":
+        return 3
+    return 4 if spec.zero_all else 5
+
+
 def arena_bytes(sizes, guard=0, granularity=None):
     """The device bytes of an arena of `sizes`, from the layout's contract.
 

@@ -39,7 +39,7 @@ from metrale import (REFERENCE, BufferArena, BufferSet, BufferSizes, BufferSpec,
 from metrale._layout import plan_layout, plan_reserved  # noqa: E402
 from metrale.debug import DebugOptions  # noqa: E402
 
-from helpers import cuda_backend, live_counts, vm_counts  # noqa: E402
+from helpers import cuda_backend, live_counts, spec_part, vm_counts  # noqa: E402
 from reference_sizes import reference_sizes  # noqa: E402
 
 NOENV = {}
@@ -259,20 +259,8 @@ def sized_sets(draw, cap=8 << 20):
 
 # -- the placement rule and the zeroing rule, written out from the docs -------------------------
 
-def _part(spec):
-    if spec.name == "token_ids":
-        return 0
-    if spec.name == "scratch":
-        return 1
-    if spec.prefill:
-        return 2
-    if spec.rows != "whole":
-        return 3
-    return 4 if spec.zero_all else 5
-
-
 def slab_order(buffers):
-    return sorted(range(len(buffers)), key=lambda i: (_part(buffers.specs[i]), i))
+    return sorted(range(len(buffers)), key=lambda i: (spec_part(buffers.specs[i]), i))
 
 
 def plain_layout(buffers, sizes, guard=0):
@@ -307,7 +295,7 @@ def reserved_layout(buffers, top, gran, guard=0):
         cur = _ceil(cur, s.align)
         base = max(base, s.align)
         span = r if not guard else _ceil(r, ALIGN) + guard
-        end = _ceil(cur + span, ALIGN if _part(s) == 0 else gran)
+        end = _ceil(cur + span, ALIGN if spec_part(s) == 0 else gran)
         out[s.name] = (cur, end - cur)
         cur = end
     return out, cur + (base - gran if cur else 0)
@@ -456,7 +444,7 @@ def test_a_reserved_plan_is_the_placement_rule(case, gran, guard, data):
         assert lo % s.align == 0 and lo + room <= total
         band = 0 if not guard else _ceil(top[name], ALIGN) - top[name] + guard
         assert top[name] + band <= room                 # the reserved size fits its room
-        if _part(s) != 0:
+        if spec_part(s) != 0:
             assert (lo + room) % gran == 0              # each sub-range ends on a granule
     ordered = sorted((lo, lo + room) for lo, room in subs.values() if lo is not None)
     for (_, a_end), (b_lo, _) in zip(ordered, ordered[1:]):
@@ -466,7 +454,7 @@ def test_a_reserved_plan_is_the_placement_rule(case, gran, guard, data):
     for name, (lo, room) in subs.items():
         if lo is None or sizes[name] == 0:
             continue
-        n = room if _part(buffers[name]) == 0 else \
+        n = room if spec_part(buffers[name]) == 0 else \
             (sizes[name] if not guard else _ceil(sizes[name], ALIGN) + guard)
         need.append((_floor(lo, gran), _ceil(lo + n, gran)))
     assert plan.committed_bytes == sum(hi - lo for lo, hi in _merge(need))

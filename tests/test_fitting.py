@@ -19,7 +19,7 @@ from metrale.cli import main
 from metrale.fitting import FREE_MEMORY_MARGIN, growth, growth_span, parse_size
 from metrale.sizes import BUFFER_NAMES
 
-from helpers import NOENV, SLAB_ORDER, arena_bytes
+from helpers import NOENV, SLAB_ORDER, arena_bytes, spec_part
 
 LLAMA = ModelConfig.preset("llama-3.1-8b")
 LIMITS = (4096, 16, 32)
@@ -415,21 +415,9 @@ def _up(x, g):
     return -(-x // g) * g
 
 
-def _part(spec):
-    if spec.name == "token_ids":
-        return 0
-    if spec.name == "scratch":
-        return 1
-    if spec.prefill:
-        return 2
-    if spec.rows != "whole":
-        return 3
-    return 4 if spec.zero_all else 5
-
-
 def set_order(buffers):
     specs = list(buffers)
-    return sorted(specs, key=lambda s: (_part(s), specs.index(s)))
+    return sorted(specs, key=lambda s: (spec_part(s), specs.index(s)))
 
 
 def set_arena_bytes(sizes, guard=0, granularity=None):
@@ -445,8 +433,8 @@ def set_arena_bytes(sizes, guard=0, granularity=None):
             cur = _up(start + n, 256) + guard
             continue
         span = n if not guard else _up(n, 256) + guard
-        end = _up(start + span, 256 if _part(spec) == 0 else granularity)
-        need = end - start if _part(spec) == 0 else span
+        end = _up(start + span, 256 if spec_part(spec) == 0 else granularity)
+        need = end - start if spec_part(spec) == 0 else span
         touched.append((start // granularity * granularity, _up(start + need, granularity)))
         cur = end
     if granularity is None:
