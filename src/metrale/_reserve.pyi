@@ -1,1 +1,1 @@
-# metrale._reserve: no public names; BufferArena forwards resize, sleep and wake here.
+# metrale._reserve: no public names; BufferArena forwards resize and the reservation queries here.

@@ -1,0 +1,1 @@
+# metrale._sleep: no public names; BufferArena forwards sleep and wake here.
