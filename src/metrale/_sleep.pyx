@@ -6,7 +6,8 @@ addresses), the host memory for that (made once, reused, freed by release),
 and the pipelined copy and remap of an offload.
 
 The reservation, its chunks and the reshape protocol are _reserve.pyx's;
-BufferArena forwards `sleep`, `wake` and `pins`' refusals here.
+BufferArena forwards `sleep` and `wake` here (and its release frees the host memory
+through `_free_hosted`).
 """
 
 from libc.stdint cimport uint64_t, uintptr_t
