@@ -73,6 +73,10 @@ cdef class Backend:
     cdef int map_host(self, uintptr_t p, size_t n, uint64_t handle) except -1
     cdef int unmap_host(self, uintptr_t p, size_t n) except -1
     cdef int copy(self, uintptr_t dst, uintptr_t src, size_t n, uintptr_t stream) except -1
+    # A stream of the backend's own that runs beside the default stream (CUDA:
+    # a non-blocking stream made with the backend; host: 0, work runs at the
+    # call), for copies that overlap a wake's zeroing.
+    cdef int side_stream(self, uintptr_t *out) except -1
     # Host memory for copies (pinned on CUDA), counted like the allocations.
     cdef readonly Py_ssize_t host_alloc_count, live_host_alloc_count
     cdef int host_alloc(self, size_t n, void **out) except -1

@@ -185,6 +185,8 @@ cdef class Backend:
         return 0
     cdef int copy(self, uintptr_t dst, uintptr_t src, size_t n, uintptr_t stream) except -1:
         return _unusable(self)
+    cdef int side_stream(self, uintptr_t *out) except -1:
+        return _unusable(self)
     cdef int host_alloc(self, size_t n, void **out) except -1:
         return _unusable(self)
     cdef void host_free(self, void *p) noexcept:
@@ -501,6 +503,10 @@ Host memory, synchronous: everything the arena does, with no GPU.
     cdef int copy(self, uintptr_t dst, uintptr_t src, size_t n, uintptr_t stream) except -1:
         with nogil:
             memcpy(<void *>dst, <void *>src, n)
+        return 0
+
+    cdef int side_stream(self, uintptr_t *out) except -1:
+        out[0] = 0
         return 0
 
     cdef int host_alloc(self, size_t n, void **out) except -1:

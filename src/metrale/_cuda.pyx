@@ -82,6 +82,7 @@ An NVIDIA GPU through the CUDA driver.
     cdef _kernels.ZeroKernels _zero      # loaded at construction
     cdef _kernels.DebugKernels _debug    # loaded by the first debug operation
     cdef object _debug_lock              # serializes the calls that use _debug's results
+    cdef cydriver.CUstream _side         # non-blocking: copies beside a wake's zeroing
 
     def __cinit__(self, device=0):
         cdef cydriver.CUresult err
@@ -112,12 +113,18 @@ An NVIDIA GPU through the CUDA driver.
             self._current()
         # Loaded once here, never inside a graph capture.
         _kernels.zero_load(&self._zero)
+        with nogil:
+            check(cydriver.cuStreamCreate(&self._side, cydriver.CU_STREAM_NON_BLOCKING),
+                  "cuStreamCreate")
 
     def __dealloc__(self):
         if not self._retained or mt_py_finalizing() or mt_fork_generation() != self._fork_gen:
             return        # at exit the driver may already be gone (the process frees all);
                           # in a forked child every driver object is the parent's
         with nogil:
+            if self._side != NULL:
+                cydriver.cuCtxSetCurrent(self._ctx)
+                cydriver.cuStreamDestroy(self._side)
             _kernels.unload(&self._zero, &self._debug)
             cydriver.cuDevicePrimaryCtxRelease(self._dev)
 
@@ -351,6 +358,10 @@ An NVIDIA GPU through the CUDA driver.
             _vmm.release(handle)
         self.host_handle_count -= 1
         self.host_handle_bytes -= n
+        return 0
+
+    cdef int side_stream(self, uintptr_t *out) except -1:
+        out[0] = <uintptr_t>self._side
         return 0
 
     cdef int copy(self, uintptr_t dst, uintptr_t src, size_t n, uintptr_t stream) except -1:

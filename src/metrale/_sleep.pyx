@@ -15,10 +15,11 @@ from libc.stdint cimport uint64_t, uintptr_t
 from metrale._arena cimport BufferArena
 from metrale._backend cimport Backend
 from metrale._common cimport buffer_ids, logger
+from metrale._core cimport MT_IN_ZERO_ALL, MT_MAX_BUFFERS, MT_MAX_RANGES, mt_group_ranges, mt_range
 from metrale._debug cimport refill_guards
 from metrale._life cimport mt_life_reshape_end
 from metrale._mapping cimport unmap_chunks
-from metrale._reserve cimport begin, commit, trim, zero_fresh
+from metrale._reserve cimport begin, commit, trim
 
 from metrale.errors import MetraleError
 
@@ -219,20 +220,30 @@ cdef int _restore(BufferArena a) except -1:
     """Device memory for the current sizes, zeroed as when new, with the kept
     and offloaded buffers copied back (nothing mapped at the buffers' own
     addresses but the arena's chunks); on failure the chunks are unmapped
-    again and the error propagates."""
+    again and the error propagates.  The copies run on the backend's side
+    stream while the zeroing, which spares their bytes, runs on the default
+    one: they overlap."""
     cdef Backend be = a._gpu
-    cdef uint64_t n
+    cdef uint64_t n, o
+    cdef uintptr_t side = 0
     try:
         commit(a)
-        zero_fresh(a, True)     # then the kept and offloaded buffers over it
+        be.side_stream(&side)
+        spans = []
         for i, p, cap in a._kept:       # up to the current size (a resize while asleep)
             n = min(a._keeping.get(i, 0), a._layout.size[i])
             if n:
-                be.h2d(a._base + a._layout.offset[i], <void *><uintptr_t>p, n, 0)
+                o = a._layout.offset[i]
+                be.copy_h2d(a._base + o, <void *><uintptr_t>p, n, side)
+                spans.append((o, o + n))
         for i, k in a._offloaded.items():
             n = min(k, a._layout.size[i])
             if n:
-                be.copy(a._base + a._layout.offset[i], a._stage + a._layout.offset[i], n, 0)
+                o = a._layout.offset[i]
+                be.copy(a._base + o, a._stage + o, n, side)
+                spans.append((o, o + n))
+        _zero_fresh_but(a, spans)
+        be.sync(side)
         be.sync(0)
         refill_guards(a)
     except BaseException:
@@ -242,6 +253,43 @@ cdef int _restore(BufferArena a) except -1:
             pass
         unmap_chunks(be, a._base, a._chunks, a._chunks, a._orphans)
         raise
+    return 0
+
+
+cdef int _zero_fresh_but(BufferArena a, list spans) except -1:
+    """What `zero_fresh(a, True)` zeroes (the zero_all set with its padding,
+    and the init_zero buffers), less the slab byte ranges `spans`: in as few
+    launches of the range kernel as hold them, on the default stream, not
+    waited for."""
+    cdef mt_range r[MT_MAX_BUFFERS]
+    cdef mt_range batch[MT_MAX_RANGES]
+    cdef int i, k = 0, m = mt_group_ranges(&a._layout, MT_IN_ZERO_ALL, r)
+    cdef Backend be = a._gpu
+    want = [(r[i].offset, r[i].offset + r[i].length) for i in range(m)]
+    for name in a._buffers.groups["init_zero"]:
+        i = a._index[name]
+        if a._layout.size[i]:
+            want.append((a._layout.offset[i], a._layout.offset[i] + a._layout.size[i]))
+    for lo, hi in sorted(spans):        # cut each span out of every wanted range
+        cut = []
+        for x, y in want:
+            if y <= lo or hi <= x:
+                cut.append((x, y))
+                continue
+            if x < lo:
+                cut.append((x, lo))
+            if hi < y:
+                cut.append((hi, y))
+        want = cut
+    for x, y in sorted(want):
+        if y > x:
+            batch[k].offset, batch[k].length = x, y - x
+            k += 1
+            if k == MT_MAX_RANGES:
+                be.zero_ranges(a._base, batch, k, 0)
+                k = 0
+    if k:
+        be.zero_ranges(a._base, batch, k, 0)
     return 0
 
 
