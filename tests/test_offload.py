@@ -224,7 +224,7 @@ def _state(a, m):
 
 
 @pytest.mark.parametrize("op,nth", [("reserve", 1), ("create", 1), ("map", 1), ("set_access", 1),
-                                    ("copy", 1), ("copy", 2), ("host_alloc", 1), ("d2h", 1)])
+                                    ("copy", 1), ("copy", 2), ("copy", 5), ("host_alloc", 1)])
 def test_a_failed_sleep_changes_nothing(op, nth):
     gpu = FaultyBackend()
     with reserved(gpu) as a:

@@ -604,7 +604,7 @@ class ArenaMachine(RuleBasedStateMachine):
             self.gpu.clear_faults()
 
     @rule(keep=st.lists(st.sampled_from(SM_NAMES), max_size=2),
-          fault=st.sampled_from([None, "host_alloc", "d2h", "unmap", "release_handle"]))
+          fault=st.sampled_from([None, "host_alloc", "copy", "unmap", "release_handle"]))
     def sleep(self, keep, fault):
         if fault:
             self.gpu.inject_fault(fault)

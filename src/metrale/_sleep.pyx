@@ -78,10 +78,12 @@ def _arena_sleep(BufferArena a, keep=(), offload=()):
         if a._sleeping:
             raise MetraleError("sleep: the buffer arena is already sleeping")
         be.quiesce()
-        if off and not a._piece:
+        if (off or ids) and not a._piece:
             # Host memory, and from the next wake on device memory, in pieces
-            # of an eighth of the slab: a sleep remaps each piece while the
-            # next one is still being copied out.
+            # of an eighth of the slab: a sleep unmaps the pieces it copies
+            # nothing from at once, and each other one (remapping an
+            # offloaded one at its addresses) as soon as its copy is done,
+            # while the next ones are still being copied.
             a._piece = max(a._granule, (a._layout.slab_bytes // 8 + a._granule - 1)
                            // a._granule * a._granule)
         runs = _runs(a, off)
@@ -90,66 +92,68 @@ def _arena_sleep(BufferArena a, keep=(), offload=()):
         chunks = sorted(a._chunks)
         events = []
         try:
-            copied = {}
-            for i, p, cap in a._kept:
-                n = a._layout.size[i]
-                if n and i in ids:
-                    be.d2h(<void *><uintptr_t>p, a._base + a._layout.offset[i], n, 0)
-                    copied[i] = n
-            moved = _copy_out(a, off, chunks, events)
+            moved, copied = _copy_out(a, off, ids, chunks, events)
             a._offloaded, a._keeping = moved, copied
             a._sleeping = True
             _remap(a, chunks, events, _overlapping(a, runs))
         finally:
             for ev in events:
-                be.event_destroy(ev)
+                if ev:
+                    be.event_destroy(ev)
     finally:
         mt_life_reshape_end(a._life, a._sleeping)    # paused while it sleeps
     return None
 
 
-cdef dict _copy_out(BufferArena a, list off, list chunks, list events):
-    """Queue the copies of the offloaded buffers to their host memory (at the
-    staging range), chunk by chunk in address order, with an event after
-    each chunk's: buffer id -> bytes.  On failure nothing is changed but
-    the staging copy (the copies queued are waited for)."""
+cdef tuple _copy_out(BufferArena a, list off, list ids, list chunks, list events):
+    """Queue the copies out, chunk by chunk in address order: the offloaded
+    buffers' bytes to their host memory (at the staging range), the kept
+    ones' to their pinned buffers (one address space with the device's),
+    with an event after each chunk's (0 for a chunk nothing is copied
+    from).  Returns (offloaded, kept): buffer id -> bytes.  On failure the
+    copies queued are waited for and nothing else is changed."""
     cdef Backend be = a._gpu
     cdef uintptr_t ev = 0
     cdef uint64_t lo, hi, o, n, x, y
-    if not off:
-        return {}
+    host = {k[0]: k[1] for k in a._kept if k[0] in ids}
     try:
         for c in chunks:
             lo, hi = c[0], c[0] + c[1]
-            for i in off:
+            ev = 0
+            for i in off + ids:
                 o, n = a._layout.offset[i], a._layout.size[i]
                 x, y = max(o, lo), min(o + n, hi)
                 if x < y:
-                    be.copy(a._stage + x, a._base + x, y - x, 0)
-            be.event_create(&ev)
-            events.append(ev)
-            be.event_record(ev, 0)
+                    dst = a._stage + x if i in off else host[i] + (x - o)
+                    be.copy(dst, a._base + x, y - x, 0)
+                    ev = 1
+            if ev:
+                be.event_create(&ev)
+                events.append(ev)
+                be.event_record(ev, 0)
+            else:
+                events.append(0)
     except BaseException:
         be.quiesce()
         raise
-    return {i: a._layout.size[i] for i in off if a._layout.size[i]}
+    return ({i: a._layout.size[i] for i in off if a._layout.size[i]},
+            {i: a._layout.size[i] for i in ids if a._layout.size[i]})
 
 
 cdef int _remap(BufferArena a, list chunks, list events, list entries) except -1:
-    """The second half of a sleep: each chunk unmapped once its copies are
-    done, and each host handle in `entries` mapped at the buffers' own
-    addresses as soon as no chunk is mapped under it (the copy of the next
-    chunk runs meanwhile).  A failed mapping wakes the arena again (the
-    error follows); a failed unmap leaves it asleep with that chunk mapped."""
+    """The second half of a sleep: the chunks nothing is copied from
+    unmapped at once, each other one once its copies are done, and each
+    host handle in `entries` mapped at the buffers' own addresses as soon as
+    no chunk is mapped under it (the copies of the next chunks run
+    meanwhile).  A failed mapping wakes the arena again (the error follows);
+    a failed unmap leaves it asleep with that chunk mapped."""
     cdef Backend be = a._gpu
     pending = list(entries)
-    if not events:              # nothing offloaded: every chunk at once
-        err = unmap_chunks(be, a._base, a._chunks, a._chunks, a._orphans)
-        if err is not None:
-            raise err
-        return 0
-    for k in range(len(chunks)):
-        be.event_wait(events[k])
+    order = [k for k in range(len(chunks)) if not events[k]] + \
+        [k for k in range(len(chunks)) if events[k]]
+    for k in order:
+        if events[k]:
+            be.event_wait(events[k])
         err = unmap_chunks(be, a._base, [chunks[k]], a._chunks, a._orphans)
         if err is not None:
             be.quiesce()

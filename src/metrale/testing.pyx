@@ -62,9 +62,9 @@ A HostBackend whose nth next operation of a kind fails, on demand.
             ``"alloc"`` (arena construction), ``"free"`` (``release()`` and
             the cleanup of a failed construction), ``"memset"`` (construction,
             the zeroing helpers, ``clear_ranges``), ``"d2h"`` (the copies of
-            ``debug_buffer_checksum``, ``sleep``, the count read of
-            ``zero_all_rows(tokens_at=...)``), ``"h2d"`` (``wake``,
-            ``StepInputs.upload``) or
+            ``debug_buffer_checksum``, the count read of
+            ``zero_all_rows(tokens_at=...)``), ``"h2d"`` (``wake``'s copies
+            of kept buffers, ``StepInputs.upload``) or
             ``"sync"`` (construction, ``debug_buffer_checksum``); and the
             steps of a reserved arena (construction, ``resize``, ``sleep``,
             ``wake``, ``release``): ``"reserve"`` and ``"create"`` (raise
@@ -75,9 +75,10 @@ A HostBackend whose nth next operation of a kind fails, on demand.
             ``sleep(keep=...)``; ``OutOfMemoryError``); and the peer
             sharing of a tensor-parallel arena: ``"export"`` and
             ``"import"`` (``MetraleError``; ``"create"`` fails its
-            shareable handles too); ``"copy"``, the copies of
-            ``sleep(offload=...)`` and its ``wake`` (``"create"``, ``"map"``
-            and ``"unmap"`` fail its host memory's handles and mappings too).
+            shareable handles too); ``"copy"``, the copies out of
+            ``sleep(keep=..., offload=...)`` and the offloaded ones back at
+            ``wake`` (``"create"``, ``"map"`` and ``"unmap"`` fail the
+            offload's host memory handles and mappings too).
         nth : int, optional
             Which of the next operations of that kind fails: 1 (the default)
             for the very next one.
