@@ -64,8 +64,8 @@ cdef class BufferArena:
     cdef list _at_base            # asleep: the _hosted mapped at the buffers' own addresses too
     cdef list _host_orphans       # [(handle, bytes)] host handles whose release failed: retried
     cdef dict _offloaded          # buffer id -> bytes this sleep moved to host memory
-    cdef uint64_t _piece          # device chunks no longer than this (0: any), set by the
-                                  # first sleep(offload=...) so that later ones pipeline
+    cdef uint64_t _piece          # chunks no longer than this (0: any), set by the first
+                                  # sleep that keeps or offloads, so that later ones pipeline
     cdef list _orphans            # [(handle, bytes)] unmapped, whose release failed: retried
     cdef uint64_t _reshapes       # resizes so far (StepInputs made before one refuse)
     cdef uint64_t _peak           # the most bytes ever committed (memory_stats)

@@ -6,8 +6,8 @@ resize; sleep and wake, the other reshapes, are _sleep.pyx's.
 The arena is one virtual reservation; each buffer a granularity-aligned
 sub-range sized for the reserved limits (the C core's reserved layout).
 Physical memory is mapped only for the current sizes, one handle per run of
-adjacent missing granules (cut in pieces once an offload asked for them); a
-chunk is unmapped only whole.  BufferArena forwards `resize`,
+adjacent missing granules (cut in pieces once a sleep kept or offloaded
+something); a chunk is unmapped only whole.  BufferArena forwards `resize`,
 `committed_bytes`, `is_reserved` and `is_sleeping` here.
 """
 

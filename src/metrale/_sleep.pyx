@@ -66,7 +66,6 @@ def _arena_sleep(BufferArena a, keep=(), offload=()):
         mapped; `wake` works).
     """
     cdef Backend be = a._gpu
-    cdef uint64_t n
     ids = buffer_ids(keep, "keep", a._buffers)
     off = buffer_ids(offload, "offload", a._buffers)
     both = [a._buffers.names[i] for i in ids if i in off]
