@@ -14,8 +14,6 @@ cdef int build(BufferArena a, object sizes, object top_sizes) except -1
 cdef int commit(BufferArena a) except -1
 # Unmap the chunks the current sizes no longer touch (the device waited for).
 cdef int trim(BufferArena a) except -1
-# Zero norm_unit_w's kind (init_zero) and, when `whole`, the zero_all set.
-cdef int zero_fresh(BufferArena a, bint whole) except -1
 # Start a reshape (refusals named, nothing changed; views of the buffer ids in
 # `views_ok` may stay alive), then wait for the operations in flight.
 cdef int begin(BufferArena a, str what, object views_ok=*) except -1

@@ -19,8 +19,8 @@ from metrale._arena cimport BufferArena, init_zero
 from metrale._backend cimport Backend
 from metrale._common cimport index_arg, limit_arg, limit_tuple, logger, u64_arg
 from metrale._core cimport (
-    MT_ERR_OVERFLOW, MT_IN_ZERO_ALL, MT_LIFE_EXPORTED, MT_LIFE_OK, MT_MAX_BUFFERS, MT_OK,
-    MT_WAIT_OPERATIONS, mt_chunk_needed, mt_commit_gaps, mt_commit_needed, mt_group_ranges,
+    MT_ERR_OVERFLOW, MT_LIFE_EXPORTED, MT_LIFE_OK, MT_MAX_BUFFERS, MT_OK,
+    MT_WAIT_OPERATIONS, mt_chunk_needed, mt_commit_gaps, mt_commit_needed,
     mt_layout_base, mt_layout_plan_reserved, mt_layout_resize, mt_range)
 from metrale._life cimport (
     mt_life_exports, mt_life_reshape_begin, mt_life_reshape_end, raise_life, wait_life)
@@ -75,7 +75,7 @@ cdef int build(BufferArena a, object sizes, object top_sizes) except -1:
         a._base = mt_layout_base(&a._layout, base)
         try:
             commit(a)
-            zero_fresh(a, False)
+            zero_fresh(a)
             refill_guards(a)
         except BaseException:
             err, freed = free_reservation(be, a._base, a._alloc, a._layout.slab_bytes, a._chunks,
@@ -165,19 +165,12 @@ cdef int trim(BufferArena a) except -1:
     return 0
 
 
-cdef int zero_fresh(BufferArena a, bint whole) except -1:
-    """Zero the buffers filled with zeros at construction (norm_unit_w; and,
-    when `whole`, the zero_all set, in one fused operation): what a new or
-    woken arena starts from."""
-    cdef mt_range r[MT_MAX_BUFFERS]
-    cdef int n
-    cdef Backend be = a._gpu
-    if whole:
-        n = mt_group_ranges(&a._layout, MT_IN_ZERO_ALL, r)
-        if n:
-            be.zero_ranges(a._base, r, n, 0)
+cdef int zero_fresh(BufferArena a) except -1:
+    """Zero the buffers filled with zeros at construction (norm_unit_w), and
+    wait: what a new arena, or a grown one, starts from (a woken arena's
+    zeroing is _sleep's, which spares the bytes it copies back)."""
     init_zero(a)
-    be.sync(0)
+    a._gpu.sync(0)
     return 0
 
 
@@ -384,7 +377,7 @@ def _arena_resize(BufferArena a, max_batch_tokens=None, max_seq_len=None, kv_blo
             try:
                 commit(a)           # grow first: on failure the arena is as before
                 if init_grew:
-                    zero_fresh(a, False)
+                    zero_fresh(a)
                 refill_guards(a)    # the bands after the buffers' new ends
             except BaseException:
                 mt_layout_resize(&a._layout, old, old_mbt, a._granule)

@@ -260,8 +260,8 @@ cdef int _restore(BufferArena a) except -1:
 
 
 cdef int _zero_fresh_but(BufferArena a, list spans) except -1:
-    """What `zero_fresh(a, True)` zeroes (the zero_all set with its padding,
-    and the init_zero buffers), less the slab byte ranges `spans`: in as few
+    """What a new arena starts zeroed (the zero_all set with its padding, and
+    the init_zero buffers), less the slab byte ranges `spans`: in as few
     launches of the range kernel as hold them, on the default stream, not
     waited for."""
     cdef mt_range r[MT_MAX_BUFFERS]
