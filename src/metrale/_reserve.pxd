@@ -12,6 +12,9 @@ cdef int build(BufferArena a, object sizes, object top_sizes) except -1
 # Map what the current sizes need and is not mapped (no chunk longer than the
 # arena's _piece); on failure what this call mapped is unmapped again.
 cdef int commit(BufferArena a) except -1
+# The (offset, bytes) runs cut in pieces of at most `piece` bytes (0: whole):
+# the device chunks commit maps and the host memory of an offload.
+cdef list cut(list runs, uint64_t piece)
 # Unmap the chunks the current sizes no longer touch (the device waited for).
 cdef int trim(BufferArena a) except -1
 # Start a reshape (refusals named, nothing changed; views of the buffer ids in

@@ -119,13 +119,7 @@ cdef int commit(BufferArena a) except -1:
             have[i].offset = a._chunks[i][0]
             have[i].length = a._chunks[i][1]
         ngaps = mt_commit_gaps(need, nneed, have, nhave, gaps)
-        pieces = []
-        for i in range(ngaps):      # no chunk longer than _piece (0: any)
-            lo, n = gaps[i].offset, gaps[i].length
-            while a._piece and n > a._piece:
-                pieces.append((lo, a._piece))
-                lo, n = lo + a._piece, n - a._piece
-            pieces.append((lo, n))
+        pieces = cut([(gaps[i].offset, gaps[i].length) for i in range(ngaps)], a._piece)
         try:
             for lo, n in pieces:
                 if a._shareable:
@@ -149,6 +143,18 @@ cdef int commit(BufferArena a) except -1:
         free(have)
         free(gaps)
     return 0
+
+
+cdef list cut(list runs, uint64_t piece):
+    """The (offset, bytes) `runs` cut in pieces of at most `piece` bytes (0:
+    whole), each run from its start."""
+    out = []
+    for lo, n in runs:
+        while piece and n > piece:
+            out.append((lo, piece))
+            lo, n = lo + piece, n - piece
+        out.append((lo, n))
+    return out
 
 
 cdef int trim(BufferArena a) except -1:

@@ -19,7 +19,7 @@ from metrale._core cimport MT_IN_ZERO_ALL, MT_MAX_BUFFERS, MT_MAX_RANGES, mt_gro
 from metrale._debug cimport refill_guards
 from metrale._life cimport mt_life_reshape_end
 from metrale._mapping cimport unmap_chunks
-from metrale._reserve cimport begin, commit, trim
+from metrale._reserve cimport begin, commit, cut, trim
 
 from metrale.errors import MetraleError
 
@@ -332,16 +332,10 @@ cdef int _host_memory(BufferArena a, list runs) except -1:
         raise MetraleError("sleep: unmapping the host memory of an earlier offload failed")
     stage = a._stage
     made = []
-    pieces = []
-    for lo, n in runs:          # no handle longer than _piece
-        while a._piece and n > a._piece:
-            pieces.append((lo, a._piece))
-            lo, n = lo + a._piece, n - a._piece
-        pieces.append((lo, n))
     try:
         if not stage:
             be.reserve(a._layout.slab_bytes, &stage)
-        for lo, n in pieces:
+        for lo, n in cut(runs, a._piece):   # no handle longer than the arena's pieces
             be.create_host(n, &h)
             try:
                 be.map_host(stage + lo, n, h)
