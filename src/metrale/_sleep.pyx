@@ -160,10 +160,8 @@ cdef int _remap(BufferArena a, list chunks, list events, list entries) except -1
         ready = [e for e in pending
                  if not any(e[0] < c[0] + c[1] and c[0] < e[0] + e[1] for c in a._chunks)]
         try:
-            for e in ready:
-                be.map_host(a._base + e[0], e[1], e[2])
-                a._at_base.append(e)
-                pending.remove(e)
+            _map_hosted(a, ready)
+            pending = [e for e in pending if e not in ready]
         except BaseException:
             be.quiesce()            # every copy done: the staging range is whole
             _unmap_hosted(a)
@@ -395,8 +393,9 @@ cdef list _overlapping(BufferArena a, list runs):
 
 
 cdef int _map_hosted(BufferArena a, list entries) except -1:
-    """Map the host handles `entries` at the buffers' own addresses; on
-    failure what this call mapped is unmapped again."""
+    """Map the host handles `entries` at the buffers' own addresses (added
+    to those mapped there); on failure what this call mapped is unmapped
+    again."""
     cdef Backend be = a._gpu
     done = []
     try:
@@ -407,7 +406,7 @@ cdef int _map_hosted(BufferArena a, list entries) except -1:
         for lo, n, h in done:
             be.unmap_host(a._base + lo, n)
         raise
-    a._at_base = done
+    a._at_base.extend(done)
     return 0
 
 
