@@ -755,6 +755,7 @@ def _cycle_cases():
         "CudaBackend": "frees through C fields only (no Python field in its finalizer); "
                        "the GPU run of this test covers it through the arena case",
         "SlabPlan": "owns nothing but C fields",
+        "_Plan": "owns nothing: a parameter block of addresses and a list of tuples",
         "ArenaBuffers": "owns nothing; holds its arena, which holds nothing of it back",
         "ScratchSpaceManager": scratch_case, "ScratchSpace": scratch_case,
         "_TableRef": scratch_case, "_Region": scratch_case, "_Lease": scratch_case,

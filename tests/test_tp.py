@@ -197,7 +197,7 @@ def rank_with_stranger(rank, size, path, credentials):
     try:
         with BufferArena.new(CFG, *LIMITS, gpu,
                              group=PeerGroup(StrangerGroup(path, rank, size), timeout=20.0)) as a:
-            ok = a.peer(1 - rank).hidden_states() != 0 and gpu.import_count == 1
+            ok = a.peer(1 - rank).hidden_states() != 0 and gpu.import_count == 2   # slab, signal
     finally:
         for p in StrangerGroup.strangers:
             p.kill()
@@ -279,14 +279,15 @@ def test_two_ranks_share_their_slabs(tmp_path):
     outs = run_ranks(rank_share, 2, args=(str(tmp_path),))
     for rank, out in enumerate(outs):
         assert out["ranks"] == (0, 1)
-        # one chunk (reserved at its limits: one run of granules), exported
-        # once, the peer's imported once
+        # one chunk (reserved at its limits: one run of granules) and the
+        # signal area of peer_all_reduce, each exported once, the peer's
+        # imported once
         exports, imports, handles = out["counts"]
-        assert exports == handles - imports and imports == exports     # each chunk once, each way
-        assert exports == 1, "an arena reserved at its limits is one chunk"
+        assert exports == handles - imports and imports == exports     # each handle once, each way
+        assert exports == 2, "an arena reserved at its limits is one chunk, plus its signal area"
         # the ledger: what pins the memory, named by the sleep it refuses
-        assert out["pins"] == (Pin("peer_export", None, 1), Pin("peer_import", None, 1))
-        assert "(peer_export: 1, peer_import: 1)" in out["refusal"]
+        assert out["pins"] == (Pin("peer_export", None, 2), Pin("peer_import", None, 2))
+        assert "(peer_export: 2, peer_import: 2)" in out["refusal"]
         assert out["counts_after_steps"] == out["counts"]
         assert out["same_offsets"] and out["self_is_own"] and out["distinct"]
         assert out["read"] == [0x10, 0x11, 0x10, 0x11]          # min per rank, max per rank
@@ -324,8 +325,10 @@ def test_different_layouts_are_refused_on_every_rank(tmp_path):
 @pytest.mark.parametrize("op,nth,error", [
     ("reserve", 1, "OutOfMemoryError"), ("create", 1, "OutOfMemoryError"),
     ("export", 1, "MetraleError"), ("import", 1, "MetraleError"),
-    ("map", 2, "MetraleError"),         # the first map is its own slab's, the second the peer's
-    ("reserve", 2, "MetraleError")])    # the reservation for the peer's slab
+    # the maps and reservations, in order: its own slab's, its own signal
+    # area's, the peer's signal area's, the peer's slab's
+    ("map", 2, "MetraleError"), ("map", 3, "MetraleError"), ("map", 4, "MetraleError"),
+    ("reserve", 2, "MetraleError"), ("reserve", 4, "MetraleError")])
 def test_a_failing_rank_fails_every_rank(tmp_path, op, nth, error):
     outs = run_ranks(rank_build_fails, 2, args=(str(tmp_path), op, nth))
     (e0, c0, u0), (e1, c1, u1) = outs
@@ -333,7 +336,7 @@ def test_a_failing_rank_fails_every_rank(tmp_path, op, nth, error):
     assert e0 is not None and e0[0] == "MetraleError", e0
     if nth == 1 and op in ("reserve", "create"):      # rank 1 never got to share
         assert "rank 1 failed to build its arena" in e0[1] and "OutOfMemoryError" in e0[1]
-    elif op == "export":
+    elif op == "export" or nth == 2:        # its own handles: exported with the slab
         assert "rank 1 could not export" in e0[1] and e1[1] == e0[1]
     else:                                   # rank 1 failed mapping rank 0's slab
         assert "rank 1 failed to map" in e0[1] and e1[1] == e0[1]
@@ -365,7 +368,7 @@ def test_create_destroy_cycles_leak_nothing(tmp_path):
         assert after == before                  # descriptors, mappings, memfd mappings
         assert after[2] == 0
         assert counts == (0, 0, 0, 0)
-        assert (exports, imports) == (101, 101)
+        assert (exports, imports) == (202, 202)     # a slab and a signal area each time
         # the slabs are a few MiB each: none kept (ASan's quarantine keeps
         # freed memory resident by design, so not measured under it)
         assert under_asan() or rss_growth < 4 << 20

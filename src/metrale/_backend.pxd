@@ -3,6 +3,7 @@
 from libc.stdint cimport uint64_t, uintptr_t
 from metrale._core cimport mt_range, mt_rows_args
 from metrale._debug_core cimport mt_debug_args, mt_debug_result
+from metrale._peer_core cimport mt_reduce_args
 
 cdef class Backend:
     # DLPack device type of the memory (1 = CPU, 2 = CUDA) and its ordinal.
@@ -94,6 +95,18 @@ cdef class Backend:
     cdef int create_exportable(self, size_t n, uint64_t *handle) except -1
     cdef int export_handle(self, uint64_t handle, size_t n, int *fd) except -1
     cdef int import_handle(self, int fd, size_t n, uint64_t *handle) except -1
+    # The tensor-parallel all-reduce of BufferArena.peer_all_reduce over the
+    # parameter block `a` (kernels/peer_reduce.h), in stream order (CUDA: one
+    # launch, capturable); host backends run it at the call and raise
+    # MetraleError when a barrier timed out (now or before).
+    cdef int peer_reduce(self, mt_reduce_args *a, uintptr_t stream) except -1
+    # The address of an int32 count the device reads when the work runs
+    # (`tokens_at=`): converted and checked to be 4-byte aligned (count_arg,
+    # before the operation holds its arena: it may run user code), then to lie
+    # in memory of this backend (check_count, while it holds it);
+    # ValueError / TypeError naming `tokens_at` otherwise.
+    cdef uintptr_t count_arg(self, object tokens_at) except 0
+    cdef int check_count(self, uintptr_t at) except -1
 
 
 cdef class HostBackend(Backend):

@@ -10,6 +10,7 @@ from metrale._common cimport as_stream, mt_py_finalizing, u64_arg
 from metrale._core cimport (MT_ALIGN, MT_MAX_RANGES, MT_MAX_ROWS_ENTRIES, mt_range, mt_rows_args,
                             mt_rows_count, mt_rows_segment)
 from metrale._debug_core cimport mt_debug_args, mt_debug_host, mt_debug_result
+from metrale._peer_core cimport MT_RED_TIMEOUT, mt_peer_reduce_host, mt_reduce_args
 
 import fcntl
 import os
@@ -200,6 +201,22 @@ cdef class Backend:
         return _unusable(self)
     cdef int import_handle(self, int fd, size_t n, uint64_t *handle) except -1:
         return _unusable(self)
+    cdef int peer_reduce(self, mt_reduce_args *a, uintptr_t stream) except -1:
+        return _unusable(self)
+
+    cdef uintptr_t count_arg(self, object tokens_at) except 0:
+        cdef uintptr_t at = u64_arg(tokens_at, "tokens_at")
+        if at == 0 or at % 4:
+            raise ValueError(f"tokens_at must be the 4-byte aligned address of an int32, got {at:#x}")
+        return at
+
+    cdef int check_count(self, uintptr_t at) except -1:
+        try:
+            self.check_range(at, 4)
+        except ValueError:
+            raise ValueError(f"tokens_at: {at:#x} is not inside memory of "
+                             f"{type(self).__name__} (the arena's backend)") from None
+        return 0
 
     def allocation_granularity(self):
         """The unit a reserved arena's buffers are placed and mapped in.
@@ -525,6 +542,19 @@ Host memory, synchronous: everything the arena does, with no GPU.
                        uintptr_t stream) except -1:
         with nogil:
             mt_debug_host(op, a, out)
+        return 0
+
+    cdef int peer_reduce(self, mt_reduce_args *a, uintptr_t stream) except -1:
+        cdef unsigned int status
+        if a == NULL:           # an arena is being shared: nothing to load here
+            return 0
+        with nogil:
+            status = mt_peer_reduce_host(a)
+        if status:
+            raise MetraleError(
+                f"peer_all_reduce: rank {a.me} waited more than {a.timeout_ns / 1e9:g} s for rank "
+                f"{status - MT_RED_TIMEOUT} at a barrier (did it die, or make other calls?); "
+                "this arena's reductions stay refused: release it on every rank and build it again")
         return 0
 
     # -- peer sharing: a memfd per exportable handle, passed as a descriptor and

@@ -17,6 +17,7 @@ from metrale._core cimport mt_range, mt_rows_args
 from metrale._life cimport mt_fork_generation
 from metrale._backend cimport Backend
 from metrale._debug_core cimport MT_DBG_FILL, mt_debug_args, mt_debug_result
+from metrale._peer_core cimport MT_RED_BLOCKS, mt_reduce_args
 from metrale._common cimport as_stream, index_arg, u64_arg, mt_py_finalizing
 from metrale._driver cimport check
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
@@ -81,6 +82,7 @@ An NVIDIA GPU through the CUDA driver.
     cdef readonly Py_ssize_t launch_count
     cdef _kernels.ZeroKernels _zero      # loaded at construction
     cdef _kernels.DebugKernels _debug    # loaded by the first debug operation
+    cdef _kernels.PeerKernels _peer      # loaded when an arena is first shared
     cdef object _debug_lock              # serializes the calls that use _debug's results
     cdef cydriver.CUstream _side         # non-blocking: copies beside a wake's zeroing
 
@@ -125,7 +127,7 @@ An NVIDIA GPU through the CUDA driver.
             if self._side != NULL:
                 cydriver.cuCtxSetCurrent(self._ctx)
                 cydriver.cuStreamDestroy(self._side)
-            _kernels.unload(&self._zero, &self._debug)
+            _kernels.unload(&self._zero, &self._debug, &self._peer)
             cydriver.cuDevicePrimaryCtxRelease(self._dev)
 
     cdef inline int _current(self) except -1 nogil:
@@ -398,6 +400,23 @@ An NVIDIA GPU through the CUDA driver.
             _vmm.import_fd(fd, handle)
         self.handle_count += 1
         self.import_count += 1
+        return 0
+
+    # -- the tensor-parallel all-reduce (docs/tensor-parallel.md) -----------------
+    cdef int peer_reduce(self, mt_reduce_args *a, uintptr_t stream) except -1:
+        if a == NULL:           # an arena is being shared: load the kernel, outside any capture
+            with self._debug_lock:
+                with nogil:
+                    self._current()
+                _kernels.peer_load(&self._peer)
+            return 0
+        if self._peer.mod == NULL:
+            raise MetraleError("peer_all_reduce: the kernel is not loaded (the arena is not shared)")
+        a.blocks = MT_RED_BLOCKS
+        with nogil:
+            self._current()
+            _kernels.peer_reduce(&self._peer, a, <cydriver.CUstream>stream)
+        self.launch_count += 1
         return 0
 
     # -- debug arenas (docs/debug.md) ---------------------------------------------

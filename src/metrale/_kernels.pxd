@@ -7,6 +7,7 @@ from libc.stdint cimport uintptr_t
 from cuda.bindings cimport cydriver
 from metrale._core cimport mt_range, mt_rows_args
 from metrale._debug_core cimport mt_debug_args, mt_debug_result
+from metrale._peer_core cimport mt_reduce_args
 
 # kernels/zero_ranges.ptx, loaded with the backend, and the launch shape of
 # metrale_zero_rows_at (CudaBackend.tune_rows_at).
@@ -24,6 +25,11 @@ ctypedef struct DebugKernels:
     cydriver.CUfunction fn[4]           # one per MT_DBG_* op
     cydriver.CUdeviceptr results
     void *host                          # NULL until loaded
+
+# kernels/peer_reduce.ptx, loaded when an arena is first shared.
+ctypedef struct PeerKernels:
+    cydriver.CUmodule mod
+    cydriver.CUfunction fn[1]           # metrale_peer_reduce
 
 cdef enum:
     # zero_rows_at's launch shape: the defaults (measured best on the H200,
@@ -45,8 +51,9 @@ cdef dict rows_at_tuning(const ZeroKernels *k)
 # graph capture.
 cdef int zero_load(ZeroKernels *k) except -1
 cdef int debug_load(DebugKernels *k) except -1
+cdef int peer_load(PeerKernels *k) except -1
 # Best effort, from a finalizer.
-cdef void unload(ZeroKernels *z, DebugKernels *d) noexcept nogil
+cdef void unload(ZeroKernels *z, DebugKernels *d, PeerKernels *p) noexcept nogil
 
 # One launch of metrale_zero_ranges over n (2 .. MT_MAX_RANGES) ranges of the
 # slab at `base`.
@@ -67,3 +74,6 @@ cdef int debug_launch(const DebugKernels *k, int op, mt_debug_args *a,
                       cydriver.CUstream s) except -1 nogil
 cdef int debug_results(const DebugKernels *k, mt_debug_result *out, int n,
                        cydriver.CUstream s) except -1 nogil
+# One launch of metrale_peer_reduce (MT_RED_BLOCKS blocks, its grid fixed:
+# every rank must lay out its barriers alike).
+cdef int peer_reduce(const PeerKernels *k, const mt_reduce_args *a, cydriver.CUstream s) except -1 nogil

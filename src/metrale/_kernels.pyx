@@ -17,6 +17,7 @@ from metrale._core cimport MT_MAX_RANGES, mt_range, mt_rows_args, mt_rows_segmen
 from metrale._debug_core cimport (MT_DBG_FILL, MT_DBG_FINGERPRINT, MT_DBG_MAX_ITEMS, MT_DBG_NONFINITE,
                                   mt_debug_args, mt_debug_result)
 from metrale._common cimport index_arg
+from metrale._peer_core cimport MT_RED_BLOCKS, MT_RED_THREADS, mt_reduce_args
 from metrale._driver cimport check
 
 cdef enum:
@@ -67,6 +68,20 @@ cdef int zero_load(ZeroKernels *k) except -1:
     return 0
 
 
+cdef const char *_PEER_NAMES[1]
+_PEER_NAMES[:] = [b"metrale_peer_reduce"]
+
+
+cdef int peer_load(PeerKernels *k) except -1:
+    if k.mod == NULL:
+        _load(b"peer_reduce.ptx", _PEER_NAMES, 1, &k.mod, k.fn)
+    return 0
+
+
+cdef int peer_reduce(const PeerKernels *k, const mt_reduce_args *a, cydriver.CUstream s) except -1 nogil:
+    return _launch(k.fn[0], _PEER_NAMES[0], MT_RED_BLOCKS, MT_RED_THREADS, s, <void *>a)
+
+
 cdef int debug_load(DebugKernels *k) except -1:
     cdef cydriver.CUmodule mod = NULL
     cdef size_t nres = MT_DBG_MAX_ITEMS * sizeof(mt_debug_result)
@@ -102,9 +117,11 @@ cdef dict rows_at_tuning(const ZeroKernels *k):
     return {"blocks_per_sm": k.blocks_per_sm, "tile_chunks": k.tile, "spread": k.spread}
 
 
-cdef void unload(ZeroKernels *z, DebugKernels *d) noexcept nogil:
+cdef void unload(ZeroKernels *z, DebugKernels *d, PeerKernels *p) noexcept nogil:
     if z.mod != NULL:
         cydriver.cuModuleUnload(z.mod)
+    if p.mod != NULL:
+        cydriver.cuModuleUnload(p.mod)
     if d.mod != NULL:
         cydriver.cuModuleUnload(d.mod)
     if d.results != 0:

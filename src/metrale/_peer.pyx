@@ -19,11 +19,16 @@ from metrale._backend cimport Backend
 from metrale._common cimport mt_py_finalizing
 from metrale._life cimport mt_life_released
 from metrale._mapping cimport free_reservation, release_orphans, unmap_chunks
+from metrale._peer_core cimport mt_signal
 from metrale._reserve cimport build
 
 import os
 
 from metrale.errors import MetraleError
+
+#: Bytes of a rank's signal area (kernels/peer_reduce.h), before rounding up
+#: to the granularity.
+SIGNAL_BYTES = sizeof(mt_signal)
 
 
 def _build_shared(BufferArena a, sizes, top_sizes, group):
@@ -160,8 +165,9 @@ The peers' slabs mapped into this process, each in its own reservation.
 
         Parameters
         ----------
-        rank : int
-            The peer's rank (the key `close` and `base` use).
+        rank : int or tuple
+            The peer's rank (the key `close` uses): ``("signal", rank)`` for
+            its signal area.
         nbytes : int
             The peer's slab (its reservation) in bytes.
         chunks : list of (int, int)
@@ -209,6 +215,50 @@ The peers' slabs mapped into this process, each in its own reservation.
             raise
         return base
 
+    def map_signal(self, size_t nbytes):
+        """Create, map and zero this rank's signal area (the flags of
+        peer_all_reduce, kernels/peer_reduce.h): an exportable handle of
+        `nbytes` in a reservation of its own, kept as the entry "signal".
+        Also loads the reduction's kernel, outside any capture.
+
+        Parameters
+        ----------
+        nbytes : int
+            A multiple of the granularity holding an ``mt_signal``.
+
+        Returns
+        -------
+        tuple of (int, int)
+            The area's address and its handle (to export).
+        """
+        cdef uintptr_t alloc = 0
+        cdef uint64_t h = 0
+        if "signal" in self._slabs:
+            raise ValueError("the signal area is mapped already")
+        if nbytes < sizeof(mt_signal):
+            raise ValueError(f"a signal area needs {sizeof(mt_signal)} bytes, got {nbytes}")
+        self._gpu.reserve(nbytes, &alloc)
+        entry = [alloc, alloc, nbytes, []]
+        self._slabs["signal"] = entry
+        try:
+            self._gpu.create_exportable(nbytes, &h)
+            try:
+                self._gpu.map(alloc, nbytes, h)
+            except BaseException:
+                self._gpu.release_handle(h, nbytes)
+                raise
+            entry[3].append((0, nbytes, h))
+            self._gpu.memset(alloc, nbytes, 0)      # device memory comes uninitialized
+            self._gpu.sync(0)
+            self._gpu.peer_reduce(NULL, 0)
+        except BaseException:
+            try:
+                self._unmap_rank("signal")
+            except Exception:
+                pass        # left in _slabs: close() and the finalizer retry it
+            raise
+        return alloc, h
+
     cdef int _unmap_rank(self, rank) except -1:
         """Unmap and release `rank`'s chunks, then free its reservation; the
         first error propagates after every step was tried."""
@@ -222,13 +272,14 @@ The peers' slabs mapped into this process, each in its own reservation.
         return 0
 
     def mapped(self):
-        """The peers' physical handles mapped here, and their bytes.
+        """The peers' physical handles mapped here, and their bytes (this
+        rank's own signal area is not counted).
 
         Returns
         -------
         tuple of (int, int)
         """
-        chunks = [c for entry in self._slabs.values() for c in entry[3]]
+        chunks = [c for key, entry in self._slabs.items() if key != "signal" for c in entry[3]]
         return len(chunks), sum(c[1] for c in chunks)
 
     def close(self):

@@ -275,12 +275,16 @@ class _Sharing:
     """What a shared arena keeps: the group's shape, the peers' mappings and
     the pointer cells handed out through PeerBuffers."""
 
-    __slots__ = ("rank", "size", "local", "exported", "buffers", "_slabs", "_cells", "_peers")
+    __slots__ = ("rank", "size", "local", "exported", "buffers", "bases", "signals", "reduces",
+                 "_slabs", "_cells", "_peers")
 
-    def __init__(self, rank, size, local, slabs, cells, exported, buffers):
+    def __init__(self, rank, size, local, slabs, cells, exported, buffers, bases, signals):
         self.rank, self.size, self.local = rank, size, local
-        self.exported = exported        # this rank's handles exported (one per chunk)
+        self.exported = exported        # this rank's handles exported (chunks and signal area)
         self.buffers = buffers
+        self.bases = bases              # rank -> its slab's base here (own included)
+        self.signals = signals          # rank -> its signal area here ({} without local peers)
+        self.reduces = {}               # peer_all_reduce's parameter blocks, by buffer ids
         self._slabs, self._cells = slabs, cells
         self._peers = {}
 
@@ -345,7 +349,7 @@ def _abort(group, exc):
 
 
 _INFO_KEYS = ("version", "device_type", "device", "host", "pidns", "pid", "socket",
-              "granularity", "slab", "max_batch_tokens", "buffers", "layout", "chunks")
+              "granularity", "signal", "slab", "max_batch_tokens", "buffers", "layout", "chunks")
 
 
 def _malformed(info):
@@ -361,6 +365,8 @@ def _malformed(info):
     layout, chunks = info["layout"], info["chunks"]
     if not isinstance(info["buffers"], str):
         return "a buffer set without its fingerprint"
+    if type(info["signal"]) is not int or info["signal"] <= 0:
+        return "a signal area of no size"
     if (not isinstance(layout, (list, tuple)) or
             not all(isinstance(e, (list, tuple)) and len(e) == 3 and
                     all(type(x) is int for x in e) for e in layout)):
@@ -387,6 +393,7 @@ def _check_agreement(infos, names):
         for key, what in (("version", "the metrale version"),
                           ("device_type", "the backend's device type"),
                           ("granularity", "the allocation granularity"),
+                          ("signal", "the signal area's size"),
                           ("buffers", "the buffer set (its fingerprint)")):
             if info[key] != ref[key]:
                 raise MetraleError(f"tensor-parallel arena: rank {r} and rank 0 disagree on "
@@ -415,8 +422,9 @@ def _share(gpu, group, base, nbytes, chunks, layout, ptrs, granularity, max_batc
            buffers, base_align):
     """The collective setup (module docstring): returns a _Sharing, or raises
     MetraleError on every rank with nothing of the peers left mapped."""
-    from metrale._peer import PeerSlabs
+    from metrale._peer import SIGNAL_BYTES, PeerSlabs
     me, size, timeout = group.rank(), group.size(), group.timeout
+    signal = -(-SIGNAL_BYTES // granularity) * granularity
     srv = slabs = None
     gathering = False
     try:
@@ -427,7 +435,7 @@ def _share(gpu, group, base, nbytes, chunks, layout, ptrs, granularity, max_batc
         srv.listen(max(size, 1))
         info = {"ok": True, "version": _version(), "device_type": gpu.device_type,
                 "device": gpu.device_id, "host": _host_key(), "pidns": _ns("pid"),
-                "pid": os.getpid(), "socket": name, "granularity": granularity,
+                "pid": os.getpid(), "socket": name, "granularity": granularity, "signal": signal,
                 "slab": nbytes, "max_batch_tokens": max_batch_tokens,
                 "buffers": buffers.fingerprint(), "layout": layout,
                 "chunks": [[c[0], c[1]] for c in chunks]}
@@ -436,10 +444,10 @@ def _share(gpu, group, base, nbytes, chunks, layout, ptrs, granularity, max_batc
         _check_agreement(infos, buffers.names)
         local = tuple(r for r in range(size) if infos[r]["host"] == info["host"])
         errors = []
-        bases = {}
+        bases, signals = {}, {}
         if nbytes and len(local) > 1:
             errors = _exchange(gpu, slabs, me, infos, local, chunks, srv, timeout, bases,
-                               base_align)
+                               signals, base_align)
         try:
             outcome = group.all_gather({"errors": errors})
         except MetraleError as e:
@@ -464,26 +472,32 @@ def _share(gpu, group, base, nbytes, chunks, layout, ptrs, granularity, max_batc
     cells = {me: [tuple(ptrs)]}
     for r, b in bases.items():
         cells[r] = [tuple(p - base + b if p else 0 for p in ptrs)]
-    return _Sharing(me, size, local, slabs, cells, len(chunks) if bases else 0, buffers)
+    exported = len(chunks) + 1 if bases else 0
+    bases[me] = base
+    return _Sharing(me, size, local, slabs, cells, exported, buffers, bases, signals)
 
 
 def _header(me, to, chunks, error):
-    """What rank `me` sends rank `to` before its descriptors (JSON)."""
+    """What rank `me` sends rank `to` before its descriptors (JSON): one per
+    chunk, then one for its signal area."""
     return json.dumps({"rank": me, "to": to, "chunks": [[c[0], c[1]] for c in chunks],
                        "error": error}).encode()
 
 
-def _exchange(gpu, slabs, me, infos, local, chunks, srv, timeout, bases, base_align):
-    """Send this rank's chunks to each local peer, receive and map theirs;
-    returns the errors seen here (the caller all-gathers them).  Never raises
-    for what a peer or a stranger sends: every rank must reach the second
-    all-gather, or the others would wait out the group's timeout."""
+def _exchange(gpu, slabs, me, infos, local, chunks, srv, timeout, bases, signals, base_align):
+    """Make this rank's signal area, send its chunks and signal area to each
+    local peer, receive and map theirs; returns the errors seen here (the
+    caller all-gathers them).  Never raises for what a peer or a stranger
+    sends: every rank must reach the second all-gather, or the others would
+    wait out the group's timeout."""
     from metrale._peer import export_chunks
     errors = []
     error = None
     fds = []
     try:
-        fds = export_chunks(gpu, chunks)
+        n = infos[me]["signal"]
+        signals[me], handle = slabs.map_signal(n)
+        fds = export_chunks(gpu, list(chunks) + [(0, n, handle)])
     except Exception as e:
         error = f"rank {me} could not export its slab: {type(e).__name__}: {e}"
         errors.append(error)
@@ -506,14 +520,14 @@ def _exchange(gpu, slabs, me, infos, local, chunks, srv, timeout, bases, base_al
             os.close(fd)
     pending = set(local) - {me}
     try:
-        _gather_slabs(slabs, me, infos, pending, srv, timeout, bases, errors, base_align)
+        _gather_slabs(slabs, me, infos, pending, srv, timeout, bases, signals, errors, base_align)
     except Exception as e:          # a bug here must not strand the other ranks
         errors.append(f"rank {me} failed while receiving its peers' slabs: "
                       f"{type(e).__name__}: {e}")
     return errors
 
 
-def _gather_slabs(slabs, me, infos, pending, srv, timeout, bases, errors, base_align):
+def _gather_slabs(slabs, me, infos, pending, srv, timeout, bases, signals, errors, base_align):
     """Accept connections until every pending rank's slab is mapped (or has
     failed, or the deadline passes).  Connections are read when they have
     data, so a silent stranger holds up nobody; one whose peer credentials
@@ -552,7 +566,7 @@ def _gather_slabs(slabs, me, infos, pending, srv, timeout, bases, errors, base_a
                 with conn:
                     conn.settimeout(max(deadline - time.monotonic(), 0.001))
                     r, err = _receive(conn, key.data, slabs, me, infos, pending, bases,
-                                      base_align)
+                                      signals, base_align)
                 if r is None:
                     continue                # a stranger's message: ignored
                 pending.discard(r)
@@ -579,7 +593,7 @@ def _peer_rank(conn, pids):
     return pids.get(pid, False)
 
 
-def _receive(conn, sender, slabs, me, infos, pending, bases, base_align):
+def _receive(conn, sender, slabs, me, infos, pending, bases, signals, base_align):
     """One peer's header and descriptors: (rank, its error or None), or
     (None, None) for a message that is no pending rank's.  `sender` is the
     rank the peer credentials showed (None: unknown).  Whatever a rank sends
@@ -614,13 +628,15 @@ def _receive(conn, sender, slabs, me, infos, pending, bases, base_align):
             raise ValueError(f"sent chunks {chunks}, not the ones it announced")
         fds = []
         try:
-            for _ in chunks:
+            for _ in range(len(chunks) + 1):        # the chunks, then the signal area
                 _msg, got, flags, _addr = socket.recv_fds(conn, 16, 1)
                 fds.extend(got)
                 if flags & socket.MSG_CTRUNC or len(got) != 1:
                     raise OSError(f"a descriptor did not arrive (flags {flags:#x}, "
                                   f"{len(got)} descriptors; out of descriptors?)")
-            bases[r] = slabs.map_peer(r, infos[r]["slab"], [tuple(c) for c in chunks], fds,
+            n = infos[r]["signal"]
+            signals[r] = slabs.map_peer(("signal", r), n, [(0, n)], fds[-1:])
+            bases[r] = slabs.map_peer(r, infos[r]["slab"], [tuple(c) for c in chunks], fds[:-1],
                                       base_align)
         finally:
             for fd in fds:

@@ -1,0 +1,3 @@
+from typing import Final
+
+MAX_TIMEOUT: Final[float]
