@@ -480,3 +480,46 @@ def blocked_operation(gpu, arena, kind="memset"):
     t.start()
     assert inside.wait(60), "the operation never started"
     return t, go
+
+
+# -- peer_all_reduce's expectation, written out (test_allreduce*.py) ------------------
+
+def bf16_values(bits):
+    """bfloat16 bit patterns (uint16) as float64, exactly."""
+    import numpy as np
+    return (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+
+
+def round_bf16(x):
+    """Float64 values (finite, normal range) to the nearest bfloat16, ties to
+    even, as bit patterns: the 8 significant bits of x = m * 2**e."""
+    import numpy as np
+    x = np.asarray(x, dtype=np.float64)
+    _, e = np.frexp(x)
+    step = np.ldexp(1.0, e - 8)
+    y = np.round(x / step) * step          # numpy rounds halves to even
+    return (y.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+
+
+def rank_input(rank, name, rows, width, dtype):
+    """Rank `rank`'s rows of `name`: bfloat16 bit patterns (uint16) or float32."""
+    import numpy as np
+    rng = np.random.default_rng([rank, sum(map(ord, name))])
+    v = rng.normal(0.0, 4.0, size=(rows, width)).astype(np.float32)
+    if dtype == "bfloat16":
+        return (v.view(np.uint32) >> 16).astype(np.uint16)      # any bfloat16 will do
+    return v
+
+
+def expected_sum(inputs, dtype):
+    """The reduction of each rank's rows, in rank order."""
+    import numpy as np
+    if dtype == "bfloat16":
+        acc = bf16_values(inputs[0]).astype(np.float32)
+        for x in inputs[1:]:
+            acc = acc + bf16_values(x).astype(np.float32)          # float32 adds
+        return round_bf16(acc.astype(np.float64))
+    acc = inputs[0].copy()
+    for x in inputs[1:]:
+        acc = acc + x
+    return acc

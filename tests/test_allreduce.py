@@ -2,10 +2,10 @@
 processes (two and three ranks, spawned) share their arenas' memfd slabs and
 sum the live rows of their buffers through the mappings.  Every rank knows
 every rank's input (each is made from a seed of its rank), so it checks its
-result against sums computed here, independently: float32 adds in rank order
-by numpy and, for bfloat16, rounding to the nearest bfloat16 (ties to even)
-written with frexp and numpy's round-half-to-even, not with the bit tricks
-of src/peer.c.  Rows past the count and every other buffer keep sentinels.
+result against sums computed independently (helpers.expected_sum: float32
+adds in rank order by numpy and, for bfloat16, rounding to the nearest
+bfloat16, ties to even, written with frexp and numpy's round-half-to-even,
+not with the bit tricks of src/peer.c).  Rows past the count and every other buffer keep sentinels.
 The CUDA half is tests/test_allreduce_cuda.py."""
 
 import ctypes
@@ -18,7 +18,7 @@ import metrale
 from metrale import BufferArena, MetraleError
 from metrale.tp import PeerGroup
 
-from helpers import COMPACT, FileGroup, OneRank, run_ranks
+from helpers import COMPACT, FileGroup, OneRank, expected_sum, rank_input, run_ranks
 
 CFG = COMPACT
 LIMITS = (64, 512, 16, 8)
@@ -32,45 +32,6 @@ def _bytes_at(ptr, n):
 
 def _group(path, rank, size, timeout=20.0):
     return PeerGroup(FileGroup(path, rank, size), timeout=timeout)
-
-
-# -- the expectation, written out ---------------------------------------------------
-
-def bf16_values(bits):
-    """bfloat16 bit patterns (uint16) as float64, exactly."""
-    return (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
-
-
-def round_bf16(x):
-    """Float64 values (finite, normal range) to the nearest bfloat16, ties to
-    even, as bit patterns: the 8 significant bits of x = m * 2**e."""
-    x = np.asarray(x, dtype=np.float64)
-    _, e = np.frexp(x)
-    step = np.ldexp(1.0, e - 8)
-    y = np.round(x / step) * step          # numpy rounds halves to even
-    return (y.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
-
-
-def rank_input(rank, name, rows, width, dtype):
-    """Rank `rank`'s rows of `name`: bfloat16 bit patterns (uint16) or float32."""
-    rng = np.random.default_rng([rank, sum(map(ord, name))])
-    v = rng.normal(0.0, 4.0, size=(rows, width)).astype(np.float32)
-    if dtype == "bfloat16":
-        return (v.view(np.uint32) >> 16).astype(np.uint16)      # any bfloat16 will do
-    return v
-
-
-def expected_sum(inputs, dtype):
-    """The reduction of each rank's rows, in rank order."""
-    if dtype == "bfloat16":
-        acc = np.float32(0) + bf16_values(inputs[0]).astype(np.float32)
-        for x in inputs[1:]:
-            acc = acc + bf16_values(x).astype(np.float32)          # float32 adds
-        return round_bf16(acc.astype(np.float64))
-    acc = inputs[0].copy()
-    for x in inputs[1:]:
-        acc = acc + x
-    return acc
 
 
 class Buf:

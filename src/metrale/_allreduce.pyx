@@ -132,6 +132,9 @@ cdef object _sharing(BufferArena a, str what):
     if len(s.local) != s.size:
         raise MetraleError(f"{what}: ranks {sorted(set(range(s.size)) - set(s.local))} run on "
                            "another host; it reduces over the ranks of one host only")
+    if s.detached and s.size > 1:
+        raise MetraleError(f"{what}: the peers' memory is detached (detach_peers); "
+                           "attach_peers maps it again")
     if s.size > MT_RED_MAX_RANKS:
         raise MetraleError(f"{what}: {s.size} ranks, at most {MT_RED_MAX_RANKS}")
     return s

@@ -14,10 +14,14 @@ and the construction of a shared arena here.
 cimport cython
 from libc.stdint cimport uint64_t, uintptr_t
 
-from metrale._arena cimport BufferArena
+from metrale._arena cimport BufferArena, live_arenas
 from metrale._backend cimport Backend
 from metrale._common cimport mt_py_finalizing
-from metrale._life cimport mt_life_released
+from libc.string cimport memset
+
+from metrale._core cimport MT_LIFE_OK, MT_MAX_BUFFERS, MT_WAIT_OPERATIONS
+from metrale._life cimport (mt_life_released, mt_life_reshape_begin, mt_life_reshape_end, raise_life,
+                            wait_life)
 from metrale._mapping cimport free_reservation, release_orphans, unmap_chunks
 from metrale._peer_core cimport mt_signal
 from metrale._reserve cimport build
@@ -98,6 +102,101 @@ def _arena_peer(BufferArena a, rank):
     if mt_life_released(a._life):
         raise MetraleError("peer: the buffer arena has been released")
     return a._peers.peer(rank)
+
+
+cdef int _hold(BufferArena a, str what) except -1:
+    """Hold the arena alone (as a reshape does: operations in flight waited
+    for, new ones refused until _unhold), views allowed: detaching changes
+    only what backs the peers' addresses."""
+    cdef unsigned char ok[MT_MAX_BUFFERS]
+    memset(ok, 1, sizeof(ok))
+    rc = mt_life_reshape_begin(a._life, ok)
+    if rc != MT_LIFE_OK:
+        raise_life(rc, "the buffer arena", what, a._exported())
+    try:
+        wait_life(a._life, MT_WAIT_OPERATIONS)
+    except BaseException:
+        mt_life_reshape_end(a._life, 0)
+        raise
+    return 0
+
+
+def _arena_detach_peers(BufferArena a):
+    """Unmap and release the peers' memory, keeping their addresses reserved.
+
+    What a process checkpoint needs (docs/checkpoint.md): the driver cannot
+    restore a process holding memory imported from another process.  Waits
+    for the device first.  Every address stays reserved, so graphs and
+    PeerBuffers keep their pointers; but nothing may touch a peer's memory
+    until `attach_peers` maps it again (`peer` and `peer_all_reduce` refuse
+    meanwhile).  This rank's own memory stays as it is.  Detaching a
+    detached arena, or one that is not shared, does nothing.
+
+    Raises
+    ------
+    MetraleError
+        The arena is released, another thread reshapes it, or the backend
+        failed an unmap or a release (what failed stays recorded: calling
+        again retries it).
+    """
+    if a._peers is None:
+        return None
+    _hold(a, "detach_peers")
+    try:
+        if mt_life_released(a._life):
+            raise MetraleError("detach_peers: the buffer arena has been released")
+        a._peers.detach()
+    finally:
+        mt_life_reshape_end(a._life, 0)
+    return None
+
+
+def _arena_attach_peers(BufferArena a, timeout=60.0):
+    """Map the peers' memory again at the addresses `detach_peers` kept.
+
+    A collective call: every local rank of the group makes it (after each
+    detached, and after a restore: docs/checkpoint.md).  Each rank exports
+    its memory again and sends it to each local peer over the socket it kept
+    from construction; each imports and maps its peers' at the same addresses
+    as before, so captured graphs and PeerBuffers work unchanged.
+
+    Parameters
+    ----------
+    timeout : float, optional
+        Seconds to wait for the peers' memory (default 60).
+
+    Raises
+    ------
+    TypeError, ValueError
+        `timeout` is not a positive finite number.
+    MetraleError
+        The arena is not shared, not detached, released, or a peer's memory
+        did not come (the arena then stays detached: release it on every
+        rank).
+    """
+    from metrale.tp import _timeout_arg
+    secs = _timeout_arg(timeout)
+    if a._peers is None:
+        raise MetraleError("attach_peers: the arena is not shared (build it with group=...)")
+    _hold(a, "attach_peers")
+    try:
+        if mt_life_released(a._life):
+            raise MetraleError("attach_peers: the buffer arena has been released")
+        a._peers.attach(a._gpu, list(a._chunks), secs)
+    finally:
+        mt_life_reshape_end(a._life, 0)
+    return None
+
+
+def _arena_peers_detached(BufferArena a):
+    """Whether `detach_peers` left the peers' memory unmapped.
+
+    Returns
+    -------
+    bool
+        False for an arena that is not shared.
+    """
+    return a._peers is not None and a._peers.detached
 
 
 def export_chunks(Backend gpu, list chunks):
@@ -259,6 +358,78 @@ The peers' slabs mapped into this process, each in its own reservation.
             raise
         return alloc, h
 
+    def remap_peer(self, key, list chunks, list fds):
+        """Import each descriptor and map it at its chunk of `key`'s
+        reservation, which `detach` kept: the same addresses as before.
+
+        Parameters
+        ----------
+        key : int or tuple
+            The entry, as `map_peer` made it.
+        chunks : list of (int, int)
+            (offset, length) of each chunk: those `map_peer` mapped.
+        fds : list of int
+            One descriptor per chunk; not closed here.
+
+        Returns
+        -------
+        int
+            The base address (unchanged).
+        """
+        cdef uint64_t h = 0
+        entry = self._slabs.get(key)
+        if entry is None:
+            raise ValueError(f"{key!r} was never mapped")
+        if entry[3]:
+            raise ValueError(f"{key!r} is mapped already")
+        if len(chunks) != len(fds):
+            raise ValueError(f"{len(chunks)} chunks but {len(fds)} descriptors")
+        base = entry[0]
+        try:
+            for (off, n), fd in zip(chunks, fds):
+                if base - entry[1] + off + n > entry[2]:
+                    raise ValueError(f"{key!r}: chunk [{off}, +{n}) lies outside its "
+                                     f"{entry[2]}-byte reservation")
+                self._gpu.import_handle(fd, n, &h)
+                try:
+                    self._gpu.map(base + off, n, h)
+                except BaseException:
+                    self._gpu.release_handle(h, n)
+                    raise
+                entry[3].append((off, n, h))
+        except BaseException:
+            unmap_chunks(self._gpu, base, entry[3], entry[3], self._orphans)
+            raise
+        return base
+
+    def detach(self):
+        """Wait for the device, then unmap and release every peer's chunks,
+        keeping the reservations (this rank's own signal area stays).
+
+        Raises
+        ------
+        MetraleError
+            The backend failed an unmap or a release: what failed stays
+            recorded, and the next `detach` or `close` tries it again.
+        """
+        first = None
+        if any(entry[3] for key, entry in self._slabs.items() if key != "signal"):
+            self._gpu.quiesce()         # no kernel may still read a peer's memory
+        for key, entry in self._slabs.items():
+            if key != "signal":
+                first = first or unmap_chunks(self._gpu, entry[0], entry[3], entry[3],
+                                              self._orphans)
+        first = first or release_orphans(self._gpu, self._orphans)
+        if first is not None:
+            raise first
+        return None
+
+    def own_signal(self):
+        """This rank's signal area as ``(offset, bytes, handle)`` (to export
+        again), or None without local peers."""
+        entry = self._slabs.get("signal")
+        return entry[3][0] if entry is not None and entry[3] else None
+
     cdef int _unmap_rank(self, rank) except -1:
         """Unmap and release `rank`'s chunks, then free its reservation; the
         first error propagates after every step was tried."""
@@ -315,3 +486,9 @@ The peers' slabs mapped into this process, each in its own reservation.
                 self.close()
             except Exception:
                 pass
+
+
+def _shared_arenas():
+    """The live shared arenas of this process (metrale.tp.shared_arenas)."""
+    return [a for a in live_arenas()
+            if (<BufferArena>a)._peers is not None and not mt_life_released((<BufferArena>a)._life)]

@@ -41,7 +41,7 @@ from metrale.reference import REFERENCE
 from metrale._common import check_index
 from metrale.errors import MetraleError
 
-__all__ = ["PeerGroup", "PeerBuffers"]
+__all__ = ["PeerGroup", "PeerBuffers", "shared_arenas"]
 
 #: Seconds a rank waits for a peer's descriptors (PeerGroup's default).
 DEFAULT_TIMEOUT = 60.0
@@ -90,14 +90,11 @@ class PeerGroup:
     __slots__ = ("group", "timeout", "_gather", "_rank", "_size")
 
     def __init__(self, group, *, timeout=DEFAULT_TIMEOUT):
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-            raise TypeError(f"timeout must be a number of seconds, got {type(timeout).__name__}")
-        if not 0 < timeout < float("inf"):
-            raise ValueError(f"timeout must be positive and finite, got {timeout!r}")
+        timeout = _timeout_arg(timeout)
         if isinstance(group, PeerGroup):
             group = group.group
         self.group = group
-        self.timeout = float(timeout)
+        self.timeout = timeout
         gather = getattr(group, "all_gather_object", None)
         dist = sys.modules.get("torch.distributed")
         if gather is None and dist is not None and type(group).__module__.startswith("torch"):
@@ -168,6 +165,29 @@ class PeerGroup:
     def __repr__(self):
         return (f"PeerGroup({type(self.group).__name__}, rank={self._rank}, size={self._size}, "
                 f"timeout={self.timeout})")
+
+
+def _timeout_arg(timeout):
+    """A timeout in seconds: a positive finite number, as a float."""
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(f"timeout must be a number of seconds, got {type(timeout).__name__}")
+    if not 0 < timeout < float("inf"):
+        raise ValueError(f"timeout must be positive and finite, got {timeout!r}")
+    return float(timeout)
+
+
+def shared_arenas():
+    """The live shared arenas of this process (built with ``group=``).
+
+    What a process checkpoint detaches and attaches (metrale.checkpoint).
+
+    Returns
+    -------
+    list of BufferArena
+        Not released, in no particular order.
+    """
+    from metrale._peer import _shared_arenas
+    return _shared_arenas()
 
 
 def _call_first(obj, names):
@@ -272,21 +292,25 @@ del _name
 
 
 class _Sharing:
-    """What a shared arena keeps: the group's shape, the peers' mappings and
-    the pointer cells handed out through PeerBuffers."""
+    """What a shared arena keeps: the group's shape, the peers' mappings, the
+    pointer cells handed out through PeerBuffers, and what attach_peers needs
+    to map the peers again (the listening socket, the gathered descriptions)."""
 
     __slots__ = ("rank", "size", "local", "exported", "buffers", "bases", "signals", "reduces",
-                 "_slabs", "_cells", "_peers")
+                 "detached", "_slabs", "_cells", "_peers", "_srv", "_infos")
 
-    def __init__(self, rank, size, local, slabs, cells, exported, buffers, bases, signals):
+    def __init__(self, rank, size, local, slabs, cells, exported, buffers, bases, signals,
+                 srv=None, infos=None):
         self.rank, self.size, self.local = rank, size, local
         self.exported = exported        # this rank's handles exported (chunks and signal area)
         self.buffers = buffers
         self.bases = bases              # rank -> its slab's base here (own included)
         self.signals = signals          # rank -> its signal area here ({} without local peers)
         self.reduces = {}               # peer_all_reduce's parameter blocks, by buffer ids
+        self.detached = False           # detach_peers unmapped the peers' memory
         self._slabs, self._cells = slabs, cells
         self._peers = {}
+        self._srv, self._infos = srv, infos
 
     def imported(self):
         """(handles, bytes) of the peers' slabs mapped here."""
@@ -294,6 +318,9 @@ class _Sharing:
 
     def peer(self, rank):
         r = check_index(rank, "rank", 0, self.size - 1)
+        if self.detached and r != self.rank:
+            raise MetraleError(f"peer: the peers' memory is detached (detach_peers); "
+                               "attach_peers maps it again at the same addresses")
         cell = self._cells.get(r)
         if cell is None:
             raise MetraleError(f"peer: rank {r} runs on another host (or network namespace); "
@@ -303,10 +330,37 @@ class _Sharing:
             p = self._peers[r] = PeerBuffers(r, cell, self.buffers)
         return p
 
+    def detach(self):
+        self.detached = True            # first: a failed unmap must not leave it usable
+        self._slabs.detach()
+
+    def attach(self, gpu, chunks, timeout):
+        """Export this rank's memory again, send it to each local peer over
+        their kept sockets, and map theirs at the addresses detach kept; the
+        errors of every step raise together, the arena staying detached."""
+        if not self.detached:
+            raise MetraleError("attach_peers: the peers' memory is attached (detach_peers first)")
+        peers = [r for r in self.local if r != self.rank]
+        if peers:
+            own = [tuple(c) for c in chunks] + [self._slabs.own_signal()]
+            errors = _send_all(gpu, self.rank, self._infos, peers, own, None, timeout)
+            try:
+                _gather_slabs(self._slabs, self.rank, self._infos, set(peers), self._srv, timeout,
+                              {}, {}, errors, 0, attach=True)
+            except Exception as e:
+                errors.append(f"rank {self.rank} failed while receiving its peers' memory: "
+                              f"{type(e).__name__}: {e}")
+            if errors:
+                raise MetraleError("attach_peers: " + "; ".join(errors))
+        self.detached = False
+
     def close(self):
         zeros = (0,) * len(self.buffers)
         for cell in self._cells.values():
             cell[0] = zeros
+        if self._srv is not None:
+            self._srv.close()
+            self._srv = None
         self._slabs.close()
 
 
@@ -465,16 +519,18 @@ def _share(gpu, group, base, nbytes, chunks, layout, ptrs, granularity, max_batc
                 slabs.close()
         except Exception:
             pass        # PeerSlabs' finalizer retries
-        raise
-    finally:
         if srv is not None:
             srv.close()
+        raise
+    if not bases:
+        srv.close()             # no local peer: nothing to attach again
+        srv = None
     cells = {me: [tuple(ptrs)]}
     for r, b in bases.items():
         cells[r] = [tuple(p - base + b if p else 0 for p in ptrs)]
     exported = len(chunks) + 1 if bases else 0
     bases[me] = base
-    return _Sharing(me, size, local, slabs, cells, exported, buffers, bases, signals)
+    return _Sharing(me, size, local, slabs, cells, exported, buffers, bases, signals, srv, infos)
 
 
 def _header(me, to, chunks, error):
@@ -490,21 +546,40 @@ def _exchange(gpu, slabs, me, infos, local, chunks, srv, timeout, bases, signals
     caller all-gathers them).  Never raises for what a peer or a stranger
     sends: every rank must reach the second all-gather, or the others would
     wait out the group's timeout."""
-    from metrale._peer import export_chunks
-    errors = []
-    error = None
-    fds = []
+    own = error = None
     try:
         n = infos[me]["signal"]
         signals[me], handle = slabs.map_signal(n)
-        fds = export_chunks(gpu, list(chunks) + [(0, n, handle)])
+        own = list(chunks) + [(0, n, handle)]
     except Exception as e:
         error = f"rank {me} could not export its slab: {type(e).__name__}: {e}"
-        errors.append(error)
+    errors = _send_all(gpu, me, infos, [q for q in local if q != me], own, error, timeout)
+    pending = set(local) - {me}
     try:
-        for q in local:
-            if q == me:
-                continue
+        _gather_slabs(slabs, me, infos, pending, srv, timeout, bases, signals, errors, base_align)
+    except Exception as e:          # a bug here must not strand the other ranks
+        errors.append(f"rank {me} failed while receiving its peers' slabs: "
+                      f"{type(e).__name__}: {e}")
+    return errors
+
+
+def _send_all(gpu, me, infos, peers, own, error, timeout):
+    """Export `own` (this rank's chunks, then its signal area: (offset,
+    bytes, handle) each) and send them to each of `peers` over its socket,
+    after a header; with `error` (or when the export fails) send that
+    instead.  Returns the errors seen here; never raises for a peer."""
+    from metrale._peer import export_chunks
+    errors = [error] if error else []
+    fds = []
+    if error is None:
+        try:
+            fds = export_chunks(gpu, own)
+        except Exception as e:
+            error = f"rank {me} could not export its slab: {type(e).__name__}: {e}"
+            errors.append(error)
+    chunks = own[:-1] if own else []
+    try:
+        for q in peers:
             try:
                 with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC) as c:
                     c.settimeout(timeout)
@@ -518,16 +593,11 @@ def _exchange(gpu, slabs, me, infos, local, chunks, srv, timeout, bases, signals
     finally:
         for fd in fds:
             os.close(fd)
-    pending = set(local) - {me}
-    try:
-        _gather_slabs(slabs, me, infos, pending, srv, timeout, bases, signals, errors, base_align)
-    except Exception as e:          # a bug here must not strand the other ranks
-        errors.append(f"rank {me} failed while receiving its peers' slabs: "
-                      f"{type(e).__name__}: {e}")
     return errors
 
 
-def _gather_slabs(slabs, me, infos, pending, srv, timeout, bases, signals, errors, base_align):
+def _gather_slabs(slabs, me, infos, pending, srv, timeout, bases, signals, errors, base_align,
+                  attach=False):
     """Accept connections until every pending rank's slab is mapped (or has
     failed, or the deadline passes).  Connections are read when they have
     data, so a silent stranger holds up nobody; one whose peer credentials
@@ -566,7 +636,7 @@ def _gather_slabs(slabs, me, infos, pending, srv, timeout, bases, signals, error
                 with conn:
                     conn.settimeout(max(deadline - time.monotonic(), 0.001))
                     r, err = _receive(conn, key.data, slabs, me, infos, pending, bases,
-                                      signals, base_align)
+                                      signals, base_align, attach)
                 if r is None:
                     continue                # a stranger's message: ignored
                 pending.discard(r)
@@ -593,7 +663,7 @@ def _peer_rank(conn, pids):
     return pids.get(pid, False)
 
 
-def _receive(conn, sender, slabs, me, infos, pending, bases, signals, base_align):
+def _receive(conn, sender, slabs, me, infos, pending, bases, signals, base_align, attach=False):
     """One peer's header and descriptors: (rank, its error or None), or
     (None, None) for a message that is no pending rank's.  `sender` is the
     rank the peer credentials showed (None: unknown).  Whatever a rank sends
@@ -635,9 +705,13 @@ def _receive(conn, sender, slabs, me, infos, pending, bases, signals, base_align
                     raise OSError(f"a descriptor did not arrive (flags {flags:#x}, "
                                   f"{len(got)} descriptors; out of descriptors?)")
             n = infos[r]["signal"]
-            signals[r] = slabs.map_peer(("signal", r), n, [(0, n)], fds[-1:])
-            bases[r] = slabs.map_peer(r, infos[r]["slab"], [tuple(c) for c in chunks], fds[:-1],
-                                      base_align)
+            if attach:          # the same addresses as before detach_peers
+                slabs.remap_peer(("signal", r), [(0, n)], fds[-1:])
+                slabs.remap_peer(r, [tuple(c) for c in chunks], fds[:-1])
+            else:
+                signals[r] = slabs.map_peer(("signal", r), n, [(0, n)], fds[-1:])
+                bases[r] = slabs.map_peer(r, infos[r]["slab"], [tuple(c) for c in chunks],
+                                          fds[:-1], base_align)
         finally:
             for fd in fds:
                 os.close(fd)

@@ -1,0 +1,87 @@
+"""detach_peers / attach_peers on CUDA (docs/checkpoint.md): two ranks
+(spawned processes; with one device both run on it) share their slabs,
+capture one graph of peer_all_reduce (it reads the peer's memory through the
+mapping), detach (the imported handles unmapped and released: the driver's
+import count back to zero), attach again at the same addresses and replay
+the same graph: sums checked against helpers.expected_sum.  Each cycle's
+detach and attach times are returned (docs/checkpoint.md quotes them)."""
+
+import time
+
+import numpy as np
+import pytest
+
+import metrale
+from metrale import BufferArena, MetraleError
+from metrale.tp import PeerGroup
+
+from helpers import COMPACT, FileGroup, cuda_device_count, expected_sum, rank_input, run_ranks
+
+CFG = COMPACT
+LIMITS = (64, 512, 16, 8)
+M = LIMITS[0]
+
+
+def _input(a, rank):
+    width = a.nbytes("hidden_states") // M // 2
+    return rank_input(rank, "hidden_states", M, width, "bfloat16"), width
+
+
+def rank_detach(rank, size, path, cycles):
+    torch = pytest.importorskip("torch")
+    dev = rank % cuda_device_count()
+    torch.cuda.set_device(dev)
+    gpu = metrale.CudaBackend(dev)
+    grp = PeerGroup(FileGroup(path, rank, size), timeout=60)
+    other = 1 - rank
+    out = {"ok": [], "times": []}
+    with BufferArena.new(CFG, *LIMITS, gpu, group=grp) as a:
+        theirs = a.peer(other).hidden_states()
+        handles = gpu.handle_count
+        s = torch.cuda.Stream()
+        g = torch.cuda.CUDAGraph()
+        grp.all_gather("capture")
+        with torch.cuda.graph(g, stream=s):
+            a.peer_all_reduce("hidden_states", stream=s, tokens=M)
+        torch.cuda.synchronize()
+        for k in range(cycles):
+            mine, width = _input(a, rank + 2 * k)
+            gpu.upload(a.hidden_states(), mine.tobytes())
+            gpu.synchronize()
+            grp.all_gather(("filled", k))
+            t0 = time.perf_counter()
+            a.detach_peers()
+            t1 = time.perf_counter()
+            detached = (gpu.handle_count, a.peers_detached())
+            try:
+                a.peer_all_reduce("hidden_states", tokens=1)
+                refused = False
+            except MetraleError:
+                refused = True
+            grp.all_gather(("detached", k))
+            t2 = time.perf_counter()
+            a.attach_peers(timeout=60)
+            t3 = time.perf_counter()
+            grp.all_gather(("attached", k))
+            g.replay()
+            torch.cuda.synchronize()
+            got = np.frombuffer(gpu.download(a.hidden_states(), a.nbytes("hidden_states")),
+                                np.uint16).reshape(M, width)
+            inputs = [_input(a, r + 2 * k)[0] for r in range(size)]
+            out["ok"].append((np.array_equal(got, expected_sum(inputs, "bfloat16")),
+                              detached == (handles - 2, True), refused,
+                              a.peer(other).hidden_states() == theirs, gpu.handle_count == handles))
+            out["times"].append((t1 - t0, t3 - t2))
+            grp.all_gather(("checked", k))
+        del g
+        a.check_peer_reduce()
+        grp.all_gather("done")
+    return out
+
+
+@pytest.mark.gpu
+def test_detach_attach_and_the_same_graph_replays(tmp_path):
+    outs = run_ranks(rank_detach, 2, args=(str(tmp_path), 5), timeout=400)
+    for out in outs:
+        assert out["ok"] and all(all(c) for c in out["ok"]), out["ok"]
+        print("detach, attach seconds:", out["times"])
