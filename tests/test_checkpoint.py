@@ -713,25 +713,38 @@ def test_no_driver_does_not_stop_prepare(monkeypatch):
 
 
 def _detach_attach_rank(rank, size, path):
+    """Two shared arenas per rank (attach is collective per arena, so finish()
+    must take them in the same order on every rank): detach, attach again,
+    then read each peer's sentinel through the same pointers as before."""
     from metrale import BufferArena, HostBackend
     from helpers import COMPACT, FileGroup, Mem
     import numpy as np
-    gpu = HostBackend()
-    a = BufferArena.new(COMPACT, 64, 256, 16, 4, gpu, group=FileGroup(path, rank, size))
-    other = 1 - rank
-    mine = Mem(a, gpu)
-    mine.fill("hidden_states", 10 + rank)
-    n = a.sizes().hidden_states
-    peer_ptr = a.peer(other).hidden_states()
-    FileGroup(path + "/b", rank, size).all_gather_object([None] * size, "filled")
-    assert ckpt.prepare() == [a] and a.peers_detached()
-    FileGroup(path + "/c", rank, size).all_gather_object([None] * size, "prepared")
-    assert ckpt.finish(timeout=30) == [a] and not a.peers_detached()
-    assert a.peer(other).hidden_states() == peer_ptr
-    got = np.ctypeslib.as_array((ctypes.c_uint8 * n).from_address(peer_ptr))
-    ok = bool((got == 10 + other).all())
-    FileGroup(path + "/d", rank, size).all_gather_object([None] * size, "read")
-    a.release()
+    gpu, other = HostBackend(), 1 - rank
+    arenas = [BufferArena.new(COMPACT, 64, 256, 16, 4, gpu, group=FileGroup(f"{path}/g{i}", rank,
+                                                                            size))
+              for i in range(2)]
+    for i, a in enumerate(arenas):
+        Mem(a, gpu).fill("hidden_states", 10 * i + rank + 1)
+    ptrs = [a.peer(other).hidden_states() for a in arenas]
+
+    def barrier(name):
+        FileGroup(f"{path}/{name}", rank, size).all_gather_object([None] * size, name)
+
+    barrier("filled")
+    detached = ckpt.prepare()
+    assert sorted(map(id, detached)) == sorted(map(id, arenas))
+    assert all(a.peers_detached() for a in arenas)
+    barrier("prepared")
+    assert sorted(map(id, ckpt.finish(timeout=20))) == sorted(map(id, arenas))
+    ok = []
+    for i, (a, p) in enumerate(zip(arenas, ptrs)):
+        assert not a.peers_detached() and a.peer(other).hidden_states() == p
+        n = a.sizes().hidden_states
+        got = np.ctypeslib.as_array((ctypes.c_uint8 * n).from_address(p))
+        ok.append(bool((got == 10 * i + other + 1).all()))
+    barrier("read")
+    for a in arenas:
+        a.release()
     return ok
 
 
@@ -739,6 +752,6 @@ def _detach_attach_rank(rank, size, path):
                     reason="BufferArena.detach_peers is not in this build")
 def test_prepare_and_finish_on_shared_host_arenas(tmp_path):
     from helpers import run_ranks
-    for sub in ("b", "c", "d"):
+    for sub in ("g0", "g1", "filled", "prepared", "read"):
         (tmp_path / sub).mkdir()
-    assert run_ranks(_detach_attach_rank, 2, 120, (str(tmp_path),)) == [True, True]
+    assert run_ranks(_detach_attach_rank, 2, 120, (str(tmp_path),)) == [[True, True]] * 2
