@@ -801,9 +801,12 @@ def finish(arenas=None, *, timeout=60.0):
     """After a restore: every shared arena whose peers are detached attaches them again.
 
     A collective call: every rank on the host must make it, with its arenas
-    in the same order.  The peers' memory is imported and mapped again at
-    the same addresses, so pointers from ``arena.peer(r)`` and graphs
-    captured over them work again.
+    in the same order (each arena's attach waits for its peers).  By
+    default that is the order of ``metrale.tp.shared_arenas()``, which
+    follows construction, itself collective and so in the same order on
+    every rank; pass `arenas` to choose.  The peers' memory is imported and
+    mapped again at the same addresses, so pointers from ``arena.peer(r)``
+    and graphs captured over them work again.
 
     Parameters
     ----------
