@@ -1,0 +1,757 @@
+"""metrale.checkpoint on the host: argument checks, the order of the driver
+calls, timeouts, rollback, the driver-too-old path and the argument structs.
+
+There is no process checkpoint on the host, so a fake driver stands in for
+libcuda: it keeps each pid's state as the driver's state machine does (cuda.h:
+lock running -> locked, checkpoint locked -> checkpointed, restore
+checkpointed -> locked, unlock locked -> running; a call in the wrong state
+returns CUDA_ERROR_ILLEGAL_STATE), logs every call, and fails or blocks a call
+on demand.  The real calls run on the GPU in test_checkpoint_cuda.py."""
+
+import ctypes
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+import metrale
+import metrale.checkpoint as ckpt
+import metrale.tp
+from metrale import MetraleError
+
+# CUresult values, from cuda.h (CUDA 13.0).
+SUCCESS, INVALID_VALUE, ILLEGAL_STATE, NOT_READY, NOT_SUPPORTED = 0, 1, 401, 600, 801
+NAMES = {SUCCESS: "CUDA_SUCCESS", INVALID_VALUE: "CUDA_ERROR_INVALID_VALUE",
+         ILLEGAL_STATE: "CUDA_ERROR_ILLEGAL_STATE", NOT_READY: "CUDA_ERROR_NOT_READY",
+         NOT_SUPPORTED: "CUDA_ERROR_NOT_SUPPORTED"}
+RUNNING, LOCKED, CHECKPOINTED, FAILED = range(4)     # CUprocessState
+
+
+class FakeDriver:
+    """The driver object metrale.checkpoint calls (its _CudaDriver interface)."""
+
+    def __init__(self, pids=(), api=13000):
+        self.states = {p: RUNNING for p in pids}
+        self.log = []
+        self.fail = {}          # (call, pid) -> CUresult to return instead (state unchanged)
+        self.block = {}         # (call, pid) -> Event the call waits on first
+        self.api, self.branch = api, "580.00.01"
+
+    def _enter(self, call, pid, *extra):
+        self.log.append((call, pid) + extra)
+        ev = self.block.get((call, pid))
+        if ev is not None:
+            ev.wait(30)
+        return self.fail.get((call, pid))
+
+    def _move(self, call, pid, before, after, *extra):
+        err = self._enter(call, pid, *extra)
+        if err is not None:
+            return err
+        if pid not in self.states:
+            return INVALID_VALUE
+        if self.states[pid] != before:
+            return ILLEGAL_STATE
+        self.states[pid] = after
+        return SUCCESS
+
+    def error_name(self, code):
+        return NAMES.get(code, f"CUresult {code}")
+
+    def get_state(self, pid):
+        err = self._enter("state", pid)
+        if err is not None:
+            return err, -1
+        if pid not in self.states:
+            return INVALID_VALUE, -1
+        return SUCCESS, self.states[pid]
+
+    def restore_thread_id(self, pid):
+        self._enter("tid", pid)
+        return (SUCCESS, pid + 1000) if pid in self.states else (INVALID_VALUE, 0)
+
+    def lock(self, pid, timeout_ms):
+        return self._move("lock", pid, RUNNING, LOCKED, timeout_ms)
+
+    def checkpoint(self, pid):
+        return self._move("checkpoint", pid, LOCKED, CHECKPOINTED)
+
+    def restore(self, pid, pairs):
+        return self._move("restore", pid, CHECKPOINTED, LOCKED, pairs)
+
+    def unlock(self, pid):
+        return self._move("unlock", pid, LOCKED, RUNNING)
+
+    def calls(self):
+        """The calls that change a state, without the state queries."""
+        return [c[:2] for c in self.log if c[0] not in ("state", "tid")]
+
+
+# Live pids (the fake does not care, but the error for a missing process reads /proc).
+PIDS = (os.getpid(), os.getppid(), 1)
+
+
+@pytest.fixture
+def drv(monkeypatch):
+    d = FakeDriver(PIDS)
+    monkeypatch.setattr(ckpt, "_driver", lambda: d)
+    monkeypatch.setattr(ckpt, "_AFTER_TIMEOUT", 0.5)
+    return d
+
+
+def state_of(d, pid):
+    return ckpt.STATES[d.states[pid]]
+
+
+# -- the import, the names -----------------------------------------------------------
+
+
+def test_import_loads_no_driver_and_no_ctypes():
+    code = ("import sys, metrale.checkpoint as c; "
+            "print(sorted(m for m in sys.modules if m in ('ctypes', 'numpy', 'metrale._arena') "
+            "or m.startswith('cuda')), c._loaded)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                       timeout=60)
+    assert r.stdout.split() == ["[]", "None"]
+
+
+def test_checkpoint_is_not_a_top_level_name():
+    # users import metrale.checkpoint themselves; `import metrale` stays as it was
+    assert "checkpoint" not in metrale.__all__
+
+
+def test_states_follow_the_driver_enum():
+    assert ckpt.STATES == ("running", "locked", "checkpointed", "failed")
+    assert (ckpt.RUNNING, ckpt.LOCKED, ckpt.CHECKPOINTED, ckpt.FAILED) == ckpt.STATES
+
+
+# -- arguments: refused before any driver call ----------------------------------------
+
+
+@pytest.mark.parametrize("bad,exc", [(True, TypeError), ("12", TypeError), (1.0, TypeError),
+                                     (None, TypeError), (0, ValueError), (-3, ValueError),
+                                     (2 ** 31, ValueError)])
+def test_pid_is_checked(drv, bad, exc):
+    for fn in (ckpt.state, ckpt.restore_thread_id, ckpt.lock, ckpt.checkpoint, ckpt.restore,
+               ckpt.unlock):
+        with pytest.raises(exc, match="pid"):
+            fn(bad)
+    assert drv.log == []
+
+
+@pytest.mark.parametrize("bad,exc", [(True, TypeError), ("1", TypeError), (None, TypeError),
+                                     (0, ValueError), (-1, ValueError),
+                                     (float("inf"), ValueError), (float("nan"), ValueError)])
+def test_timeouts_are_checked(drv, bad, exc):
+    pid = PIDS[0]
+    for fn in (ckpt.state, ckpt.restore_thread_id, ckpt.lock, ckpt.checkpoint, ckpt.restore,
+               ckpt.unlock, ckpt.suspend, ckpt.resume):
+        with pytest.raises(exc, match="timeout"):
+            fn(pid, timeout=bad)
+    with pytest.raises(exc, match="lock_timeout"):
+        ckpt.suspend(pid, lock_timeout=bad)
+    with pytest.raises(exc, match="timeout"):
+        ckpt.finish([], timeout=bad)
+    assert drv.log == []
+
+
+def test_the_lock_timeout_must_fit_the_drivers_milliseconds(drv):
+    with pytest.raises(ValueError, match="timeout must be at most 4294967"):
+        ckpt.lock(PIDS[0], timeout=4294968)
+    with pytest.raises(ValueError, match="lock_timeout must be at most"):
+        ckpt.suspend(PIDS[0], lock_timeout=5e6)
+    assert drv.log == []
+
+
+def test_lock_passes_its_timeout_in_milliseconds(drv):
+    p = PIDS[0]
+    ckpt.lock(p, timeout=2.5)
+    ckpt.unlock(p)
+    ckpt.lock(p, timeout=0.0001)             # rounded up: 0 would mean no timeout at all
+    ckpt.unlock(p)
+    ckpt.lock(p)
+    assert [c[2] for c in drv.log if c[0] == "lock"] == [2500, 1, 10000]
+
+
+@pytest.mark.parametrize("bad,exc,what", [
+    ([], ValueError, "at least one"), ([PIDS[0], PIDS[0]], ValueError, "twice"),
+    ("123", TypeError, "pids"), (b"1", TypeError, "pids"), (1.5, TypeError, "pids"),
+    ([1, "2"], TypeError, "pids"), ([1, 0], ValueError, "pids"), (object(), TypeError, "pids")])
+def test_pids_are_checked(drv, bad, exc, what):
+    for fn in (ckpt.suspend, ckpt.resume):
+        with pytest.raises(exc, match=what):
+            fn(bad)
+    assert drv.log == []
+
+
+@pytest.mark.parametrize("bad,exc,what", [
+    ([("GPU-0", "GPU-1")], TypeError, "gpu_map must be a mapping"),
+    ({}, ValueError, "gpu_map is empty"),
+    ({"GPU-1234": "GPU-" + "0" * 32}, ValueError, "not a GPU UUID"),
+    ({"GPU-" + "zz" * 16: "GPU-" + "0" * 32}, ValueError, "not a GPU UUID"),
+    ({b"\0" * 15: b"\0" * 16}, ValueError, "not a GPU UUID"),
+    ({1: b"\0" * 16}, TypeError, "gpu_map: a GPU UUID must be")])
+def test_gpu_map_is_checked(drv, bad, exc, what):
+    ckpt.suspend(PIDS[0])
+    before = list(drv.log)
+    for fn in (ckpt.restore, ckpt.resume):
+        with pytest.raises(exc, match=what):
+            fn(PIDS[0], gpu_map=bad)
+    assert drv.log == before and state_of(drv, PIDS[0]) == "checkpointed"
+
+
+def test_gpu_map_reaches_the_driver_as_byte_pairs(drv):
+    p = PIDS[0]
+    ckpt.suspend(p)
+    old, new = "GPU-" + "0123456789abcdef" * 2, bytes(range(16))
+    ckpt.resume(p, gpu_map={old: new})
+    (pairs,) = [c[2] for c in drv.log if c[0] == "restore"]
+    assert pairs == [(bytes.fromhex("0123456789abcdef" * 2), new)]
+    # the bare hex and the dashed form are the same UUID
+    ckpt.suspend(p)
+    ckpt.resume(p, gpu_map={"01234567-89ab-cdef-0123-456789abcdef": new})
+    assert [c[2] for c in drv.log if c[0] == "restore"][1] == pairs
+
+
+# -- one call, its errors, its timeout -----------------------------------------------
+
+
+def test_each_call_moves_the_state_as_the_driver_does(drv):
+    p = PIDS[1]
+    assert ckpt.state(p) == "running"
+    ckpt.lock(p)
+    assert ckpt.state(p) == "locked"
+    ckpt.checkpoint(p)
+    assert ckpt.state(p) == "checkpointed"
+    ckpt.restore(p)
+    assert ckpt.state(p) == "locked"
+    ckpt.unlock(p)
+    assert ckpt.state(p) == "running"
+    assert ckpt.restore_thread_id(p) == p + 1000
+    assert drv.calls() == [("lock", p), ("checkpoint", p), ("restore", p), ("unlock", p)]
+
+
+def test_a_call_in_the_wrong_state_names_the_state(drv):
+    p = PIDS[0]
+    with pytest.raises(MetraleError, match=rf"checkpoint of pid {p} failed: "
+                                           r"CUDA_ERROR_ILLEGAL_STATE; the process is in state "
+                                           r"running$"):
+        ckpt.checkpoint(p)
+    ckpt.lock(p)
+    with pytest.raises(MetraleError, match=r"lock of pid \d+ failed: CUDA_ERROR_ILLEGAL_STATE; "
+                                           r"the process is in state locked"):
+        ckpt.lock(p)
+
+
+def test_a_refused_restore_says_the_process_stays_checkpointed(drv):
+    p = PIDS[0]
+    ckpt.suspend(p)
+    drv.fail[("restore", p)] = NOT_SUPPORTED        # the imported-peer-memory case
+    with pytest.raises(MetraleError, match=rf"restore of pid {p} failed: "
+                                           r"CUDA_ERROR_NOT_SUPPORTED; the process is in state "
+                                           r"checkpointed"):
+        ckpt.resume(p)
+    assert state_of(drv, p) == "checkpointed" and ("unlock", p) not in drv.calls()
+    del drv.fail[("restore", p)]
+    ckpt.resume(p)                  # a later restore that works
+    assert state_of(drv, p) == "running"
+
+
+def test_a_restore_that_hangs_raises_after_its_timeout(drv):
+    p = PIDS[0]
+    ckpt.suspend(p)
+    drv.block[("restore", p)] = ev = threading.Event()
+    t0 = time.monotonic()
+    with pytest.raises(MetraleError, match=rf"^restore of pid {p} did not finish within 0.3 s; "
+                                           r"the process is in state checkpointed$"):
+        ckpt.restore(p, timeout=0.3)
+    assert 0.3 <= time.monotonic() - t0 < 5
+    assert ckpt._stuck[-1][:2] == ("restore", p)
+    ev.set()                        # the blocked call finishes on its own thread
+    ckpt._stuck[-1][2].join(10)
+    assert state_of(drv, p) == "locked"
+
+
+def test_a_state_query_that_hangs_does_not_hang_the_error(drv):
+    p = PIDS[0]
+    ckpt.suspend(p)
+    drv.block[("restore", p)] = ev1 = threading.Event()
+    drv.block[("state", p)] = ev2 = threading.Event()
+    t0 = time.monotonic()
+    with pytest.raises(MetraleError, match=r"did not finish within 0.2 s; the process is in state "
+                                           r"unknown \(the state query did not answer within "
+                                           r"0.5 s\)"):
+        ckpt.restore(p, timeout=0.2)
+    assert time.monotonic() - t0 < 5
+    with pytest.raises(MetraleError, match=r"state query of pid \d+ did not finish within 0.2 s"):
+        ckpt.state(p, timeout=0.2)
+    ev1.set()
+    ev2.set()
+
+
+def test_a_lock_the_driver_timed_out_leaves_the_process_running(drv):
+    p = PIDS[0]
+    drv.fail[("lock", p)] = NOT_READY
+    with pytest.raises(MetraleError, match=rf"lock of pid {p} did not succeed within 0.25 s "
+                                           r"\(CUDA_ERROR_NOT_READY\): a CUDA call or work of the "
+                                           r"process did not finish; the process is in state "
+                                           r"running"):
+        ckpt.lock(p, timeout=0.25)
+    assert [c for c in drv.log if c[0] == "lock"] == [("lock", p, 250)]
+
+
+def test_a_lock_the_driver_never_returns_is_bounded(drv, monkeypatch):
+    monkeypatch.setattr(ckpt, "_LOCK_GRACE", 0.2)
+    p = PIDS[0]
+    drv.block[("lock", p)] = ev = threading.Event()
+    t0 = time.monotonic()
+    with pytest.raises(MetraleError, match=r"lock of pid \d+ did not finish within 0.3 s"):
+        ckpt.lock(p, timeout=0.1)
+    assert time.monotonic() - t0 < 5
+    ev.set()
+
+
+def test_an_unknown_state_value_is_named(drv):
+    drv.states[PIDS[0]] = 7
+    assert ckpt.state(PIDS[0]) == "unknown (CUprocessState 7)"
+
+
+def test_a_process_that_does_not_exist_is_named():
+    d = FakeDriver()                # knows no pid: the driver's INVALID_VALUE
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait(60)                      # a pid that just ended (reused only after a wrap-around)
+    ckpt_driver = ckpt._driver
+    ckpt._driver = lambda: d
+    try:
+        with pytest.raises(MetraleError, match=rf"state query of pid {p.pid} failed: "
+                                               rf"CUDA_ERROR_INVALID_VALUE; there is no process "
+                                               rf"{p.pid}$"):
+            ckpt.state(p.pid)
+        with pytest.raises(MetraleError, match=r"CUDA_ERROR_INVALID_VALUE; the process is in "
+                                               r"state unknown \(CUDA_ERROR_INVALID_VALUE\)"):
+            ckpt.lock(os.getpid())  # alive, but no CUDA process the driver knows
+    finally:
+        ckpt._driver = ckpt_driver
+
+
+# -- suspend and resume: the order, and what a failure leaves -------------------------
+
+
+def test_suspend_and_resume_one_process(drv):
+    p = PIDS[0]
+    times = ckpt.suspend(p)
+    assert set(times) == {"lock", "checkpoint"} and all(t >= 0 for t in times.values())
+    assert state_of(drv, p) == "checkpointed"
+    times = ckpt.resume(p)
+    assert set(times) == {"restore", "unlock"} and all(t >= 0 for t in times.values())
+    assert state_of(drv, p) == "running"
+    assert drv.calls() == [("lock", p), ("checkpoint", p), ("restore", p), ("unlock", p)]
+
+
+def test_every_process_is_locked_before_any_is_checkpointed(drv):
+    a, b, c = PIDS
+    ckpt.suspend([a, b, c])
+    assert drv.calls() == [("lock", a), ("lock", b), ("lock", c),
+                           ("checkpoint", a), ("checkpoint", b), ("checkpoint", c)]
+    drv.log.clear()
+    ckpt.resume((c, b, a))
+    assert drv.calls() == [("restore", c), ("restore", b), ("restore", a),
+                           ("unlock", c), ("unlock", b), ("unlock", a)]
+    assert all(state_of(drv, p) == "running" for p in PIDS)
+
+
+def test_a_failed_first_lock_changes_nothing(drv):
+    p = PIDS[0]
+    drv.fail[("lock", p)] = NOT_SUPPORTED
+    with pytest.raises(MetraleError, match=r"^lock of pid \d+ failed: CUDA_ERROR_NOT_SUPPORTED; "
+                                           r"the process is in state running$"):
+        ckpt.suspend(PIDS)
+    assert drv.calls() == [("lock", p)]
+
+
+def test_a_failed_lock_unlocks_the_processes_locked_before(drv):
+    a, b, c = PIDS
+    drv.fail[("lock", b)] = NOT_SUPPORTED
+    with pytest.raises(MetraleError) as e:
+        ckpt.suspend(PIDS)
+    assert str(e.value).startswith(f"suspend: lock of pid {b} failed: CUDA_ERROR_NOT_SUPPORTED")
+    assert str(e.value).endswith(f"afterwards: {a}: running; {b}: running")
+    assert drv.calls() == [("lock", a), ("lock", b), ("unlock", a)]
+    assert all(state_of(drv, p) == "running" for p in PIDS)
+
+
+def test_a_failed_checkpoint_brings_every_process_back(drv):
+    a, b, c = PIDS
+    drv.fail[("checkpoint", b)] = NOT_SUPPORTED
+    with pytest.raises(MetraleError) as e:
+        ckpt.suspend(PIDS)
+    msg = str(e.value)
+    assert msg.startswith(f"suspend: checkpoint of pid {b} failed: CUDA_ERROR_NOT_SUPPORTED; "
+                          "the process is in state locked; afterwards: ")
+    assert msg.endswith(f"{a}: running; {b}: running; {c}: running")
+    assert drv.calls()[:5] == [("lock", a), ("lock", b), ("lock", c), ("checkpoint", a),
+                               ("checkpoint", b)]
+    assert sorted(drv.calls()[5:]) == sorted([("restore", a), ("unlock", a), ("unlock", b),
+                                              ("unlock", c)])
+    assert all(state_of(drv, p) == "running" for p in PIDS)
+
+
+def test_a_checkpoint_that_hangs_leaves_that_process_alone(drv):
+    a, b, c = PIDS
+    drv.block[("checkpoint", b)] = ev = threading.Event()
+    t0 = time.monotonic()
+    with pytest.raises(MetraleError) as e:
+        ckpt.suspend(PIDS, timeout=0.3)
+    assert time.monotonic() - t0 < 10
+    msg = str(e.value)
+    assert f"checkpoint of pid {b} did not finish within 0.3 s; the process is in state " \
+           "locked" in msg
+    assert msg.endswith(f"afterwards: {a}: running; {b}: left as it is (its call did not "
+                        f"return); {c}: running")
+    assert ("unlock", b) not in drv.calls() and state_of(drv, b) == "locked"
+    ev.set()
+
+
+def test_a_failed_restore_does_not_keep_the_others_locked(drv):
+    a, b, c = PIDS
+    ckpt.suspend(PIDS)
+    drv.fail[("restore", b)] = NOT_SUPPORTED
+    with pytest.raises(MetraleError) as e:
+        ckpt.resume(PIDS)
+    msg = str(e.value)
+    assert msg.startswith(f"resume: restore of pid {b} failed: CUDA_ERROR_NOT_SUPPORTED")
+    assert msg.endswith(f"afterwards: {a}: running; {b}: checkpointed; {c}: running")
+    assert [state_of(drv, p) for p in PIDS] == ["running", "checkpointed", "running"]
+
+
+def test_suspend_of_a_process_already_locked_is_refused_and_left_locked(drv):
+    p = PIDS[0]
+    ckpt.lock(p)
+    with pytest.raises(MetraleError, match="CUDA_ERROR_ILLEGAL_STATE; the process is in state "
+                                           "locked$"):
+        ckpt.suspend(p)
+    assert state_of(drv, p) == "locked"     # someone else's lock is not undone
+
+
+# -- the driver: loading, versions, structs --------------------------------------------
+
+
+class FakeLib:
+    """A libcuda stand-in for _CudaDriver: ctypes-style functions taking byref
+    arguments; `calls` names the checkpoint calls it has."""
+
+    def __init__(self, api, calls=ckpt._CALLS, init=SUCCESS):
+        self.api, self.init, self.seen = api, init, []
+        for name in calls:
+            setattr(self, name, self._fn(name))
+
+    def _fn(self, name):
+        def fn(pid, arg):
+            self.seen.append((name, pid, arg))
+            return SUCCESS
+        return fn
+
+    def cuDriverGetVersion(self, out):
+        out._obj.value = self.api
+        return SUCCESS
+
+    def cuInit(self, flags):
+        return self.init
+
+    def cuGetErrorName(self, code, out):
+        out._obj.value = NAMES.get(code, "?").encode()
+        return SUCCESS
+
+
+def test_a_driver_without_the_calls_is_too_old():
+    with pytest.raises(MetraleError) as e:
+        ckpt._CudaDriver(FakeLib(12040, calls=()), "550.54.15")
+    msg = str(e.value)
+    assert "branch 570 or newer (CUDA 12.8)" in msg and "driver 550.54.15 (CUDA 12.4)" in msg
+    assert "cuCheckpointProcessLock" in msg
+    with pytest.raises(MetraleError, match=r"a driver for CUDA 12.6, without "
+                                           r"cuCheckpointProcessRestore$"):
+        ckpt._CudaDriver(FakeLib(12060, calls=ckpt._CALLS[:4] + ckpt._CALLS[5:]))
+
+
+def test_a_driver_that_reports_an_older_api_is_too_old():
+    # the symbols alone are not enough: the API version must be 12.8 or newer
+    with pytest.raises(MetraleError, match="570 or newer"):
+        ckpt._CudaDriver(FakeLib(12070))
+
+
+def test_a_driver_that_does_not_initialize_is_named():
+    with pytest.raises(MetraleError, match="cuInit failed: CUDA_ERROR_NOT_SUPPORTED"):
+        ckpt._CudaDriver(FakeLib(13000, init=NOT_SUPPORTED))
+
+
+def test_the_driver_passes_its_arguments_laid_out_as_cuda_h():
+    lib = FakeLib(13000)
+    d = ckpt._CudaDriver(lib, "580.1")
+    assert d.lock(42, 1234) == SUCCESS
+    name, pid, ref = lib.seen[-1]
+    assert (name, pid, ref._obj.timeoutMs, ref._obj.reserved0) == \
+           ("cuCheckpointProcessLock", 42, 1234, 0)
+    assert list(ref._obj.reserved1) == [0] * 7
+    assert d.checkpoint(42) == SUCCESS and lib.seen[-1][2] is None
+    assert d.unlock(42) == SUCCESS and lib.seen[-1][2] is None
+    assert d.restore(42, None) == SUCCESS and lib.seen[-1][2] is None
+    pairs = [(bytes(range(16)), bytes(range(16, 32))), (b"\1" * 16, b"\2" * 16)]
+    assert d.restore(42, pairs) == SUCCESS
+    args = lib.seen[-1][2]._obj
+    assert args.gpuPairsCount == 2
+    got = [(bytes(args.gpuPairs[i].oldUuid), bytes(args.gpuPairs[i].newUuid)) for i in range(2)]
+    assert got == pairs and bytes(args)[12:] == b"\0" * 52      # reserved, reserved1 zeroed
+    assert d.error_name(NOT_READY) == "CUDA_ERROR_NOT_READY"
+
+
+def test_gpu_map_needs_driver_580():
+    d = ckpt._CudaDriver(FakeLib(12080), "570.86.10")
+    assert d.restore(1, None) == SUCCESS
+    with pytest.raises(MetraleError, match=r"gpu_map needs an NVIDIA driver of branch 580 or "
+                                           r"newer \(CUDA 13.0\); this is driver 570.86.10 "
+                                           r"\(CUDA 12.8\)"):
+        d.restore(1, [(b"\0" * 16, b"\1" * 16)])
+
+
+def test_driver_info(monkeypatch):
+    d = ckpt._CudaDriver(FakeLib(12090), "575.51.03")
+    monkeypatch.setattr(ckpt, "_driver", lambda: d)
+    assert ckpt.driver_info() == {"driver": "575.51.03", "cuda": 12090, "gpu_map": False}
+
+
+# The layouts of cuda.h (CUDA 13.0), as (field, offset) and size; worked out
+# by hand from its declarations on a 64-bit Linux ABI.
+LAYOUTS = {
+    "lock": (64, [("timeoutMs", 0), ("reserved0", 4), ("reserved1", 8)]),
+    "restore": (64, [("gpuPairs", 0), ("gpuPairsCount", 8), ("reserved", 12),
+                     ("reserved1", 56)]),
+    "pair": (32, [("oldUuid", 0), ("newUuid", 16)]),
+}
+HEADER_NAMES = {"lock": "CUcheckpointLockArgs_st", "restore": "CUcheckpointRestoreArgs_st",
+                "pair": "CUcheckpointGpuPair_st"}
+
+
+def test_the_structs_have_the_layout_of_cuda_h():
+    structs = ckpt._structs(ctypes)
+    for key, (size, fields) in LAYOUTS.items():
+        cls = structs[key]
+        assert ctypes.sizeof(cls) == size, key
+        assert [(name, getattr(cls, name).offset) for name, _ in fields] == fields, key
+
+
+def _headers():
+    found = [pathlib.Path("/usr/local/cuda/include/cuda.h")]
+    for root in sys.path:
+        found.append(pathlib.Path(root) / "nvidia" / "cu13" / "include" / "cuda.h")
+    return [p for p in found if p.is_file()]
+
+
+@pytest.mark.skipif(not _headers(), reason="no cuda.h here to compare with")
+def test_the_structs_name_the_fields_of_the_header():
+    # the field order in the installed header, so a changed header fails here
+    text = _headers()[0].read_text(errors="replace")
+    for key, (_, fields) in LAYOUTS.items():
+        m = re.search(r"typedef struct " + HEADER_NAMES[key] + r" \{(.*?)\}", text, re.S)
+        assert m, HEADER_NAMES[key]
+        body = re.sub(r"/\*.*?\*/", "", m.group(1), flags=re.S)
+        names = re.findall(r"(\w+)\s*(?:\[[^\]]*\])?\s*;", body)
+        assert names == [f for f, _ in fields], (key, names)
+    enum = re.search(r"typedef enum CUprocessState_enum \{(.*?)\}", text, re.S).group(1)
+    names = re.findall(r"CU_PROCESS_STATE_(\w+)", re.sub(r"/\*.*?\*/", "", enum, flags=re.S))
+    assert [n.lower() for n in names] == list(ckpt.STATES)
+
+
+def test_no_driver_library_is_named(monkeypatch):
+    monkeypatch.setattr(ckpt, "_loaded", None)
+    monkeypatch.setattr(ckpt, "_LIBCUDA", "libmetrale-no-such-driver.so.1")
+    with pytest.raises(MetraleError, match=r"needs the NVIDIA driver \(libmetrale-no-such-driver"
+                                           r"\.so\.1 did not load"):
+        ckpt.state(os.getpid())
+    assert ckpt._loaded is None
+
+
+def test_not_linux_is_named(monkeypatch):
+    monkeypatch.setattr(ckpt, "_loaded", None)
+    monkeypatch.setattr(ckpt.sys, "platform", "darwin")
+    with pytest.raises(MetraleError, match="Linux-only"):
+        ckpt.driver_info()
+
+
+# -- prepare and finish: the engine's shared arenas ------------------------------------
+
+
+class StandInArena:
+    """The peer-detaching interface of a BufferArena (detach_peers,
+    attach_peers, peers_detached), logging into a shared list."""
+
+    def __init__(self, name, log, shared=True, backend=None):
+        self.name, self.log, self.shared, self._backend = name, log, shared, backend
+        self.detached = False
+        self.fail = None
+
+    def backend(self):
+        return self._backend
+
+    def detach_peers(self):
+        self.log.append(("detach", self.name))
+        if self.fail == "detach":
+            raise MetraleError(f"{self.name}: detach failed")
+        if self.shared:
+            self.detached = True
+
+    def attach_peers(self, timeout=60.0):
+        self.log.append(("attach", self.name, timeout))
+        if self.fail == "attach":
+            raise MetraleError(f"{self.name}: attach failed")
+        self.detached = False
+
+    def peers_detached(self):
+        return self.detached
+
+
+@pytest.fixture
+def arenas(monkeypatch):
+    log = []
+    live = [StandInArena("a", log), StandInArena("b", log), StandInArena("plain", log, False)]
+    monkeypatch.setattr(metrale.tp, "shared_arenas", lambda: list(live), raising=False)
+    return live, log
+
+
+def test_prepare_detaches_every_shared_arena_and_finish_attaches_them(arenas):
+    (a, b, plain), log = arenas
+    assert ckpt.prepare() == [a, b]
+    assert log == [("detach", "a"), ("detach", "b"), ("detach", "plain")]
+    assert ckpt.prepare() == [a, b]          # already detached: not again
+    assert log[3:] == [("detach", "plain")]
+    log.clear()
+    assert ckpt.finish(timeout=7.5) == [a, b]
+    assert log == [("attach", "a", 7.5), ("attach", "b", 7.5)]
+    assert ckpt.finish() == [] and not a.detached and not b.detached
+
+
+def test_prepare_and_finish_take_the_arenas_given(arenas):
+    (a, b, plain), log = arenas
+    assert ckpt.prepare([b]) == [b] and log == [("detach", "b")]
+    assert ckpt.finish((a, b)) == [b] and log[1:] == [("attach", "b", 60.0)]
+
+
+def test_a_failed_detach_leaves_the_others_for_finish(arenas):
+    (a, b, plain), log = arenas
+    b.fail = "detach"
+    with pytest.raises(MetraleError, match="b: detach failed"):
+        ckpt.prepare()
+    assert a.detached and not b.detached
+    assert ckpt.finish() == [a]
+
+
+def test_a_failed_attach_is_raised(arenas):
+    (a, b, plain), log = arenas
+    ckpt.prepare()
+    a.fail = "attach"
+    with pytest.raises(MetraleError, match="a: attach failed"):
+        ckpt.finish()
+
+
+def test_prepare_and_finish_check_their_arguments(arenas):
+    with pytest.raises(TypeError, match="arenas must be an iterable"):
+        ckpt.prepare(3)
+    with pytest.raises(TypeError, match="arenas must be an iterable"):
+        ckpt.finish("ab")
+    with pytest.raises(TypeError, match=r"arenas: object has no detach_peers\(\)"):
+        ckpt.prepare([object()])
+    assert arenas[1] == []
+
+
+def test_without_peer_detaching_prepare_says_so(monkeypatch):
+    monkeypatch.delattr(metrale.tp, "shared_arenas", raising=False)
+    for fn in (ckpt.prepare, ckpt.finish):
+        with pytest.raises(MetraleError, match=r"cannot detach peer mappings "
+                                               r"\(metrale.tp.shared_arenas is missing\)"):
+            fn()
+
+
+def test_a_locked_process_refuses_prepare_and_finish_of_device_arenas(monkeypatch, drv):
+    # A device arena's detach and attach make CUDA calls, which block for good
+    # in a locked process: refused instead (host arenas need no driver).
+    from metrale._backend import Backend
+    log = []
+    dev = StandInArena("dev", log, backend=Backend())
+    host = StandInArena("host", log, backend=metrale.HostBackend())
+    drv.states[os.getpid()] = LOCKED
+    with pytest.raises(MetraleError, match="prepare: this process is in state locked"):
+        ckpt.prepare([host, dev])
+    assert log == []
+    assert ckpt.prepare([host]) == [host]
+    drv.states[os.getpid()] = CHECKPOINTED
+    dev.detached = True
+    with pytest.raises(MetraleError, match="finish: this process is in state checkpointed; its "
+                                           "CUDA calls block until it is restored and unlocked"):
+        ckpt.finish([dev])
+    drv.states[os.getpid()] = RUNNING
+    assert ckpt.finish([dev, host]) == [dev, host]
+
+
+def test_no_driver_does_not_stop_prepare(monkeypatch):
+    # a process that cannot be checkpointed cannot be locked either
+    from metrale._backend import Backend
+
+    def no_driver():
+        raise MetraleError("no driver here")
+    monkeypatch.setattr(ckpt, "_driver", no_driver)
+    log = []
+    dev = StandInArena("dev", log, backend=Backend())
+    assert ckpt.prepare([dev]) == [dev] and ckpt.finish([dev]) == [dev]
+
+
+# -- prepare and finish on real shared arenas (host backend, two ranks) --------------
+
+
+def _detach_attach_rank(rank, size, path):
+    """Two shared arenas per rank (attach is collective per arena, so finish()
+    must take them in the same order on every rank): detach, attach again,
+    then read each peer's sentinel through the same pointers as before."""
+    from metrale import BufferArena, HostBackend
+    from helpers import COMPACT, FileGroup, Mem
+    import numpy as np
+    gpu, other = HostBackend(), 1 - rank
+    arenas = [BufferArena.new(COMPACT, 64, 256, 16, 4, gpu, group=FileGroup(f"{path}/g{i}", rank,
+                                                                            size))
+              for i in range(2)]
+    for i, a in enumerate(arenas):
+        Mem(a, gpu).fill("hidden_states", 10 * i + rank + 1)
+    ptrs = [a.peer(other).hidden_states() for a in arenas]
+
+    def barrier(name):
+        FileGroup(f"{path}/{name}", rank, size).all_gather_object([None] * size, name)
+
+    barrier("filled")
+    detached = ckpt.prepare()
+    assert sorted(map(id, detached)) == sorted(map(id, arenas))
+    assert all(a.peers_detached() for a in arenas)
+    barrier("prepared")
+    assert sorted(map(id, ckpt.finish(timeout=20))) == sorted(map(id, arenas))
+    ok = []
+    for i, (a, p) in enumerate(zip(arenas, ptrs)):
+        assert not a.peers_detached() and a.peer(other).hidden_states() == p
+        n = a.sizes().hidden_states
+        got = np.ctypeslib.as_array((ctypes.c_uint8 * n).from_address(p))
+        ok.append(bool((got == 10 * i + other + 1).all()))
+    barrier("read")
+    for a in arenas:
+        a.release()
+    return ok
+
+
+@pytest.mark.skipif(not hasattr(metrale.BufferArena, "detach_peers"),
+                    reason="BufferArena.detach_peers is not in this build")
+def test_prepare_and_finish_on_shared_host_arenas(tmp_path):
+    from helpers import run_ranks
+    for sub in ("g0", "g1", "filled", "prepared", "read"):
+        (tmp_path / sub).mkdir()
+    assert run_ranks(_detach_attach_rank, 2, 120, (str(tmp_path),)) == [[True, True]] * 2
