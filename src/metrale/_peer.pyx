@@ -490,5 +490,6 @@ The peers' slabs mapped into this process, each in its own reservation.
 
 def _shared_arenas():
     """The live shared arenas of this process (metrale.tp.shared_arenas)."""
-    return [a for a in live_arenas()
-            if (<BufferArena>a)._peers is not None and not mt_life_released((<BufferArena>a)._life)]
+    shared = [a for a in live_arenas()
+              if (<BufferArena>a)._peers is not None and not mt_life_released((<BufferArena>a)._life)]
+    return sorted(shared, key=lambda a: (<BufferArena>a)._peers.serial)

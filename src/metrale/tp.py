@@ -29,6 +29,7 @@ Socket waits are bounded by `PeerGroup`'s timeout; all-gathers by the
 group's own (torch.distributed's process-group timeout).
 """
 
+import itertools
 import json
 import os
 import secrets
@@ -184,7 +185,10 @@ def shared_arenas():
     Returns
     -------
     list of BufferArena
-        Not released, in no particular order.
+        Not released, in the order they were built.  Building a shared
+        arena is collective, so every rank of a group lists the arenas it
+        shares in the same order: the order `attach_peers` calls, each
+        collective, must follow.
     """
     from metrale._peer import _shared_arenas
     return _shared_arenas()
@@ -291,13 +295,16 @@ for _name in REFERENCE.groups["pointer"]:
 del _name
 
 
+_SERIAL = itertools.count()
+
+
 class _Sharing:
     """What a shared arena keeps: the group's shape, the peers' mappings, the
     pointer cells handed out through PeerBuffers, and what attach_peers needs
     to map the peers again (the listening socket, the gathered descriptions)."""
 
     __slots__ = ("rank", "size", "local", "exported", "buffers", "bases", "signals", "reduces",
-                 "detached", "_slabs", "_cells", "_peers", "_srv", "_infos")
+                 "detached", "serial", "_slabs", "_cells", "_peers", "_srv", "_infos")
 
     def __init__(self, rank, size, local, slabs, cells, exported, buffers, bases, signals,
                  srv=None, infos=None):
@@ -308,6 +315,7 @@ class _Sharing:
         self.signals = signals          # rank -> its signal area here ({} without local peers)
         self.reduces = {}               # peer_all_reduce's parameter blocks, by buffer ids
         self.detached = False           # detach_peers unmapped the peers' memory
+        self.serial = next(_SERIAL)     # this process's shared arenas, in construction order
         self._slabs, self._cells = slabs, cells
         self._peers = {}
         self._srv, self._infos = srv, infos
