@@ -85,3 +85,75 @@ def test_detach_attach_and_the_same_graph_replays(tmp_path):
     for out in outs:
         assert out["ok"] and all(all(c) for c in out["ok"]), out["ok"]
         print("detach, attach seconds:", out["times"])
+
+
+def rank_checkpoint(rank, size, path):
+    """A TP pair with peer-mapped slabs and one captured graph of
+    peer_all_reduce (it reads the peer's memory): each rank detaches
+    (checkpoint.prepare), checkpoints and restores itself, attaches again
+    (checkpoint.finish), then the same graph replays and sums correctly."""
+    import os
+    torch = pytest.importorskip("torch")
+    import metrale.checkpoint as ckpt
+    dev = rank % cuda_device_count()
+    torch.cuda.set_device(dev)
+    gpu = metrale.CudaBackend(dev)
+    grp = PeerGroup(FileGroup(path, rank, size), timeout=60)
+    out = {}
+    with BufferArena.new(CFG, *LIMITS, gpu, group=grp) as a:
+        ptrs = dict(a.ptrs)
+        theirs = a.peer(1 - rank).hidden_states()
+        s = torch.cuda.Stream()
+        g = torch.cuda.CUDAGraph()
+        grp.all_gather("capture")
+        with torch.cuda.graph(g, stream=s):
+            a.peer_all_reduce("hidden_states", stream=s, tokens=M)
+        torch.cuda.synchronize()
+        grp.all_gather("captured")
+        t0 = time.perf_counter()
+        ckpt.prepare()
+        t1 = time.perf_counter()
+        times = ckpt.suspend(os.getpid())
+        out["state"] = ckpt.state(os.getpid())
+        times.update(ckpt.resume(os.getpid()))
+        grp.all_gather("restored")
+        t2 = time.perf_counter()
+        ckpt.finish()
+        out["prepare_finish_s"] = (t1 - t0, time.perf_counter() - t2)
+        out["times"] = times
+        mine, width = _input(a, rank + 7)
+        gpu.upload(a.hidden_states(), mine.tobytes())
+        gpu.synchronize()
+        grp.all_gather("filled")
+        g.replay()
+        torch.cuda.synchronize()
+        got = np.frombuffer(gpu.download(a.hidden_states(), a.nbytes("hidden_states")),
+                            np.uint16).reshape(M, width)
+        want = expected_sum([_input(a, r + 7)[0] for r in range(size)], "bfloat16")
+        out["ok"] = (np.array_equal(got, want), dict(a.ptrs) == ptrs,
+                     a.peer(1 - rank).hidden_states() == theirs)
+        a.check_peer_reduce()
+        del g
+        grp.all_gather("done")
+    return out
+
+
+# Measured on the one lent H200 (both ranks on it, time-sliced), 2026-12-01: after
+# prepare, a self-checkpoint, resume and finish, copies through the peer mappings
+# and small kernels reading and writing every region the reduction touches (both
+# slabs, both signal areas; acquire / release loads and stores, ld.global.cg,
+# %globaltimer) work in the restored process, and so does the zeroing kernel; the
+# peer_all_reduce launch there ends in CUDA_ERROR_LAUNCH_FAILED, while the peer
+# that was not checkpointed completes its own.  Unexplained: one guess, not
+# tested, is that a restored context's spinning kernel cannot be time-sliced
+# against the other process's (the reduction is the only kernel here that waits
+# for another process).  Strict: it fails the run once it passes.
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="peer_all_reduce faults in a restored process on one shared GPU "
+                          "(docs/checkpoint.md)")
+@pytest.mark.gpu
+def test_a_tp_pair_checkpoints_itself_and_replays_its_graph(tmp_path):
+    outs = run_ranks(rank_checkpoint, 2, args=(str(tmp_path),), timeout=300)
+    for out in outs:
+        assert out["state"] == "checkpointed" and out["ok"] == (True, True, True), out
+        print("prepare, finish s:", out["prepare_finish_s"], "steps s:", out["times"])

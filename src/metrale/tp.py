@@ -327,7 +327,7 @@ class _Sharing:
     def peer(self, rank):
         r = check_index(rank, "rank", 0, self.size - 1)
         if self.detached and r != self.rank:
-            raise MetraleError(f"peer: the peers' memory is detached (detach_peers); "
+            raise MetraleError("peer: the peers' memory is detached (detach_peers); "
                                "attach_peers maps it again at the same addresses")
         cell = self._cells.get(r)
         if cell is None:
