@@ -60,6 +60,7 @@ def rank_cycle(rank, size, path, cycles):
                 a.peer(other)
             with pytest.raises(MetraleError, match="detached"):
                 a.peer_all_reduce("hidden_states", tokens=1)
+            a.check_peer_reduce()                       # its own status: readable detached
             # this rank's own memory is untouched: write the next pattern now
             _bytes_at(a.hidden_states(), n)[:] = 100 + 2 * k + rank
             grp.all_gather(("detached", k))

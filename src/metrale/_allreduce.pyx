@@ -124,15 +124,16 @@ cdef _Plan _plan(BufferArena a, sharing, tuple ids, tuple outs):
     return p
 
 
-cdef object _sharing(BufferArena a, str what):
-    """The arena's sharing, if peer_all_reduce can run on it."""
+cdef object _sharing(BufferArena a, str what, bint attached=True):
+    """The arena's sharing, if peer_all_reduce can run on it (`attached`:
+    and its peers' memory is mapped)."""
     s = a._peers
     if s is None:
         raise MetraleError(f"{what}: the arena is not shared (build it with group=...)")
     if len(s.local) != s.size:
         raise MetraleError(f"{what}: ranks {sorted(set(range(s.size)) - set(s.local))} run on "
                            "another host; it reduces over the ranks of one host only")
-    if s.detached and s.size > 1:
+    if attached and s.detached and s.size > 1:
         raise MetraleError(f"{what}: the peers' memory is detached (detach_peers); "
                            "attach_peers maps it again")
     if s.size > MT_RED_MAX_RANKS:
@@ -263,7 +264,7 @@ def _arena_check_peer_reduce(BufferArena a, stream=None):
     cdef unsigned int status = 0
     a._enter(None)
     try:
-        sharing = _sharing(a, "check_peer_reduce")
+        sharing = _sharing(a, "check_peer_reduce", False)     # its own memory only
         where = sharing.signals.get(sharing.rank, 0)
         if where:
             a._gpu.d2h(&status, where + MT_RED_STATUS_OFFSET, 4, s)

@@ -13,12 +13,11 @@ and the construction of a shared arena here.
 
 cimport cython
 from libc.stdint cimport uint64_t, uintptr_t
+from libc.string cimport memset
 
 from metrale._arena cimport BufferArena, live_arenas
 from metrale._backend cimport Backend
 from metrale._common cimport mt_py_finalizing
-from libc.string cimport memset
-
 from metrale._core cimport MT_LIFE_OK, MT_MAX_BUFFERS, MT_WAIT_OPERATIONS
 from metrale._life cimport (mt_life_released, mt_life_reshape_begin, mt_life_reshape_end, raise_life,
                             wait_life)
@@ -105,9 +104,9 @@ def _arena_peer(BufferArena a, rank):
 
 
 cdef int _hold(BufferArena a, str what) except -1:
-    """Hold the arena alone (as a reshape does: operations in flight waited
-    for, new ones refused until _unhold), views allowed: detaching changes
-    only what backs the peers' addresses."""
+    """Hold the arena alone, as a reshape does (operations in flight waited
+    for, new ones refused until mt_life_reshape_end), views allowed:
+    detaching changes only what backs the peers' addresses."""
     cdef unsigned char ok[MT_MAX_BUFFERS]
     memset(ok, 1, sizeof(ok))
     rc = mt_life_reshape_begin(a._life, ok)
