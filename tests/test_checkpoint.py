@@ -619,7 +619,7 @@ class StandInArena:
 def arenas(monkeypatch):
     log = []
     live = [StandInArena("a", log), StandInArena("b", log), StandInArena("plain", log, False)]
-    monkeypatch.setattr(metrale.tp, "shared_arenas", lambda: list(live), raising=False)
+    monkeypatch.setattr(metrale.tp, "shared_arenas", lambda: list(live))
     return live, log
 
 
@@ -666,14 +666,6 @@ def test_prepare_and_finish_check_their_arguments(arenas):
     with pytest.raises(TypeError, match=r"arenas: object has no detach_peers\(\)"):
         ckpt.prepare([object()])
     assert arenas[1] == []
-
-
-def test_without_peer_detaching_prepare_says_so(monkeypatch):
-    monkeypatch.delattr(metrale.tp, "shared_arenas", raising=False)
-    for fn in (ckpt.prepare, ckpt.finish):
-        with pytest.raises(MetraleError, match=r"cannot detach peer mappings "
-                                               r"\(metrale.tp.shared_arenas is missing\)"):
-            fn()
 
 
 def test_a_locked_process_refuses_prepare_and_finish_of_device_arenas(monkeypatch, drv):

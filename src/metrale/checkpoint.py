@@ -713,12 +713,8 @@ def resume(pids, *, timeout=DEFAULT_TIMEOUT, gpu_map=None):
 
 def _arenas(arenas, what):
     if arenas is None:
-        from metrale import tp
-        live = getattr(tp, "shared_arenas", None)
-        if live is None:
-            raise MetraleError(f"{what}: this metrale cannot detach peer mappings "
-                               "(metrale.tp.shared_arenas is missing)")
-        return list(live())
+        from metrale.tp import shared_arenas
+        return shared_arenas()
     if isinstance(arenas, (str, bytes)) or not hasattr(arenas, "__iter__"):
         raise TypeError(f"arenas must be an iterable of BufferArena, got {type(arenas).__name__}")
     out = list(arenas)
