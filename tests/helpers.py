@@ -101,6 +101,25 @@ def statm_resident():
         return int(f.read().split()[1]) * os.sysconf("SC_PAGESIZE")
 
 
+def resident_in(lo, hi):
+    """Resident bytes of this process's mappings inside [lo, hi)
+    (/proc/self/smaps, each mapping's Rss; a mapping that straddles an end
+    is counted in proportion): what the memory at those addresses holds,
+    whatever the rest of the process (or a sanitizer's allocator) does."""
+    total, cur = 0, None
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split(None, 1)[0]
+            if "-" in head and not head.endswith(":"):
+                a, b = (int(x, 16) for x in head.split("-"))
+                cur = (a, b) if a < hi and b > lo else None
+            elif cur is not None and head == "Rss:":
+                a, b = cur
+                part = (min(b, hi) - max(a, lo)) / (b - a)
+                total += int(int(line.split()[1]) * 1024 * part)
+    return total
+
+
 class Mem:
     """Read and write arena buffers as bytes on either backend (host: numpy;
     CUDA: the backend's own copies), for sentinel tests."""
