@@ -102,22 +102,22 @@ def statm_resident():
 
 
 def resident_in(lo, hi):
-    """Resident bytes of this process's mappings inside [lo, hi)
-    (/proc/self/smaps, each mapping's Rss; a mapping that straddles an end
-    is counted in proportion): what the memory at those addresses holds,
-    whatever the rest of the process (or a sanitizer's allocator) does."""
-    total, cur = 0, None
-    with open("/proc/self/smaps") as f:
-        for line in f:
-            head = line.split(None, 1)[0]
-            if "-" in head and not head.endswith(":"):
-                a, b = (int(x, 16) for x in head.split("-"))
-                cur = (a, b) if a < hi and b > lo else None
-            elif cur is not None and head == "Rss:":
-                a, b = cur
-                part = (min(b, hi) - max(a, lo)) / (b - a)
-                total += int(int(line.split()[1]) * 1024 * part)
-    return total
+    """Resident bytes of this process's pages in [lo, hi), every page of
+    which must be mapped (mincore(2), page by page): what the memory at those
+    addresses holds, whatever the rest of the process (or a sanitizer's
+    allocator) does.  /proc/self/smaps would not do: the kernel merges
+    adjacent anonymous mappings, so a mapping's Rss is not the range's."""
+    import ctypes
+    import os
+    page = os.sysconf("SC_PAGESIZE")
+    lo, hi = lo // page * page, -(-hi // page) * page
+    n = (hi - lo) // page
+    vec = (ctypes.c_ubyte * n)()
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    if libc.mincore(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), vec) != 0:
+        raise OSError(ctypes.get_errno(), f"mincore of [{lo:#x}, {hi:#x})")
+    return sum(b & 1 for b in vec) * page
 
 
 class Mem:
