@@ -12,7 +12,6 @@ buffer ids) and hands it to the backend.
 """
 
 cimport cython
-from libc.math cimport isfinite
 from libc.stdint cimport uint64_t, uintptr_t
 from libc.string cimport memset
 
@@ -23,6 +22,7 @@ from metrale._life cimport mt_life_leave
 from metrale._peer_core cimport (MT_RED_MAX_ITEMS, MT_RED_MAX_RANKS, MT_RED_STATUS_OFFSET, MT_RED_TIMEOUT,
                                  mt_reduce_args)
 
+from metrale._common import seconds_arg
 from metrale._spec_rules import dims_of
 from metrale.errors import MetraleError
 
@@ -188,7 +188,6 @@ def _arena_peer_all_reduce(BufferArena a, names, stream=None, tokens=None, *, to
     cdef uint64_t t = 0
     cdef _Plan plan
     cdef mt_reduce_args args
-    cdef double secs
     cdef int k
     given = _names_arg(names, "names")
     outs_given = given if out is None else _names_arg(out, "out")
@@ -203,11 +202,7 @@ def _arena_peer_all_reduce(BufferArena a, names, stream=None, tokens=None, *, to
                         "or tokens_at= (where the device holds it)")
     else:
         t = u64_arg(tokens, "tokens")
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise TypeError(f"timeout must be a number of seconds, got {type(timeout).__name__}")
-    secs = timeout
-    if not (isfinite(secs) and 0 < secs <= MAX_TIMEOUT):
-        raise ValueError(f"timeout must be in (0, {MAX_TIMEOUT:g}] seconds, got {timeout!r}")
+    secs = seconds_arg(timeout, "timeout", MAX_TIMEOUT)
     s = as_stream(stream)
     ids = tuple(buffer_ids(given, "names", a._buffers))
     outs = tuple(buffer_ids(outs_given, "out", a._buffers))

@@ -1,7 +1,7 @@
 from typing import Any, Final, Protocol, SupportsIndex, Union
 
 __all__ = [
-    'check_index', 'resolve_dtype', 'DTYPE_NAMES', 'U64_MAX',
+    'check_index', 'seconds_arg', 'resolve_dtype', 'DTYPE_NAMES', 'U64_MAX',
 ]
 
 class _CudaStreamProtocol(Protocol):
@@ -28,4 +28,5 @@ U64_MAX: Final[int]
 DTYPE_NAMES: tuple[str, ...]
 
 def check_index(value: SupportsIndex, name: str, minimum: int = ..., maximum: int = ...) -> int: ...
+def seconds_arg(value: float, name: str, limit: float | None = None) -> float: ...
 def resolve_dtype(dtype: DTypeLike) -> str: ...

@@ -16,7 +16,7 @@ from libc.stdint cimport uint64_t, uintptr_t
 from collections.abc import Mapping
 
 
-__all__ = ["check_index", "resolve_dtype", "DTYPE_NAMES", "U64_MAX"]
+__all__ = ["check_index", "seconds_arg", "resolve_dtype", "DTYPE_NAMES", "U64_MAX"]
 
 U64_MAX = 0xFFFFFFFFFFFFFFFF
 
@@ -102,6 +102,39 @@ def check_index(value, name, minimum=0, maximum=U64_MAX):
         `value` is out of range; the message names `name`.
     """
     return index_arg(value, name, minimum, maximum)
+
+
+def seconds_arg(value, name, limit=None):
+    """Return a duration argument in seconds as a float: the rule every
+    timeout of metrale follows.
+
+    Parameters
+    ----------
+    value : int or float
+        The argument to check (not bool): positive and finite.
+    name : str
+        The argument's name, for the error messages.
+    limit : float, optional
+        The most seconds allowed.
+
+    Returns
+    -------
+    float
+
+    Raises
+    ------
+    TypeError
+        `value` is not a number.
+    ValueError
+        `value` is not positive and finite, or above `limit`.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
+    if not 0 < value < float("inf"):
+        raise ValueError(f"{name} must be positive and finite, got {value!r}")
+    if limit is not None and value > limit:
+        raise ValueError(f"{name} must be at most {limit} s, got {value!r}")
+    return float(value)
 
 
 cdef uintptr_t _handle(object value, str what) except? 0:

@@ -18,6 +18,7 @@ from libc.string cimport memset
 from metrale._arena cimport BufferArena, live_arenas
 from metrale._backend cimport Backend
 from metrale._common cimport mt_py_finalizing
+from metrale._common import seconds_arg
 from metrale._core cimport MT_LIFE_OK, MT_MAX_BUFFERS, MT_WAIT_OPERATIONS
 from metrale._life cimport (mt_life_released, mt_life_reshape_begin, mt_life_reshape_end, raise_life,
                             wait_life)
@@ -173,8 +174,7 @@ def _arena_attach_peers(BufferArena a, timeout=60.0):
         did not come (the arena then stays detached: release it on every
         rank).
     """
-    from metrale.tp import _timeout_arg
-    secs = _timeout_arg(timeout)
+    secs = seconds_arg(timeout, "timeout")
     if a._peers is None:
         raise MetraleError("attach_peers: the arena is not shared (build it with group=...)")
     _hold(a, "attach_peers")

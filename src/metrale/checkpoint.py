@@ -33,6 +33,7 @@ import sys
 import threading
 import time
 
+from metrale._common import seconds_arg
 from metrale.errors import MetraleError
 
 __all__ = ["RUNNING", "LOCKED", "CHECKPOINTED", "FAILED", "STATES", "DEFAULT_LOCK_TIMEOUT",
@@ -63,16 +64,6 @@ _NOT_READY = 600                # CUDA_ERROR_NOT_READY: what a lock that timed o
 _LOCK_GRACE = 5.0
 # Reading the state back after a failure, for the error message.
 _AFTER_TIMEOUT = 5.0
-
-
-def _seconds(value, name, *, limit=None):
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
-    if not 0 < value < math.inf:
-        raise ValueError(f"{name} must be positive and finite, got {value!r}")
-    if limit is not None and value > limit:
-        raise ValueError(f"{name} must be at most {limit} s, got {value!r}")
-    return float(value)
 
 
 def _pid(value, name="pid"):
@@ -420,7 +411,7 @@ def state(pid, *, timeout=QUERY_TIMEOUT):
         exist), did not answer within `timeout`, or cannot checkpoint (see
         `driver_info`).
     """
-    pid, timeout = _pid(pid), _seconds(timeout, "timeout")
+    pid, timeout = _pid(pid), seconds_arg(timeout, "timeout")
     return _state_name(_call("state query", pid, lambda d: d.get_state(pid), timeout))
 
 
@@ -449,7 +440,7 @@ def restore_thread_id(pid, *, timeout=QUERY_TIMEOUT):
     MetraleError
         As for `state`.
     """
-    pid, timeout = _pid(pid), _seconds(timeout, "timeout")
+    pid, timeout = _pid(pid), seconds_arg(timeout, "timeout")
     return _call("restore thread query", pid, lambda d: d.restore_thread_id(pid), timeout)
 
 
@@ -474,7 +465,7 @@ def lock(pid, *, timeout=DEFAULT_LOCK_TIMEOUT):
         and the process's state), or the driver cannot checkpoint.
     """
     pid = _pid(pid)
-    timeout = _seconds(timeout, "timeout", limit=(2 ** 32 - 1) // 1000)
+    timeout = seconds_arg(timeout, "timeout", limit=(2 ** 32 - 1) // 1000)
     ms = max(1, math.ceil(timeout * 1000))
     # The driver's own timeout fires first; the thread waits a little longer.
     d, res = _run("lock", pid, lambda d: d.lock(pid, ms), timeout + _LOCK_GRACE)
@@ -505,7 +496,7 @@ def checkpoint(pid, *, timeout=DEFAULT_TIMEOUT):
         The driver refused or did not finish within `timeout`; the message
         names the process's state.
     """
-    pid, timeout = _pid(pid), _seconds(timeout, "timeout")
+    pid, timeout = _pid(pid), seconds_arg(timeout, "timeout")
     _call("checkpoint", pid, lambda d: d.checkpoint(pid), timeout)
 
 
@@ -536,7 +527,7 @@ def restore(pid, *, timeout=DEFAULT_TIMEOUT, gpu_map=None):
         names the process's state (``"checkpointed"``: its CUDA calls block
         until a restore succeeds; kill it if none will).
     """
-    pid, timeout = _pid(pid), _seconds(timeout, "timeout")
+    pid, timeout = _pid(pid), seconds_arg(timeout, "timeout")
     pairs = _gpu_pairs(gpu_map)
     _call("restore", pid, lambda d: d.restore(pid, pairs), timeout,
           "" if pairs is None else f" (gpu_map of {len(pairs)} GPUs)")
@@ -559,7 +550,7 @@ def unlock(pid, *, timeout=QUERY_TIMEOUT):
     MetraleError
         The driver refused or did not finish within `timeout`.
     """
-    pid, timeout = _pid(pid), _seconds(timeout, "timeout")
+    pid, timeout = _pid(pid), seconds_arg(timeout, "timeout")
     _call("unlock", pid, lambda d: d.unlock(pid), timeout)
 
 
@@ -632,8 +623,8 @@ def suspend(pids, *, lock_timeout=DEFAULT_LOCK_TIMEOUT, timeout=DEFAULT_TIMEOUT)
         the state of every process afterwards.
     """
     pids = _pids(pids)
-    lock_timeout = _seconds(lock_timeout, "lock_timeout", limit=(2 ** 32 - 1) // 1000)
-    timeout = _seconds(timeout, "timeout")
+    lock_timeout = seconds_arg(lock_timeout, "lock_timeout", limit=(2 ** 32 - 1) // 1000)
+    timeout = seconds_arg(timeout, "timeout")
     times, locked, step = {}, [], None
     try:
         for p in pids:
@@ -686,7 +677,7 @@ def resume(pids, *, timeout=DEFAULT_TIMEOUT, gpu_map=None):
         process's state afterwards.
     """
     pids = _pids(pids)
-    timeout = _seconds(timeout, "timeout")
+    timeout = seconds_arg(timeout, "timeout")
     _gpu_pairs(gpu_map)         # checked before anything changes
     times, errors, restored = {}, [], []
     for p in pids:
@@ -825,7 +816,7 @@ def finish(arenas=None, *, timeout=60.0):
         This process is still locked or checkpointed (resume it first), or
         an arena failed to attach (a peer missing past `timeout`, say).
     """
-    timeout = _seconds(timeout, "timeout")
+    timeout = seconds_arg(timeout, "timeout")
     arenas = _arenas(arenas, "finish")
     _check_running(arenas, "finish")
     done = []

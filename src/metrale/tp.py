@@ -39,7 +39,7 @@ import sys
 import time
 
 from metrale.reference import REFERENCE
-from metrale._common import check_index
+from metrale._common import check_index, seconds_arg
 from metrale.errors import MetraleError
 
 __all__ = ["PeerGroup", "PeerBuffers", "shared_arenas"]
@@ -91,7 +91,7 @@ class PeerGroup:
     __slots__ = ("group", "timeout", "_gather", "_rank", "_size")
 
     def __init__(self, group, *, timeout=DEFAULT_TIMEOUT):
-        timeout = _timeout_arg(timeout)
+        timeout = seconds_arg(timeout, "timeout")
         if isinstance(group, PeerGroup):
             group = group.group
         self.group = group
@@ -166,15 +166,6 @@ class PeerGroup:
     def __repr__(self):
         return (f"PeerGroup({type(self.group).__name__}, rank={self._rank}, size={self._size}, "
                 f"timeout={self.timeout})")
-
-
-def _timeout_arg(timeout):
-    """A timeout in seconds: a positive finite number, as a float."""
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise TypeError(f"timeout must be a number of seconds, got {type(timeout).__name__}")
-    if not 0 < timeout < float("inf"):
-        raise ValueError(f"timeout must be positive and finite, got {timeout!r}")
-    return float(timeout)
 
 
 def shared_arenas():
