@@ -282,7 +282,6 @@ The peers' slabs mapped into this process, each in its own reservation.
             The base address of the peer's slab in this process.
         """
         cdef uintptr_t base = 0, alloc = 0
-        cdef uint64_t h = 0
         if rank in self._slabs:
             raise ValueError(f"rank {rank} is mapped already")
         if len(chunks) != len(fds):
@@ -294,17 +293,7 @@ The peers' slabs mapped into this process, each in its own reservation.
         entry = [base, alloc, nbytes, []]
         self._slabs[rank] = entry
         try:
-            for (off, n), fd in zip(chunks, fds):
-                if base - alloc + off + n > nbytes:
-                    raise ValueError(f"rank {rank}: chunk [{off}, +{n}) lies outside its "
-                                     f"{nbytes}-byte slab")
-                self._gpu.import_handle(fd, n, &h)
-                try:
-                    self._gpu.map(base + off, n, h)
-                except BaseException:
-                    self._gpu.release_handle(h, n)
-                    raise
-                entry[3].append((off, n, h))
+            self._import(f"rank {rank}", entry, chunks, fds)
         except BaseException:
             try:
                 self._unmap_rank(rank)
@@ -375,7 +364,6 @@ The peers' slabs mapped into this process, each in its own reservation.
         int
             The base address (unchanged).
         """
-        cdef uint64_t h = 0
         entry = self._slabs.get(key)
         if entry is None:
             raise ValueError(f"{key!r} was never mapped")
@@ -383,23 +371,12 @@ The peers' slabs mapped into this process, each in its own reservation.
             raise ValueError(f"{key!r} is mapped already")
         if len(chunks) != len(fds):
             raise ValueError(f"{len(chunks)} chunks but {len(fds)} descriptors")
-        base = entry[0]
         try:
-            for (off, n), fd in zip(chunks, fds):
-                if base - entry[1] + off + n > entry[2]:
-                    raise ValueError(f"{key!r}: chunk [{off}, +{n}) lies outside its "
-                                     f"{entry[2]}-byte reservation")
-                self._gpu.import_handle(fd, n, &h)
-                try:
-                    self._gpu.map(base + off, n, h)
-                except BaseException:
-                    self._gpu.release_handle(h, n)
-                    raise
-                entry[3].append((off, n, h))
+            self._import(repr(key), entry, chunks, fds)
         except BaseException:
-            unmap_chunks(self._gpu, base, entry[3], entry[3], self._orphans)
+            unmap_chunks(self._gpu, entry[0], entry[3], entry[3], self._orphans)
             raise
-        return base
+        return entry[0]
 
     def detach(self):
         """Wait for the device, then unmap and release every peer's chunks,
@@ -428,6 +405,26 @@ The peers' slabs mapped into this process, each in its own reservation.
         again), or None without local peers."""
         entry = self._slabs.get("signal")
         return entry[3][0] if entry is not None and entry[3] else None
+
+    cdef int _import(self, str what, list entry, list chunks, list fds) except -1:
+        """Import each descriptor and map it at its chunk (offset, length) of
+        `entry`'s reservation ([base, alloc, bytes, mapped]), adding each to
+        the mapped list; on failure what was mapped stays listed there, for
+        the caller to take down."""
+        cdef uint64_t h = 0
+        cdef uintptr_t base = entry[0]
+        for (off, n), fd in zip(chunks, fds):
+            if base - <uintptr_t>entry[1] + off + n > entry[2]:
+                raise ValueError(f"{what}: chunk [{off}, +{n}) lies outside its "
+                                 f"{entry[2]}-byte reservation")
+            self._gpu.import_handle(fd, n, &h)
+            try:
+                self._gpu.map(base + off, n, h)
+            except BaseException:
+                self._gpu.release_handle(h, n)
+                raise
+            entry[3].append((off, n, h))
+        return 0
 
     cdef int _unmap_rank(self, rank) except -1:
         """Unmap and release `rank`'s chunks, then free its reservation; the
