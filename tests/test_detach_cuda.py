@@ -27,23 +27,35 @@ def _input(a, rank):
     return rank_input(rank, "hidden_states", M, width, "bfloat16"), width
 
 
-def rank_detach(rank, size, path, cycles):
+def _rank_setup(rank, size, path):
+    """torch, this rank's backend (with one device, both ranks on it) and
+    its group."""
     torch = pytest.importorskip("torch")
     dev = rank % cuda_device_count()
     torch.cuda.set_device(dev)
-    gpu = metrale.CudaBackend(dev)
-    grp = PeerGroup(FileGroup(path, rank, size), timeout=60)
+    return torch, metrale.CudaBackend(dev), PeerGroup(FileGroup(path, rank, size), timeout=60)
+
+
+def _capture_reduce(torch, a, grp):
+    """One graph of peer_all_reduce over every row of hidden_states,
+    captured on every rank."""
+    s = torch.cuda.Stream()
+    g = torch.cuda.CUDAGraph()
+    grp.all_gather("capture")
+    with torch.cuda.graph(g, stream=s):
+        a.peer_all_reduce("hidden_states", stream=s, tokens=M)
+    torch.cuda.synchronize()
+    return g
+
+
+def rank_detach(rank, size, path, cycles):
+    torch, gpu, grp = _rank_setup(rank, size, path)
     other = 1 - rank
     out = {"ok": [], "times": []}
     with BufferArena.new(CFG, *LIMITS, gpu, group=grp) as a:
         theirs = a.peer(other).hidden_states()
         handles = gpu.handle_count
-        s = torch.cuda.Stream()
-        g = torch.cuda.CUDAGraph()
-        grp.all_gather("capture")
-        with torch.cuda.graph(g, stream=s):
-            a.peer_all_reduce("hidden_states", stream=s, tokens=M)
-        torch.cuda.synchronize()
+        g = _capture_reduce(torch, a, grp)
         for k in range(cycles):
             mine, width = _input(a, rank + 2 * k)
             gpu.upload(a.hidden_states(), mine.tobytes())
@@ -93,22 +105,13 @@ def rank_checkpoint(rank, size, path):
     (checkpoint.prepare), checkpoints and restores itself, attaches again
     (checkpoint.finish), then the same graph replays and sums correctly."""
     import os
-    torch = pytest.importorskip("torch")
     import metrale.checkpoint as ckpt
-    dev = rank % cuda_device_count()
-    torch.cuda.set_device(dev)
-    gpu = metrale.CudaBackend(dev)
-    grp = PeerGroup(FileGroup(path, rank, size), timeout=60)
+    torch, gpu, grp = _rank_setup(rank, size, path)
     out = {}
     with BufferArena.new(CFG, *LIMITS, gpu, group=grp) as a:
         ptrs = dict(a.ptrs)
         theirs = a.peer(1 - rank).hidden_states()
-        s = torch.cuda.Stream()
-        g = torch.cuda.CUDAGraph()
-        grp.all_gather("capture")
-        with torch.cuda.graph(g, stream=s):
-            a.peer_all_reduce("hidden_states", stream=s, tokens=M)
-        torch.cuda.synchronize()
+        g = _capture_reduce(torch, a, grp)
         grp.all_gather("captured")
         t0 = time.perf_counter()
         ckpt.prepare()
