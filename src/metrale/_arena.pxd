@@ -6,6 +6,7 @@ from libc.stdint cimport uint64_t, uintptr_t
 
 from metrale._backend cimport Backend
 from metrale._core cimport mt_cursor, mt_layout, mt_life
+from metrale._held cimport Held
 
 
 cdef class BufferArena:
@@ -49,24 +50,26 @@ cdef class BufferArena:
     cdef dict _moe_cache          # (config, rows) -> MoeFp8Scratch
 
     # -- reserved memory (_reserve.pyx; docs/stable-addresses.md) -------------------------
+    # What stands for memory or handles is Held (_held.pyx): rows the cyclic
+    # collector cannot clear before the finalizer frees what they hold.
     cdef bint _reserved           # built with a reservation: pointers never move
     cdef bint _sleeping           # sleep gave the physical memory back
     cdef uint64_t _granule        # the backend's allocation granularity
     cdef object _top_sizes        # BufferSizes of the reserved limits (each buffer's room)
     cdef object _top_limits       # the reserved limits, as _limits
-    cdef list _chunks             # [(offset, bytes, handle)] mapped now, sorted
-    cdef list _kept               # [(buffer id, host pointer, capacity)] pinned copies for
+    cdef Held _chunks             # [(offset, bytes, handle)] mapped now, sorted
+    cdef Held _kept               # [(buffer id, host pointer, capacity)] pinned copies for
                                   # sleep(keep=...): made once, reused, freed by release
     cdef dict _keeping            # buffer id -> bytes this sleep copied to its _kept buffer
-    cdef list _hosted             # [(offset, bytes, handle)] host memory for sleep(offload=...):
+    cdef Held _hosted             # [(offset, bytes, handle)] host memory for sleep(offload=...):
                                   # made once, reused, freed by release
     cdef uintptr_t _stage         # a reservation of slab_bytes where _hosted stay mapped
-    cdef list _at_base            # asleep: the _hosted mapped at the buffers' own addresses too
-    cdef list _host_orphans       # [(handle, bytes)] host handles whose release failed: retried
+    cdef Held _at_base            # asleep: the _hosted mapped at the buffers' own addresses too
+    cdef Held _host_orphans       # [(handle, bytes)] host handles whose release failed: retried
     cdef dict _offloaded          # buffer id -> bytes this sleep moved to host memory
     cdef uint64_t _piece          # chunks no longer than this (0: any), set by the first
                                   # sleep that keeps or offloads, so that later ones pipeline
-    cdef list _orphans            # [(handle, bytes)] unmapped, whose release failed: retried
+    cdef Held _orphans            # [(handle, bytes)] unmapped, whose release failed: retried
     cdef uint64_t _reshapes       # resizes so far (StepInputs made before one refuse)
     cdef uint64_t _peak           # the most bytes ever committed (memory_stats)
 
@@ -95,6 +98,9 @@ cdef class BufferArena:
     # Free the memory (a reservation with its chunks, host copies and the
     # peers' mappings); what fails stays recorded for the next call.
     cdef int _free(self) except -1
+    # Whether it still holds memory, a reservation or a handle (what _free
+    # frees): a release or a finalizer has something left to free.
+    cdef bint _holds(self)
 
 
 # Every arena alive in the process (new references, in no particular order).

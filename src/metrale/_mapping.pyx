@@ -26,7 +26,8 @@ cdef object _logger():
     return _log
 
 
-cdef object unmap_chunks(Backend be, uintptr_t base, list chunks, list mapped, list orphans):
+cdef object unmap_chunks(Backend be, uintptr_t base, object chunks, object mapped,
+                         object orphans):
     first = None
     for c in list(chunks):
         try:
@@ -46,7 +47,7 @@ cdef object unmap_chunks(Backend be, uintptr_t base, list chunks, list mapped, l
     return first
 
 
-cdef object release_orphans(Backend be, list orphans):
+cdef object release_orphans(Backend be, object orphans):
     first = None
     for h, n in list(orphans):
         try:
@@ -59,7 +60,8 @@ cdef object release_orphans(Backend be, list orphans):
 
 
 cdef tuple free_reservation(Backend be, uintptr_t base, uintptr_t alloc, size_t nbytes,
-                            list chunks, list orphans, list kept, bint waited=False):
+                            object chunks, object orphans, object kept, bint waited=False,
+                            bint others=False):
     first = None
     try:
         if chunks and not waited:
@@ -74,7 +76,7 @@ cdef tuple free_reservation(Backend be, uintptr_t base, uintptr_t alloc, size_t 
         be.host_free(<void *><uintptr_t>p)
     kept.clear()
     freed = False
-    if base and not chunks:
+    if base and not chunks and not others:
         try:
             be.unreserve(alloc, nbytes)
         except Exception as e:

@@ -168,7 +168,7 @@ def _arena_attach_peers(BufferArena a, timeout=60.0):
     Raises
     ------
     TypeError, ValueError
-        `timeout` is not a positive finite number.
+        `timeout` is not a number of seconds in (0, 86400].
     MetraleError
         The arena is not shared, not detached, released, or a peer's memory
         did not come (the arena then stays detached: release it on every
@@ -228,9 +228,11 @@ def export_chunks(Backend gpu, list chunks):
     return fds
 
 
-# no_gc_clear: the finalizer unmaps through _gpu, which a gc clear would have
-# set to None first (the same reason as BufferArena's).
-@cython.no_gc_clear
+# no_gc: not tracked by the cyclic collector, so that nothing it holds (its
+# backend, and the dict and lists of integers that stand for the peers'
+# mappings) is cleared before its finalizer unmaps them, whatever the order of
+# a collection.  It holds nothing that refers back to it: it can be in no cycle.
+@cython.no_gc
 @cython.final
 cdef class PeerSlabs:
     """PeerSlabs(gpu)

@@ -144,31 +144,47 @@ cdef int _remap(BufferArena a, list chunks, list events, list entries) except -1
     unmapped at once, each other one once its copies are done, and each
     host handle in `entries` mapped at the buffers' own addresses as soon as
     no chunk is mapped under it (the copies of the next chunks run
-    meanwhile).  A failed mapping wakes the arena again (the error follows);
-    a failed unmap leaves it asleep with that chunk mapped."""
+    meanwhile).  A failed unmap or handle release does not stop the others;
+    the first error follows once every chunk was tried, the arena asleep: a
+    chunk that could not be unmapped stays mapped, a handle that could not
+    be released is released again later.  An offloaded buffer is never left
+    without memory: a failed mapping, a failed wait, or a chunk left mapped
+    under offloaded memory wakes the arena again (the error follows)."""
     cdef Backend be = a._gpu
+    first = None
     pending = list(entries)
     order = [k for k in range(len(chunks)) if not events[k]] + \
         [k for k in range(len(chunks)) if events[k]]
-    for k in order:
-        if events[k]:
-            be.event_wait(events[k])
-        err = unmap_chunks(be, a._base, [chunks[k]], a._chunks, a._orphans)
-        if err is not None:
-            be.quiesce()
-            raise err
-        ready = [e for e in pending
-                 if not any(e[0] < c[0] + c[1] and c[0] < e[0] + e[1] for c in a._chunks)]
-        try:
+    try:
+        for k in order:
+            if events[k]:
+                be.event_wait(events[k])
+            err = unmap_chunks(be, a._base, [chunks[k]], a._chunks, a._orphans)
+            first = first or err
+            ready = _bare(a, pending)
             _map_hosted(a, ready)
             pending = [e for e in pending if e not in ready]
+        if pending:         # a chunk left mapped under offloaded memory
+            raise first or MetraleError("sleep: a chunk is still mapped under offloaded memory")
+    except BaseException:
+        be.quiesce()            # every copy done: the staging range is whole
+        _unmap_hosted(a)
+        try:
+            _restore(a)         # awake again: the kept and offloaded buffers back
         except BaseException:
-            be.quiesce()            # every copy done: the staging range is whole
-            _unmap_hosted(a)
-            _restore(a)             # awake again: the kept and offloaded buffers back
-            a._sleeping = False
+            _map_hosted(a, _bare(a, entries))     # asleep, the offloaded buffers held
             raise
+        a._sleeping = False
+        raise
+    if first is not None:
+        raise first
     return 0
+
+
+cdef list _bare(BufferArena a, list entries):
+    """The host handles of `entries` under which no chunk is mapped."""
+    return [e for e in entries
+            if not any(e[0] < c[0] + c[1] and c[0] < e[0] + e[1] for c in a._chunks)]
 
 
 def _arena_wake(BufferArena a):
@@ -196,13 +212,13 @@ def _arena_wake(BufferArena a):
     try:
         if not a._sleeping:
             raise MetraleError("wake: the buffer arena is not sleeping")
-        at_base = a._at_base
+        at_base = list(a._at_base)
         _unmap_hosted(a)
         try:
             _restore(a)
         except BaseException:
             try:
-                _map_hosted(a, at_base)     # asleep as before
+                _map_hosted(a, _bare(a, at_base))     # asleep as before
             except Exception as e:
                 logger().warning("buffer arena: mapping the offloaded buffers' host memory "
                                  "again after a failed wake failed: %s", e)
@@ -324,7 +340,8 @@ cdef int _host_memory(BufferArena a, list runs) except -1:
     cdef uint64_t h = 0
     if all(_covered(a._hosted, lo, lo + n) for lo, n in runs):
         return 0
-    old, a._hosted = a._hosted, []
+    old = list(a._hosted)
+    a._hosted.clear()
     _drop_hosted(a, old)
     if a._hosted:
         raise MetraleError("sleep: unmapping the host memory of an earlier offload failed")
@@ -352,11 +369,12 @@ cdef int _host_memory(BufferArena a, list runs) except -1:
             logger().warning("buffer arena: undoing host memory for offloaded buffers "
                              "failed: %s", e)
         raise
-    a._hosted, a._stage = made, stage
+    a._hosted.replace(made)
+    a._stage = stage
     return 0
 
 
-cdef bint _covered(list hosted, uint64_t lo, uint64_t hi):
+cdef bint _covered(object hosted, uint64_t lo, uint64_t hi):
     """Whether the (sorted, disjoint) host handles cover [lo, hi) together."""
     for o, k, _h in hosted:
         if o <= lo < o + k:
@@ -426,7 +444,7 @@ cdef int _unmap_hosted(BufferArena a) except -1:
         for lo, n, h in done:
             be.map_host(a._base + lo, n, h)
         raise
-    a._at_base = []
+    a._at_base.clear()
     return 0
 
 
@@ -452,7 +470,7 @@ cdef int _keep_buffers(BufferArena a, list ids) except -1:
         if k[0] in have:
             be.host_free(<void *><uintptr_t>have[k[0]][1])
         have[k[0]] = k
-    a._kept = sorted(have.values())
+    a._kept.replace(sorted(have.values()))
     return 0
 
 
@@ -474,7 +492,8 @@ def _free_hosted(BufferArena a):
     """
     cdef Backend be = a._gpu
     _unmap_hosted(a)
-    hosted, a._hosted = a._hosted, []
+    hosted = list(a._hosted)
+    a._hosted.clear()
     _drop_hosted(a, hosted)
     for h, n in list(a._host_orphans):
         be.release_host(h, n)

@@ -413,7 +413,8 @@ def _arena_memory_stats(BufferArena a):
     -------
     dict
         ``"slab_bytes"``: the one allocation, or the reservation's bytes;
-        ``"reserved_bytes"``: the reservation (0 unless reserved);
+        ``"reserved_bytes"``: the reservation held (0 unless reserved, and
+        once released: what a failed release still holds);
         ``"committed_bytes"``: physical bytes backing the arena now;
         ``"peak_committed_bytes"``: the most ever committed;
         ``"buffer_bytes"``: buffer name -> bytes, every buffer;
@@ -436,7 +437,7 @@ def _arena_memory_stats(BufferArena a):
     imported = a._peers.imported() if a._peers is not None else (0, 0)
     return {
         "slab_bytes": a._layout.slab_bytes,
-        "reserved_bytes": a._layout.slab_bytes if a._reserved else 0,
+        "reserved_bytes": a._layout.slab_bytes if a._reserved and a._alloc else 0,
         "committed_bytes": a.committed_bytes(),
         "peak_committed_bytes": a._peak,
         "buffer_bytes": dict(zip(a._buffers.names, a._bytes)),

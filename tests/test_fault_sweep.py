@@ -1,0 +1,179 @@
+"""Every step of sleep, wake, resize and release under an injected fault at
+that step (docs/stable-addresses.md, docs/lifetime.md): each kind of backend
+operation fails at each of its occurrences in turn, over offload and keep,
+fresh and in pieces, after a resize and while asleep.  Whatever fails, a
+live view of an offloaded buffer stays readable with its bytes, the arena is
+left in a state its documentation names, the kept and offloaded buffers come
+back with their bytes once it is awake, it keeps working, and its release
+gives everything back (host backend; the CUDA half is in test_offload_cuda.py).
+"""
+
+import numpy as np
+import pytest
+
+from metrale import BufferArena, MetraleError, OutOfMemoryError
+from metrale.testing import OPERATIONS, FaultyBackend
+
+from helpers import COMPACT, Mem, process_resources, vm_counts
+
+LIMITS = (64, 512, 16, 8)
+TOP = (512, 1024, 16, 16)
+OFFLOAD = ("hidden_states", "residual", "qkv_output")
+KEEP = ("gate_logits_f32", "norm_unit_w")
+WATCHED = OFFLOAD + KEEP
+NOTHING = ((0, 0, 0), 0, 0, 0, 0)
+# The most occurrences of one kind any scenario below makes (a bound, so
+# that a regression that loops shows as a failure, not a hang).
+MOST = 80
+
+
+def held(gpu):
+    """Everything a backend holds for an arena: device and host memory."""
+    return (vm_counts(gpu), gpu.host_handle_count, gpu.host_handle_bytes, gpu.host_mapped_bytes,
+            gpu.live_host_alloc_count)
+
+
+def stamp(arena, gpu):
+    """Each watched buffer filled with its own byte: name -> bytes."""
+    m = Mem(arena, gpu)
+    for i, name in enumerate(WATCHED):
+        m.fill(name, 0x10 + i)
+    return m, {n: m.read(n) for n in WATCHED}
+
+
+# -- the scenarios: a set-up run without faults, then the step the fault is injected into -----
+
+def _plain(a):
+    pass
+
+
+def _pieces(a):
+    a.sleep(offload=OFFLOAD, keep=KEEP)         # the host memory made, chunks in pieces
+    a.wake()
+
+
+def _grown(a):
+    a.resize(128)
+
+
+def _asleep(a):
+    a.sleep(offload=OFFLOAD, keep=KEEP)
+
+
+def _asleep_pieces(a):
+    _pieces(a)
+    _asleep(a)
+
+
+SCENARIOS = {
+    # name: (set-up, the step, whether views of the offloaded buffers live through it)
+    "sleep offload+keep, fresh": (_plain, lambda a: a.sleep(offload=OFFLOAD, keep=KEEP), True),
+    "sleep offload+keep, in pieces": (_pieces, lambda a: a.sleep(offload=OFFLOAD, keep=KEEP),
+                                      True),
+    "sleep offload, fresh": (_plain, lambda a: a.sleep(offload=OFFLOAD), True),
+    "sleep keep, fresh": (_plain, lambda a: a.sleep(keep=KEEP), False),
+    "sleep keep, in pieces": (_pieces, lambda a: a.sleep(keep=KEEP), False),
+    "sleep after a resize": (_grown, lambda a: a.sleep(offload=OFFLOAD, keep=KEEP), True),
+    "wake": (_asleep, lambda a: a.wake(), True),
+    "wake, in pieces": (_asleep_pieces, lambda a: a.wake(), True),
+    "resize while asleep": (_asleep, lambda a: a.resize(128), True),
+    "resize up": (_plain, lambda a: a.resize(128), True),
+    "resize down": (_grown, lambda a: a.resize(32), False),
+    "release": (_plain, lambda a: a.release(), False),
+    "release asleep": (_asleep, lambda a: a.release(), False),
+    "release asleep, in pieces": (_asleep_pieces, lambda a: a.release(), False),
+}
+
+
+def _same(got, want):
+    """Whether a buffer's bytes are what was written, over the bytes both
+    sizes hold (a resize changes the size, not the contents)."""
+    k = min(len(got), len(want))
+    return bool((got[:k] == want[:k]).all())
+
+
+def _armed(gpu, op):
+    """Whether the fault injected for `op` has not fired yet."""
+    return f"'{op}'" in repr(gpu).split("armed=")[1].split("}")[0]
+
+
+def _run(scenario, op, nth):
+    """One scenario with the `nth` next `op` failing.  Returns whether the
+    fault fired; every check of the module doc is asserted on the way."""
+    setup, step, with_views = SCENARIOS[scenario]
+    where = (scenario, op, nth)
+    gpu = FaultyBackend()
+    before_process = process_resources()
+    a = BufferArena.new(COMPACT, *LIMITS, gpu, reserve=TOP)
+    m, before = stamp(a, gpu)
+    views = {n: np.asarray(a.view(n, "uint8")) for n in OFFLOAD} if with_views else {}
+    setup(a)
+    was_sleeping = a.is_sleeping()
+    gpu.inject_fault(op, nth)
+    failed = None
+    try:
+        step(a)
+    except (MetraleError, OutOfMemoryError) as e:
+        failed = e
+    fired = not _armed(gpu, op)
+    gpu.clear_faults()
+    assert fired or failed is None, where
+    # 1. a live view of an offloaded buffer is readable, its bytes intact
+    assert [n for n, v in views.items() if not _same(v, before[n])] == [], where
+    # 2. the state is one the documentation names
+    if failed is not None and not a.is_released():
+        assert a.is_sleeping() in _allowed(scenario, op, was_sleeping), \
+            where + (a.is_sleeping(), failed)
+    # 3. awake, the kept and offloaded buffers have their bytes, and it works
+    if not a.is_released():
+        if a.is_sleeping():
+            a.wake()
+        kept = KEEP if scenario.startswith("sleep keep") else \
+            OFFLOAD if scenario.startswith("sleep offload,") else WATCHED
+        for n in kept:
+            assert _same(m.read(n), before[n]), where + (n,)
+        a.sleep(offload=OFFLOAD, keep=KEEP)
+        a.wake()
+        for n in kept:
+            assert _same(m.read(n), before[n]), where + (n, "after a sleep and wake")
+    views.clear()
+    # 4. release gives everything back (a release that failed: when asked again)
+    try:
+        a.release()
+    except MetraleError:
+        assert failed is not None and scenario.startswith("release"), where
+        a.release()
+    assert held(gpu) == NOTHING and gpu.live_alloc_count == 0, where + (held(gpu),)
+    assert a.memory_stats()["reserved_bytes"] == 0, where
+    del a, m, views
+    assert process_resources() == before_process, where
+    return fired
+
+
+def _allowed(scenario, op, was_sleeping):
+    """Whether the arena may be asleep after the step failed at `op`, as the
+    documentation says (sleep, wake: docs/stable-addresses.md)."""
+    if scenario.startswith("sleep"):
+        # a copy, a reservation, new memory or its mapping at the staging
+        # range fail before anything changed; a mapping at the buffers'
+        # addresses wakes it again; an unmap or a release leaves it asleep
+        # (awake again where a chunk stays under offloaded memory)
+        if op in ("unmap",):
+            return {True, False}
+        if op in ("release_handle", "unreserve"):
+            return {True}
+        return {False}
+    if scenario.startswith("wake"):
+        return {True}                   # a failed wake still sleeps
+    return {was_sleeping}               # resize changes no sleep
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+# alloc and free are an unreserved arena's, export and import a shared one's
+@pytest.mark.parametrize("op", [o for o in OPERATIONS if o not in ("alloc", "free", "export",
+                                                                       "import")])
+def test_every_occurrence_of_every_operation_fails_cleanly(scenario, op):
+    for nth in range(1, MOST + 1):
+        if not _run(scenario, op, nth):
+            return
+    pytest.fail(f"{scenario}: more than {MOST} {op} operations")
