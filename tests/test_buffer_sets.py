@@ -63,7 +63,7 @@ def _host_bytes(ptr, n):
 # -- BufferSpec: each field's rule -------------------------------------------------------------
 
 @pytest.mark.parametrize("name", ["", "a-b", "1a", "a b", "_private", "__x", "class", "None",
-                                  "a" * 65, "x\n"])
+                                  "a" * 65, "x\n", "\uff4cogits", "caf\u00e9"])
 def test_a_name_must_be_a_plain_identifier(name):
     with pytest.raises(ValueError, match="name must be a Python identifier") as e:
         BufferSpec(name, size=1)

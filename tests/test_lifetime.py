@@ -664,8 +664,8 @@ def _gc_arena(kind):
     step = arena.step_inputs(16) if kind == "step" else None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ResourceWarning)      # unreleased, on purpose
-        _collect(arena=arena, gpu=gpu, view=None, step=step)
-        del arena, step
+        Cycle(arena=arena, gpu=gpu, step=step)
+        del arena, step             # the cycle holds the only references now
         gc.collect()
     after = process_resources()[0], process_resources()[2]
     return (gpu.live_alloc_count, vm_counts(gpu), gpu.live_host_alloc_count,

@@ -113,8 +113,10 @@ def check_spec(name, dtype, shape, size, itemsize, floor, zero_all, prefill, row
     if not isinstance(name, str):
         raise TypeError(f"buffer spec name must be a str, got {type(name).__name__}")
     if not formulas.is_name(name) or name.startswith("_") or len(name) > _MAX_NAME:
-        raise ValueError(f"buffer spec {name!r}: name must be a Python identifier of at most "
-                         f"{_MAX_NAME} characters, not a keyword and not starting with '_'")
+        raise ValueError(f"buffer spec {name!r}: name must be a Python identifier in ASCII "
+                         "(Python folds other letters: arena.ptrs.\uff4cogits reads logits), "
+                         f"of at most {_MAX_NAME} characters, not a keyword and not starting "
+                         "with '_'")
     where = f"buffer spec {name!r}"
     if name in RESERVED_NAMES:
         raise ValueError(f"{where}: name is reserved (a BufferSizes attribute): "

@@ -248,6 +248,7 @@ _BINOPS = (ast.Add, ast.Sub, ast.Mult, ast.FloorDiv, ast.Mod)
 _UNARY = (ast.USub, ast.UAdd, ast.Not)
 _COMPARE = (ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE)
 _code_cache = {}
+_tree_cache = {}
 
 
 def check(expr, where):
@@ -279,6 +280,9 @@ def check(expr, where):
         raise ValueError(f"{where} is empty")
     if len(expr) > _MAX_EXPR:
         raise ValueError(f"{where} is longer than {_MAX_EXPR} characters")
+    if not expr.isascii():      # Python would fold a name's other letters into another's
+        raise ValueError(f"{where}: {expr!r} is not ASCII (names are the ASCII symbols of "
+                         "docs/buffers.md)")
     try:
         tree = ast.parse(expr.strip(), mode="eval")
     except (SyntaxError, ValueError, RecursionError, MemoryError) as e:
@@ -302,6 +306,8 @@ def check(expr, where):
                                  "and the helpers " + ", ".join(HELPERS))
             if node.id not in HELPERS:
                 read.add(node.id)
+    if "#" in expr:         # no string constant got here: a '#' starts a comment
+        raise ValueError(f"{where}: {expr!r}: a comment (#) is not part of the language")
     depth = most = 0
     for c in expr:          # no string constant got here: every bracket is one
         depth += (c in "([{") - (c in ")]}")
@@ -348,12 +354,48 @@ def _bad_node(node):
     return f"{type(node).__name__} is not allowed"
 
 
-def _code(expr, mode="eval"):
-    # Compiled once per expression.
-    key = (expr, mode)
-    code = _code_cache.get(key)
+def parsed(expr):
+    """The parsed form of an expression: what is compiled, alone or with
+    others (`compiled`), never its text pasted into another's.
+
+    Parameters
+    ----------
+    expr : str
+        An expression (checked, or one of `TERMS`).
+
+    Returns
+    -------
+    ast.expr
+        Its tree (shared: not to be changed).
+    """
+    tree = _tree_cache.get(expr)
+    if tree is None:
+        tree = _tree_cache[expr] = ast.parse(expr.strip(), mode="eval").body
+    return tree
+
+
+def compiled(exprs):
+    """One code object evaluating to the tuple of `exprs`' values, made from
+    their parsed forms.
+
+    Parameters
+    ----------
+    exprs : iterable of str
+        Expressions (checked, or of `TERMS`).
+
+    Returns
+    -------
+    code
+    """
+    tree = ast.Expression(ast.Tuple([parsed(e) for e in exprs], ast.Load()))
+    return compile(ast.fix_missing_locations(tree), "<formulas>", "eval")
+
+
+def _code(expr):
+    # Compiled once per expression, from its parsed form.
+    code = _code_cache.get(expr)
     if code is None:
-        code = _code_cache[key] = compile(expr, "<formula>", mode)
+        code = _code_cache[expr] = compile(ast.Expression(parsed(expr)), "<formula>", "eval")
     return code
 
 
@@ -377,8 +419,11 @@ def names_of(expr):
     return out
 
 
-# All of TERMS as one block of assignments, run once per evaluation.
-_TERMS_CODE = "\n".join(f"{t.name} = {t.expr}" for t in TERMS)
+# All of TERMS as one block of assignments (from their parsed forms), run once
+# per evaluation.
+_TERMS_CODE = compile(ast.fix_missing_locations(ast.Module(
+    [ast.Assign([ast.Name(t.name, ast.Store())], parsed(t.expr)) for t in TERMS], [])),
+    "<terms>", "exec")
 
 
 def values(config, M, max_seq_len, kv_block_size, max_batch_size, target, env):
@@ -441,7 +486,7 @@ def evaluation_namespace(config, M, max_seq_len, kv_block_size, max_batch_size, 
     for lever, name in _SWITCHES:
         v[name] = lever_on(lever, env, config)      # the one lever rule
     ns = namespace(v)
-    exec(_code(_TERMS_CODE, "exec"), ns)
+    exec(_TERMS_CODE, ns)
     return ns
 
 
@@ -491,7 +536,9 @@ def evaluate(expr, symbol_values):
 
 
 def is_name(text):
-    """Whether `text` is a plain identifier that is not a keyword.
+    """Whether `text` is a plain ASCII identifier that is not a keyword (an
+    identifier with other letters reads as another once Python folds it
+    under NFKC: ``\uff4cogits`` is ``logits`` in source).
 
     Parameters
     ----------
@@ -502,4 +549,5 @@ def is_name(text):
     -------
     bool
     """
-    return isinstance(text, str) and text.isidentifier() and not keyword.iskeyword(text)
+    return isinstance(text, str) and text.isascii() and text.isidentifier() and \
+        not keyword.iskeyword(text)

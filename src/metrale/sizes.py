@@ -12,6 +12,7 @@ from .buffers import buffer_set_arg
 from ._math import U64_MAX
 from ._record import Record
 from .config import ModelConfig
+from .formulas import compiled
 from .levers import LEVERS, lever_on
 from .reference import REFERENCE
 
@@ -695,8 +696,7 @@ def _evaluate(buffers, ns):
     expression per set); ValueError naming the spec that fails."""
     code = buffers._cache.get("sizing")
     if code is None:
-        code = buffers._cache["sizing"] = compile(
-            "(" + "".join(f"({s.formula}), " for s in buffers) + ")", "<buffer set>", "eval")
+        code = buffers._cache["sizing"] = compiled(s.formula for s in buffers)
     try:
         values = eval(code, ns)
     except ArithmeticError:
@@ -704,7 +704,7 @@ def _evaluate(buffers, ns):
     if values is None or any(type(v) is not int or v < 0 for v in values):
         for s in buffers:           # name the first one that fails
             try:
-                v = eval(s.formula, ns)
+                v = eval(compiled((s.formula,)), ns)[0]
             except ArithmeticError as e:
                 raise ValueError(f"buffer spec {s.name!r}: size: {s.formula} fails at "
                                  f"max_batch_tokens={ns['M']}: {e}") from None
