@@ -159,7 +159,8 @@ def test_a_spec_that_does_not_say_how_big_is_refused():
     ("max(M, key=H)", "positional"), ("max(*(M, H))", "positional"), ("max()", "positional"),
     ("cdiv(M)", "two arguments"), ("ceil16(M, 2)", "one argument"), ("M if 'x' else H", "constant"),
     ("M +", "not an expression"), ("M; H", "not an expression"), ("", "empty"), ("   ", "empty"),
-    ("M" + "+M" * 1000, "longer than"),
+    ("M" + "+M" * 1000, "longer than"), ("M  # rows", "comment (#)"), ("4 * M#", "comment"),
+    ("M + \uff28", "not ASCII"), ("\uff2d", "not ASCII"),
 ])
 def test_disallowed_syntax_in_a_size_is_refused_when_the_spec_is_made(size, what):
     msg = _spec_error(ValueError, dict(size=size), "size")
@@ -175,10 +176,24 @@ def test_a_helper_is_only_called_and_with_what_it_needs(size):
     _spec_error(ValueError, dict(size=size), "size")
 
 
+def test_a_sets_formulas_are_compiled_from_their_parsed_forms():
+    """Formulas over several lines (a continuation, brackets) size as each
+    alone does: pasted into one text, a '\\' continuation or a comment in
+    one formula used to swallow the next (SyntaxError, IndexError)."""
+    forms = {"a": "2 * \\\n M", "b": "(M +\n 1)", "c": "cdiv(M,\n 3) \\\n + 5",
+             "d": "max(M,\n\n 7)"}
+    for m in (1, 64, 1000):
+        got = _sized(*(BufferSpec(n, size=f) for n, f in forms.items()), m=m)
+        # a second implementation: each formula alone, as Python reads it
+        want = {n: eval(f, {"M": m, "cdiv": lambda a, b: -(-a // b), "max": max})
+                for n, f in forms.items()}
+        assert {n: got[n] for n in forms} == want
+
+
 def test_nesting_the_sizing_cannot_compile_is_refused():
-    # The sizing compiles a set's formulas into one expression, two
-    # parentheses deeper than each; CPython's parser stops at 200 levels.  A
-    # formula that parsed alone used to fail at sizing with a SyntaxError.
+    # CPython's parser stops at 200 levels of brackets: a formula is refused
+    # at 100, so that its shape's dimensions, a few brackets deeper, parse too
+    # (a formula that parsed alone used to fail at sizing with a SyntaxError).
     for size in ["max(" * 199 + "M" + ", 1)" * 199, "(" * 199 + "M" + ")" * 199]:
         _spec_error(ValueError, dict(size=size), "size")
     _spec_error(ValueError, dict(dtype="float32", shape=["M", "(" * 199 + "H" + ")" * 199]),

@@ -374,6 +374,17 @@ def test_plan_buffers_plain_layout_is_the_ceil256_sum(capsys, tmp_path):
         assert r["zero_prefill"] == {"offset": _ceil(4 * m) + _ceil(40000), "length": 2 * m * H}
 
 
+@pytest.mark.parametrize("size", ["3*M  # rows", "M \\\n # x"])
+def test_plan_a_buffer_file_with_a_comment_is_one_error_line(capsys, tmp_path, size):
+    """A comment in a formula used to pass the spec check and fail at sizing
+    with a traceback (SyntaxError, or IndexError after a continuation)."""
+    path = tmp_path / "set.json"
+    path.write_text(json.dumps({"base": "empty", "buffer": [
+        {"name": "token_ids", "dtype": "int32", "shape": ["M"]},
+        {"name": "odd", "size": size}, {"name": "after", "size": "M \\\n + 1"}]}))
+    _one_line_error(capsys, [*LLAMA64, "--buffers", str(path)], 2, "'odd'", "comment (#)")
+
+
 def test_plan_drop_from_the_reference(capsys):
     r = _plan_json(capsys, *LLAMA64, "--drop", "ffn_act_q8", "--drop", "fp8_act")
     assert r["buffer_set"] == {
