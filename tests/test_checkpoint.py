@@ -160,11 +160,18 @@ def test_timeouts_are_checked(drv, bad, exc):
     assert drv.log == []
 
 
-def test_the_lock_timeout_must_fit_the_drivers_milliseconds(drv):
-    with pytest.raises(ValueError, match="timeout must be at most 4294967"):
-        ckpt.lock(PIDS[0], timeout=4294968)
-    with pytest.raises(ValueError, match="lock_timeout must be at most"):
-        ckpt.suspend(PIDS[0], lock_timeout=5e6)
+def test_the_lock_timeout_fits_the_drivers_milliseconds(drv):
+    """The one bound of every timeout (a day, metrale._common.MAX_SECONDS)
+    is what the driver's 32-bit milliseconds hold; 4294967 s used to pass
+    here and 1e9 s to fail later inside."""
+    assert 86400 * 1000 < 2 ** 32
+    for bad in (86400.5, 4294968, 1e9, 1e300):
+        with pytest.raises(ValueError, match=r"timeout must be a number of seconds in \(0, 86400\]"):
+            ckpt.lock(PIDS[0], timeout=bad)
+        with pytest.raises(ValueError, match=r"lock_timeout must be a number of seconds"):
+            ckpt.suspend(PIDS[0], lock_timeout=bad)
+        with pytest.raises(ValueError, match="timeout must be a number of seconds"):
+            ckpt.finish([], timeout=bad)
     assert drv.log == []
 
 

@@ -154,3 +154,27 @@ def test_cuda_backend_arguments():
     for bad, exc in ((True, TypeError), ("0", TypeError), (-1, ValueError), (2**31, ValueError)):
         with pytest.raises(exc, match="device"):
             metrale.CudaBackend(bad)
+
+
+# -- durations: one rule and one bound for every timeout --------------------------------------
+
+@pytest.mark.parametrize("bad", [0, -1.0, 86400.5, 4294968, 1e9, 1e300, float("inf"),
+                                 float("nan")])
+def test_every_timeout_has_one_bound(bad):
+    """(0, 86400] seconds for each timeout argument, checked before anything
+    happens (1e9 used to fail later inside with OverflowError, 1e300 to pass)."""
+    from metrale._common import MAX_SECONDS
+    from metrale.tp import PeerGroup
+    from helpers import OneRank
+    assert MAX_SECONDS == 86400.0
+    match = r"timeout must be a number of seconds in \(0, 86400\]"
+    with pytest.raises(ValueError, match=match):
+        PeerGroup(OneRank(), timeout=bad)
+    with BufferArena.new(COMPACT, 64, 512, 16, 8, HostBackend(), group=OneRank()) as a:
+        a.detach_peers()
+        with pytest.raises(ValueError, match=match):
+            a.attach_peers(timeout=bad)
+        a.attach_peers(timeout=86400)                   # the bound itself is a timeout
+        with pytest.raises(ValueError, match=match):
+            a.peer_all_reduce("hidden_states", tokens=1, timeout=bad)
+        a.peer_all_reduce("hidden_states", tokens=1, timeout=86400)

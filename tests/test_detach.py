@@ -104,6 +104,38 @@ def rank_no_attach(rank, size, path):
     return out
 
 
+def rank_dies_detached(rank, size, path):
+    """Rank 1 detaches and exits; rank 0 attaches with a timeout of an hour:
+    the wait ends at once (its socket refuses, or its process is gone),
+    naming rank 1, and the arena stays detached."""
+    import os
+    gpu = metrale.HostBackend()
+    grp = _group(path, rank, size)
+    a = BufferArena.new(CFG, *LIMITS, gpu, group=grp)
+    a.detach_peers()
+    pids = grp.all_gather(os.getpid())
+    if rank == 1:
+        os._exit(0)
+    deadline = time.monotonic() + 30        # rank 1's process gone
+    while time.monotonic() < deadline and not metrale.tp._gone(pids[1]):
+        time.sleep(0.01)
+    t0 = time.perf_counter()
+    with pytest.raises(MetraleError, match="rank 1") as e:
+        a.attach_peers(timeout=3600)
+    out = {"waited": time.perf_counter() - t0, "detached": a.peers_detached(),
+           "message": str(e.value)}
+    a.release()
+    out["left"] = (_memfd_maps(), gpu.handle_count, gpu.reserved_bytes)
+    return out
+
+
+def test_a_dead_peer_ends_the_attach_at_once(tmp_path):
+    out = run_ranks(rank_dies_detached, 2, args=(str(tmp_path),), timeout=120, dead=(1,))[0]
+    assert out["waited"] < 5 and out["detached"], out
+    assert "gone" in out["message"] and "not waited for" in out["message"], out["message"]
+    assert out["left"] == (0, 0, 0)
+
+
 def test_detach_and_attach_keep_the_addresses(tmp_path):
     cycles = 20
     outs = run_ranks(rank_cycle, 2, args=(str(tmp_path), cycles), timeout=200)
@@ -141,8 +173,10 @@ def test_unshared_and_single_rank_arenas():
         a.detach_peers()
         assert a.peers_detached()
         assert a.peer(0).hidden_states() == a.hidden_states()      # its own: still there
-        a.peer_all_reduce("hidden_states", tokens=1)               # one rank: no peer read
+        with pytest.raises(MetraleError, match="detached"):      # as on a group of two
+            a.peer_all_reduce("hidden_states", tokens=1)
         a.attach_peers()
+        a.peer_all_reduce("hidden_states", tokens=1)
         assert not a.peers_detached()
     assert shared_arenas() == []
     with pytest.raises(MetraleError, match="released"):

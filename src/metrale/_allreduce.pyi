@@ -1,3 +1,1 @@
-from typing import Final
-
-MAX_TIMEOUT: Final[float]
+# metrale._allreduce: no public names; peer_all_reduce is a method of BufferArena.

@@ -31,8 +31,6 @@ from metrale.errors import MetraleError
 _ELEM = {"bfloat16": MT_EL_BF16, "float32": MT_EL_F32}
 _BY_M = ("M", "max_batch_tokens")
 _BY_MP = ("Mp",)
-#: The longest a barrier waits for a peer, in seconds (`timeout`'s bound).
-MAX_TIMEOUT = 3600.0
 _CACHED = 64            # parameter blocks kept per shared arena
 
 
@@ -133,7 +131,7 @@ cdef object _sharing(BufferArena a, str what, bint attached=True):
     if len(s.local) != s.size:
         raise MetraleError(f"{what}: ranks {sorted(set(range(s.size)) - set(s.local))} run on "
                            "another host; it reduces over the ranks of one host only")
-    if attached and s.detached and s.size > 1:
+    if attached and s.detached:             # one rank too: the same call refuses on every group
         raise MetraleError(f"{what}: the peers' memory is detached (detach_peers); "
                            "attach_peers maps it again")
     if s.size > MT_RED_MAX_RANKS:
@@ -202,7 +200,7 @@ def _arena_peer_all_reduce(BufferArena a, names, stream=None, tokens=None, *, to
                         "or tokens_at= (where the device holds it)")
     else:
         t = u64_arg(tokens, "tokens")
-    secs = seconds_arg(timeout, "timeout", MAX_TIMEOUT)
+    secs = seconds_arg(timeout, "timeout")
     s = as_stream(stream)
     ids = tuple(buffer_ids(given, "names", a._buffers))
     outs = tuple(buffer_ids(outs_given, "out", a._buffers))

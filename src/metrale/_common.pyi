@@ -1,7 +1,7 @@
 from typing import Any, Final, Protocol, SupportsIndex, Union
 
 __all__ = [
-    'check_index', 'seconds_arg', 'resolve_dtype', 'DTYPE_NAMES', 'U64_MAX',
+    'check_index', 'seconds_arg', 'MAX_SECONDS', 'resolve_dtype', 'DTYPE_NAMES', 'U64_MAX',
 ]
 
 class _CudaStreamProtocol(Protocol):
@@ -25,8 +25,9 @@ StreamLike = Union[SupportsIndex, _CudaStreamProtocol, _TorchStream, _CupyStream
 DTypeLike = Union[str, type, Any]
 
 U64_MAX: Final[int]
+MAX_SECONDS: Final[float]
 DTYPE_NAMES: tuple[str, ...]
 
 def check_index(value: SupportsIndex, name: str, minimum: int = ..., maximum: int = ...) -> int: ...
-def seconds_arg(value: float, name: str, limit: float | None = None) -> float: ...
+def seconds_arg(value: float, name: str) -> float: ...
 def resolve_dtype(dtype: DTypeLike) -> str: ...

@@ -16,7 +16,7 @@ from libc.stdint cimport uint64_t, uintptr_t
 from collections.abc import Mapping
 
 
-__all__ = ["check_index", "seconds_arg", "resolve_dtype", "DTYPE_NAMES", "U64_MAX"]
+__all__ = ["check_index", "seconds_arg", "MAX_SECONDS", "resolve_dtype", "DTYPE_NAMES", "U64_MAX"]
 
 U64_MAX = 0xFFFFFFFFFFFFFFFF
 
@@ -104,18 +104,21 @@ def check_index(value, name, minimum=0, maximum=U64_MAX):
     return index_arg(value, name, minimum, maximum)
 
 
-def seconds_arg(value, name, limit=None):
+#: The longest any timeout of metrale may be, in seconds: a day (the driver's
+#: lock timeout counts milliseconds in 32 bits, a barrier nanoseconds in 64).
+MAX_SECONDS = 86400.0
+
+
+def seconds_arg(value, name):
     """Return a duration argument in seconds as a float: the rule every
     timeout of metrale follows.
 
     Parameters
     ----------
     value : int or float
-        The argument to check (not bool): positive and finite.
+        The argument to check (not bool): positive, at most `MAX_SECONDS`.
     name : str
         The argument's name, for the error messages.
-    limit : float, optional
-        The most seconds allowed.
 
     Returns
     -------
@@ -126,14 +129,14 @@ def seconds_arg(value, name, limit=None):
     TypeError
         `value` is not a number.
     ValueError
-        `value` is not positive and finite, or above `limit`.
+        `value` is not positive, or above `MAX_SECONDS` (infinity and NaN
+        included).
     """
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
-    if not 0 < value < float("inf"):
-        raise ValueError(f"{name} must be positive and finite, got {value!r}")
-    if limit is not None and value > limit:
-        raise ValueError(f"{name} must be at most {limit} s, got {value!r}")
+    if not 0 < value <= MAX_SECONDS:        # False for NaN
+        raise ValueError(f"{name} must be a number of seconds in (0, {MAX_SECONDS:g}], got "
+                         f"{value!r}")
     return float(value)
 
 

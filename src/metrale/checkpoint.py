@@ -465,7 +465,7 @@ def lock(pid, *, timeout=DEFAULT_LOCK_TIMEOUT):
         and the process's state), or the driver cannot checkpoint.
     """
     pid = _pid(pid)
-    timeout = seconds_arg(timeout, "timeout", limit=(2 ** 32 - 1) // 1000)
+    timeout = seconds_arg(timeout, "timeout")
     ms = max(1, math.ceil(timeout * 1000))
     # The driver's own timeout fires first; the thread waits a little longer.
     d, res = _run("lock", pid, lambda d: d.lock(pid, ms), timeout + _LOCK_GRACE)
@@ -623,7 +623,7 @@ def suspend(pids, *, lock_timeout=DEFAULT_LOCK_TIMEOUT, timeout=DEFAULT_TIMEOUT)
         the state of every process afterwards.
     """
     pids = _pids(pids)
-    lock_timeout = seconds_arg(lock_timeout, "lock_timeout", limit=(2 ** 32 - 1) // 1000)
+    lock_timeout = seconds_arg(lock_timeout, "lock_timeout")
     timeout = seconds_arg(timeout, "timeout")
     times, locked, step = {}, [], None
     try:

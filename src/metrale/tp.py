@@ -84,7 +84,7 @@ class PeerGroup:
     TypeError
         `group` has neither interface, or `timeout` is not a number.
     ValueError
-        `timeout` is not positive and finite, or the group's rank is not in
+        `timeout` is not a number of seconds in (0, 86400], or the group's rank is not in
         ``[0, size)``.
     """
 
@@ -342,10 +342,10 @@ class _Sharing:
         peers = [r for r in self.local if r != self.rank]
         if peers:
             own = [tuple(c) for c in chunks] + [self._slabs.own_signal()]
-            errors = _send_all(gpu, self.rank, self._infos, peers, own, None, timeout)
+            errors, gone = _send_all(gpu, self.rank, self._infos, peers, own, None, timeout)
             try:
-                _gather_slabs(self._slabs, self.rank, self._infos, set(peers), self._srv, timeout,
-                              {}, {}, errors, 0, attach=True)
+                _gather_slabs(self._slabs, self.rank, self._infos, set(peers) - gone, self._srv,
+                              timeout, {}, {}, errors, 0, attach=True)
             except Exception as e:
                 errors.append(f"rank {self.rank} failed while receiving its peers' memory: "
                               f"{type(e).__name__}: {e}")
@@ -552,8 +552,8 @@ def _exchange(gpu, slabs, me, infos, local, chunks, srv, timeout, bases, signals
         own = list(chunks) + [(0, n, handle)]
     except Exception as e:
         error = f"rank {me} could not export its slab: {type(e).__name__}: {e}"
-    errors = _send_all(gpu, me, infos, [q for q in local if q != me], own, error, timeout)
-    pending = set(local) - {me}
+    errors, gone = _send_all(gpu, me, infos, [q for q in local if q != me], own, error, timeout)
+    pending = set(local) - {me} - gone
     try:
         _gather_slabs(slabs, me, infos, pending, srv, timeout, bases, signals, errors, base_align)
     except Exception as e:          # a bug here must not strand the other ranks
@@ -566,9 +566,12 @@ def _send_all(gpu, me, infos, peers, own, error, timeout):
     """Export `own` (this rank's chunks, then its signal area: (offset,
     bytes, handle) each) and send them to each of `peers` over its socket,
     after a header; with `error` (or when the export fails) send that
-    instead.  Returns the errors seen here; never raises for a peer."""
+    instead.  Returns the errors seen here and the peers known gone (their
+    socket refused the connection: nobody listens there); never raises for
+    a peer."""
     from metrale._peer import export_chunks
     errors = [error] if error else []
+    gone = set()
     fds = []
     if error is None:
         try:
@@ -587,12 +590,16 @@ def _send_all(gpu, me, infos, peers, own, error, timeout):
                     if error is None:
                         for fd in fds:
                             socket.send_fds(c, [b"c"], [fd])
+            except (ConnectionRefusedError, FileNotFoundError) as e:
+                gone.add(q)
+                errors.append(f"rank {me} could not send its slab to rank {q}, which is gone "
+                              f"(its socket refused the connection: {e}); not waited for")
             except OSError as e:
                 errors.append(f"rank {me} could not send its slab to rank {q}: {e}")
     finally:
         for fd in fds:
             os.close(fd)
-    return errors
+    return errors, gone
 
 
 def _gather_slabs(slabs, me, infos, pending, srv, timeout, bases, signals, errors, base_align,
@@ -610,12 +617,21 @@ def _gather_slabs(slabs, me, infos, pending, srv, timeout, bases, signals, error
     sel.register(srv, selectors.EVENT_READ)
     try:
         while pending:
+            if pids is not None:        # a rank known dead is not waited for
+                for r in sorted(pending):
+                    if _gone(infos[r]["pid"]):
+                        pending.discard(r)
+                        errors.append(f"rank {me} got no slab from rank {r}: its process "
+                                      f"{infos[r]['pid']} is gone; not waited for")
+                if not pending:
+                    return
             left = deadline - time.monotonic()
             if left <= 0:
                 errors.append(f"rank {me} got no slab from rank(s) {sorted(pending)} within "
                               f"{timeout:g} s (did they die?)")
                 return
-            for key, _ in sel.select(left):
+            # in slices, so that a rank that dies meanwhile is seen
+            for key, _ in sel.select(min(left, _POLL) if pids is not None else left):
                 if key.fileobj is srv:
                     try:
                         conn, _ = srv.accept()
@@ -646,6 +662,23 @@ def _gather_slabs(slabs, me, infos, pending, srv, timeout, bases, signals, error
             if key.fileobj is not srv:
                 key.fileobj.close()
         sel.close()
+
+
+# How often a wait for the peers' slabs looks whether a pending rank died (s).
+_POLL = 0.25
+
+
+def _gone(pid):
+    """Whether process `pid` (of this pid namespace) has exited: no such
+    process, or a zombie its parent has not reaped."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2:][:1] in (b"Z", b"X")
 
 
 def _peer_rank(conn, pids):
