@@ -73,3 +73,20 @@ def test_numpy_is_a_declared_dependency():
     from importlib.metadata import requires
     plain = [r for r in requires("metrale") or () if "extra ==" not in r]
     assert any(r.replace(" ", "").startswith("numpy") for r in plain), plain
+
+
+def test_no_extension_declares_itself_free_threading_compatible():
+    """Nothing has run metrale without the GIL (no free-threaded interpreter
+    can be had here): no extension may tell a free-threaded interpreter to
+    keep the GIL off (docs/RELEASE.md).  Read from the build's own files:
+    the directive leaves no trace in a GIL build's binaries."""
+    import re
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    if not (root / "meson.build").is_file():
+        pytest.skip("needs the source tree (run from a copy of the tests)")
+    sources = [root / "meson.build"] + sorted((root / "src" / "metrale").glob("*.pyx*"))
+    declared = [p.name for p in sources
+                if re.search(r"^[^#\n]*freethreading_compatible|^# cython:.*freethreading",
+                             p.read_text(), re.M)]
+    assert declared == []
