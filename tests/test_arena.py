@@ -700,6 +700,9 @@ def test_memory_stats_follow_the_backend():
     assert after["slab_bytes"] == before["slab_bytes"] - m["slab_bytes"]
     assert plain.memory_stats()["released"] and plain.memory_stats()["committed_bytes"] == 0
     a.release()
+    m3 = a.memory_stats()
+    assert m3["released"] and m3["reserved_bytes"] == gpu.reserved_bytes == 0     # freed
+    assert m3["slab_bytes"] == m0["slab_bytes"]
 
 
 def test_checksum_records_at_the_level_asked(caplog):

@@ -264,6 +264,9 @@ def test_fill_refuses_values_its_regions_cannot_hold():
                ({"token_ids": [1], "positions": [2**32 + 3]}, "positions", r"\[0, 4294967295\]"),
                ({"token_ids": [1], "seq_slot": [2**31]}, "seq_slot", "int32"),
                ({"token_ids": [1], "seq_lens": [-2**31 - 1]}, "seq_lens", "int32"),
+               # a length is never negative, even in the region's own type
+               ({"token_ids": [1], "seq_lens": [-5]}, "seq_lens", r"\[0, 2147483647\]"),
+               ({"token_ids": [1], "seq_lens": np.array([3, -1], np.int32)}, "seq_lens", "-1"),
                ({"token_ids": [1], "slots": np.array([2**63], np.uint64)}, "slots", "int64"),
                ({"token_ids": [1], "block_table": [[2**31]]}, "block_table", "int32")]
         for kwargs, name, match in bad:

@@ -35,6 +35,8 @@ cdef object _TOKEN = object()
 _INT_RANGES = {"uint32": (0, 2**32 - 1), "int32": (-2**31, 2**31 - 1),
                "int64": (-2**63, 2**63 - 1)}
 cdef dict _SAFE = {}         # (array dtype, region dtype) -> every value fits
+# Regions that hold lengths: never negative, whatever their type could hold.
+_LENGTHS = frozenset(["seq_lens"])
 
 
 cdef bint _fits(object have, str want) except -1:
@@ -379,7 +381,7 @@ Pinned host staging for one step's inputs, uploaded with one copy.
         positions : array_like of int, 1-D, optional
             At most R values, each in 0 .. 2**32 - 1.
         seq_slot, seq_lens : array_like of int, 1-D, optional
-            At most R values each, int32.
+            At most R values each, int32 (a length in `seq_lens` >= 0).
         slots : array_like of int, 1-D, optional
             At most R values, int64.
         block_table : array_like of int, 2-D, optional
@@ -432,8 +434,10 @@ Pinned host staging for one step's inputs, uploaded with one copy.
             return a                # nothing to write, whatever its type ([] is float64)
         if a.dtype.kind not in "iu":
             raise TypeError(f"{name} must hold integers, got dtype {a.dtype}")
-        if not _fits(a.dtype, dtype):
+        if not _fits(a.dtype, dtype) or name in _LENGTHS:
             lo, hi = _INT_RANGES[dtype]
+            if name in _LENGTHS:
+                lo = 0
             least, most = int(a.min()), int(a.max())
             if least < lo or most > hi:
                 raise ValueError(f"{name}: values must lie in [{lo}, {hi}] ({dtype}), got "

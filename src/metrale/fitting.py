@@ -33,6 +33,7 @@ SIZE_UNITS = {
     "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40, "PiB": 2**50,
 }
 _SIZE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*")
+_SIZE_CHARS = 100
 
 # What fit(budget=None) keeps back from the device's free memory: 2 MiB, the
 # allocation granularity of H100/H200 (the driver backs a large cuMemAlloc with
@@ -82,11 +83,15 @@ def parse_size(value, name="size"):
         not fit 64 bits; the message names `name`.
     """
     if isinstance(value, str):
-        m = _SIZE.fullmatch(value)
+        # No size of 64 bits needs more characters; more digits would reach
+        # the interpreter's own limit on converting them (a ValueError naming
+        # nothing).
+        m = _SIZE.fullmatch(value) if len(value) <= _SIZE_CHARS else None
         unit = SIZE_UNITS.get(m.group(2) or "B") if m else None
         if unit is None:
             raise ValueError(
-                f"{name}: {value!r} is not a size: a number of bytes, or a number with a unit: "
+                f"{name}: {value[:_SIZE_CHARS]!r}{'...' if len(value) > _SIZE_CHARS else ''} is "
+                "not a size: a number of bytes, or a number with a unit: "
                 "B, kB, MB, GB, TB, PB (powers of 1000) or KiB, MiB, GiB, TiB, PiB "
                 "(powers of 1024), e.g. '12GiB' or '80 GB'")
         nbytes = Fraction(m.group(1)) * unit
