@@ -776,6 +776,9 @@ def _cycle_cases():
         "Backend": "abstract: no instance can hold memory",
         "CudaBackend": "frees through C fields only (no Python field in its finalizer); "
                        "the GPU run of this test covers it through the arena case",
+        "FaultyCudaBackend": "a CudaBackend with a Faults: test_offload_cuda.py collects "
+                             "arenas on it in cycles",
+        "Faults": "owns nothing: the armed failures and calls of a testing backend",
         "SlabPlan": "owns nothing but C fields",
         "Held": "holds no Python object and is not tracked by the collector: nothing can clear it",
         "_Plan": "owns nothing: a parameter block of addresses and a list of tuples",

@@ -33,8 +33,8 @@ cdef int _forked() except -1 with gil:
                        "method, or make the backend in the child)")
 
 
+# Not final: metrale.testing.FaultyCudaBackend fails its operations on demand.
 @cython.no_gc_clear         # as every backend (see _backend.pyx)
-@cython.final
 cdef class CudaBackend(Backend):
     """CudaBackend(device=0)
 --
@@ -73,18 +73,7 @@ An NVIDIA GPU through the CUDA driver.
         The driver ran out of memory while setting up the context or
         loading the zeroing kernel.
     """
-    cdef cydriver.CUdevice _dev
-    cdef cydriver.CUcontext _ctx
-    cdef bint _retained
-    cdef unsigned long _fork_gen     # fork()s this process descends from, when made
-    cdef int _sm_count, _cc_major, _cc_minor
-    cdef size_t _gran                # allocation granularity, asked once (0: not yet)
-    cdef readonly Py_ssize_t launch_count
-    cdef _kernels.ZeroKernels _zero      # loaded at construction
-    cdef _kernels.DebugKernels _debug    # loaded by the first debug operation
-    cdef _kernels.PeerKernels _peer      # loaded when an arena is first shared
-    cdef object _debug_lock              # serializes the calls that use _debug's results
-    cdef cydriver.CUstream _side         # non-blocking: copies beside a wake's zeroing
+    # its fields: _cuda.pxd
 
     def __cinit__(self, device=0):
         cdef cydriver.CUresult err
@@ -130,7 +119,7 @@ An NVIDIA GPU through the CUDA driver.
             _kernels.unload(&self._zero, &self._debug, &self._peer)
             cydriver.cuDevicePrimaryCtxRelease(self._dev)
 
-    cdef inline int _current(self) except -1 nogil:
+    cdef int _current(self) except -1 nogil:
         """Make the backend's context current on the calling thread: the step
         before every checked driver call, without the GIL."""
         cdef cydriver.CUcontext cur = NULL

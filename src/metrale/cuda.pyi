@@ -1,4 +1,4 @@
-from typing import SupportsIndex, final
+from typing import SupportsIndex
 
 from typing_extensions import Buffer
 
@@ -10,7 +10,6 @@ __all__ = [
     'CudaBackend',
 ]
 
-@final
 class CudaBackend(Backend):
     @property
     def device(self) -> int: ...

@@ -21,6 +21,78 @@ OPERATIONS = ("alloc", "free", "memset", "d2h", "h2d", "sync", "reserve", "unres
               "export", "import", "copy")
 
 
+# The exceptions a failing operation raises, as the real backends do.
+_REFUSALS = frozenset(["alloc", "reserve", "create", "map", "set_access", "host_alloc"])
+
+
+@cython.final
+cdef class Faults:
+    """Faults()
+--
+
+The failures and calls armed for a backend's next operations, by kind.
+
+    The state of `FaultyBackend` and of the CUDA one (``metrale._faulty_cuda``):
+    each kind of `OPERATIONS` holds one armed failure (the nth next operation
+    fails, once) and one armed call (made at the start of the nth next one).
+    """
+
+    def __cinit__(self):
+        self._faults = {}
+        self._calls = {}
+
+    cdef int arm(self, object op, object nth) except -1:
+        self._faults[_kind(op)] = index_arg(nth, "nth", 1)
+        return 0
+
+    cdef int arm_call(self, object op, object fn, object nth) except -1:
+        op = _kind(op)
+        if not callable(fn):
+            raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+        self._calls[op] = [index_arg(nth, "nth", 1), fn]
+        return 0
+
+    cdef int clear(self) except -1:
+        self._faults.clear()
+        self._calls.clear()
+        return 0
+
+    cdef bint fails(self, str op) except -1:
+        armed = self._calls.get(op)
+        if armed is not None:
+            if armed[0] > 1:
+                armed[0] -= 1
+            else:
+                del self._calls[op]
+                armed[1]()
+        left = self._faults.get(op)
+        if left is None:
+            return False
+        if left > 1:
+            self._faults[op] = left - 1
+            return False
+        del self._faults[op]
+        return True
+
+    cdef int check(self, str op, str what) except -1:
+        if self.fails(op):
+            if op in _REFUSALS:
+                raise OutOfMemoryError(f"{what} refused (injected fault)")
+            raise MetraleError(f"INJECTED_FAULT: {what} failed")
+        return 0
+
+    def __repr__(self):
+        return f"armed={dict(self._faults)}, calls={sorted(self._calls)}"
+
+
+cdef str _kind(object op):
+    if not isinstance(op, str):
+        raise TypeError(f"op must be a str, got {type(op).__name__}")
+    if op not in OPERATIONS:
+        raise ValueError(f"op must be one of {', '.join(OPERATIONS)}, got {op!r}")
+    return op
+
+
 @cython.no_gc_clear         # as every backend (see _backend.pyx)
 cdef class FaultyBackend(HostBackend):
     """FaultyBackend()
@@ -43,12 +115,10 @@ A HostBackend whose nth next operation of a kind fails, on demand.
     >>> gpu.inject_fault("memset", 3)    # the 3rd memset from now fails
     >>> gpu.clear_faults()
     """
-    cdef dict _faults
-    cdef dict _calls
+    cdef Faults _armed
 
     def __cinit__(self):
-        self._faults = {}
-        self._calls = {}
+        self._armed = Faults()
 
     def inject_fault(self, op, nth=1):
         """Arm a failure of the `nth` next operation of kind `op`.
@@ -91,11 +161,7 @@ A HostBackend whose nth next operation of a kind fails, on demand.
             `op` is not one of the kinds above, or `nth` is below 1 or does
             not fit 64 bits.
         """
-        if not isinstance(op, str):
-            raise TypeError(f"op must be a str, got {type(op).__name__}")
-        if op not in OPERATIONS:
-            raise ValueError(f"op must be one of {', '.join(OPERATIONS)}, got {op!r}")
-        self._faults[op] = index_arg(nth, "nth", 1)
+        self._armed.arm(op, nth)
 
     def inject_call(self, op, fn, nth=1):
         """Call `fn()` at the start of the `nth` next operation of kind `op`.
@@ -123,35 +189,14 @@ A HostBackend whose nth next operation of a kind fails, on demand.
         ValueError
             `op` is not a known kind, or `nth` is below 1.
         """
-        if not isinstance(op, str):
-            raise TypeError(f"op must be a str, got {type(op).__name__}")
-        if op not in OPERATIONS:
-            raise ValueError(f"op must be one of {', '.join(OPERATIONS)}, got {op!r}")
-        if not callable(fn):
-            raise TypeError(f"fn must be callable, got {type(fn).__name__}")
-        self._calls[op] = [index_arg(nth, "nth", 1), fn]
+        self._armed.arm_call(op, fn, nth)
 
     def clear_faults(self):
         """Disarm every armed failure and call."""
-        self._faults.clear()
-        self._calls.clear()
+        self._armed.clear()
 
     cdef bint _fails(self, str op) except -1:
-        armed = self._calls.get(op)
-        if armed is not None:
-            if armed[0] > 1:
-                armed[0] -= 1
-            else:
-                del self._calls[op]
-                armed[1]()
-        left = self._faults.get(op)
-        if left is None:
-            return False
-        if left > 1:
-            self._faults[op] = left - 1
-            return False
-        del self._faults[op]
-        return True
+        return self._armed.fails(op)
 
     cdef int alloc(self, size_t n, uintptr_t *out) except -1:
         if self._fails("alloc"):
@@ -249,5 +294,4 @@ A HostBackend whose nth next operation of a kind fails, on demand.
 
     def __repr__(self):
         return (f"FaultyBackend(live_alloc_count={self.live_alloc_count}, "
-                f"live_bytes={self.live_bytes}, armed={dict(self._faults)}, "
-                f"calls={sorted(self._calls)})")
+                f"live_bytes={self.live_bytes}, {self._armed!r})")
