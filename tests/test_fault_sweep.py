@@ -16,8 +16,8 @@ from metrale.testing import OPERATIONS, FaultyBackend
 
 from helpers import COMPACT, Mem, process_resources, vm_counts
 
-LIMITS = (64, 512, 16, 8)
-TOP = (512, 1024, 16, 16)
+LIMITS = (16, 512, 16, 8)
+TOP = (128, 1024, 16, 16)
 OFFLOAD = ("hidden_states", "residual", "qkv_output")
 KEEP = ("gate_logits_f32", "norm_unit_w")
 WATCHED = OFFLOAD + KEEP
@@ -53,7 +53,7 @@ def _pieces(a):
 
 
 def _grown(a):
-    a.resize(128)
+    a.resize(64)
 
 
 def _asleep(a):
@@ -76,9 +76,9 @@ SCENARIOS = {
     "sleep after a resize": (_grown, lambda a: a.sleep(offload=OFFLOAD, keep=KEEP), True),
     "wake": (_asleep, lambda a: a.wake(), True),
     "wake, in pieces": (_asleep_pieces, lambda a: a.wake(), True),
-    "resize while asleep": (_asleep, lambda a: a.resize(128), True),
-    "resize up": (_plain, lambda a: a.resize(128), True),
-    "resize down": (_grown, lambda a: a.resize(32), False),
+    "resize while asleep": (_asleep, lambda a: a.resize(64), True),
+    "resize up": (_plain, lambda a: a.resize(64), True),
+    "resize down": (_grown, lambda a: a.resize(8), False),
     "release": (_plain, lambda a: a.release(), False),
     "release asleep": (_asleep, lambda a: a.release(), False),
     "release asleep, in pieces": (_asleep_pieces, lambda a: a.release(), False),

@@ -62,8 +62,11 @@ def _arena_sleep(BufferArena a, keep=(), offload=()):
         the backend failed: a copy (nothing changed), mapping the host
         memory at the buffers' addresses (the arena is awake again, its
         kept and offloaded buffers restored, the others' contents
-        undefined), an unmap (the arena then sleeps with that chunk still
-        mapped; `wake` works).
+        undefined), a handle's release (the arena sleeps; the handle is
+        released again later), an unmap (the arena then sleeps with that
+        chunk still mapped, `wake` works; or, where the chunk lies under an
+        offloaded buffer's host memory, it is awake again as for a failed
+        mapping).
     """
     cdef Backend be = a._gpu
     ids = buffer_ids(keep, "keep", a._buffers)
