@@ -504,6 +504,10 @@ def _interrupted_wait(what):
     import signal
     import time
     from helpers import blocked_operation
+    # Python installs its KeyboardInterrupt handler only where SIGINT is not
+    # ignored at start-up, and a job started in the background of a
+    # non-interactive shell (a CI runner's) inherits it ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     gpu = FaultyBackend()
     arena = _reserved(gpu)
     op, go = blocked_operation(gpu, arena)
