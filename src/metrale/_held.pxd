@@ -8,6 +8,7 @@ cdef class Held:
     cdef Py_ssize_t _n, _cap
     cdef readonly Py_ssize_t width
 
+    cdef int _room(self, Py_ssize_t n) except -1
     cdef int add(self, tuple row) except -1
     cdef Py_ssize_t find(self, tuple row) except -2
     cdef int assign(self, object rows) except -1

@@ -50,17 +50,23 @@ Rows of `width` unsigned 64-bit integers, out of the collector's reach.
     def __dealloc__(self):
         PyMem_Free(self._v)
 
-    cdef int add(self, tuple row) except -1:
-        cdef Py_ssize_t j, cap
+    cdef int _room(self, Py_ssize_t n) except -1:
+        """Storage for at least `n` rows (the rows held are kept)."""
+        cdef Py_ssize_t cap
         cdef uint64_t *v
-        if len(row) != self.width:
-            raise ValueError(f"a row of {self.width} integers, got {len(row)}")
-        if self._n == self._cap:
-            cap = 2 * self._cap + 4
+        if n > self._cap:
+            cap = max(n, 2 * self._cap + 4)
             v = <uint64_t *>PyMem_Realloc(self._v, cap * self.width * sizeof(uint64_t))
             if v == NULL:
                 raise MemoryError()
             self._v, self._cap = v, cap
+        return 0
+
+    cdef int add(self, tuple row) except -1:
+        cdef Py_ssize_t j
+        if len(row) != self.width:
+            raise ValueError(f"a row of {self.width} integers, got {len(row)}")
+        self._room(self._n + 1)
         for j in range(self.width):     # a bad item raises before the row is counted
             self._v[self._n * self.width + j] = row[j]
         self._n += 1
@@ -79,10 +85,16 @@ Rows of `width` unsigned 64-bit integers, out of the collector's reach.
         return -1
 
     cdef int assign(self, object rows) except -1:
-        rows = [tuple(r) for r in rows]     # converted before anything changes
+        cdef uint64_t x
+        # every row and integer checked and the storage made before the rows
+        # held go: they stand for memory, and a failure must not forget them
+        rows = [tuple(r) for r in rows]
         for r in rows:
             if len(r) != self.width:
                 raise ValueError(f"a row of {self.width} integers, got {len(r)}")
+            for v in r:
+                x = v
+        self._room(len(rows))
         self._n = 0
         for r in rows:
             self.add(r)
