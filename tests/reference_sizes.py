@@ -1,7 +1,7 @@
 """A second implementation of the reference sizing, for the tests.
 
 The sizes of `REFERENCE` come from the formulas of its specs
-(metrale/reference.py, evaluated by `BufferSizes.from_config`).  This module
+(metrale/_reference_table.py, evaluated by `BufferSizes.from_config`).  This module
 computes them again, written as straight-line Python from the spec's formulas
 (shared/spec/ARENA.md), the way the sizing was written before the buffer table
 became data: `reference_sizes` must give the same 46 values for every config,
@@ -10,7 +10,6 @@ limit, target and lever (tests/test_sizes.py, tests/test_properties.py).
 
 from metrale._math import ceil_to, cdiv
 from metrale.levers import lever_on
-from metrale.moe import moe_fp8_layout
 from metrale.reference import REFERENCE
 from metrale.sizes import (DECODE_META_MIN_ROWS, GATEUP_FUSED_MAX_M, Q12_SIZING_STREAMS,
                            VERIFY_ROW_CAP, kv_blocks_per_seq, resolve_splitk, sizing_inputs)
@@ -196,7 +195,7 @@ def _compute(c, M, max_seq_len, kv_block_size, max_batch_size, target, env):
                   "ffn_gate_up_fused"):
             s[n] = 0
     s["fp8_act"] = Mp * Kp
-    s["moe_fp8_scratch"] = moe_fp8_layout(c, M).bytes
+    s["moe_fp8_scratch"] = moe_fp8_bytes(c, M)
     s["fp8_act_scale"] = s["fp8_act_scale_kmajor"] = 4 * Mp * cdiv(Kp, 128)   # ceiling
     s["q2_dequant_scratch"] = (2 * H * max(I, QKVZ, Dip, g * Hq * D, 2 * Hkv * D)
                                if lever_on("METRALE_GGUF_NATIVE_Q2", env, c) else 0)
@@ -212,3 +211,22 @@ def _compute(c, M, max_seq_len, kv_block_size, max_batch_size, target, env):
     s["ssm_rowwise_w_bf16"] = (c.num_ssm_layers() * (2 * QKVZ * H + 2 * H * Vd)
                                if lever_on("METRALE_FP8_ROWWISE", env, c) else 0)
     return tuple(s[n] for n in BUFFER_NAMES)
+
+
+def moe_fp8_bytes(c, rows):
+    """The FP8 MoE slab's bytes for `rows` (ARENA.md 4.9), straight-line: the
+    regions one after another, each at a multiple of 256 bytes."""
+    E, H, Im = c.num_experts, c.hidden_size, c.moe_intermediate_size
+    if E == 0:
+        return 0
+    expanded = rows * c.num_experts_per_tok
+    shared_k = max(H, c.shared_expert_intermediate_size)
+    act = max(rows * shared_k, expanded * Im)
+    scl = 4 * max(rows * cdiv(shared_k, 128), expanded * cdiv(Im, 128))
+    width_tiles = cdiv(max(H, Im), 64)
+    items = (cdiv(expanded, 128) + E + 1) * width_tiles
+    counter = ceil_to(act, 256) + ceil_to(scl, 256) + ceil_to(8 * items, 256)
+    small_bytes = E * width_tiles * 8 if E == 256 else 0
+    if small_bytes:
+        return ceil_to(counter + 4, 256) + ceil_to(small_bytes, 256) + 4
+    return counter + 4

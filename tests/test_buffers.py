@@ -1,4 +1,4 @@
-"""The reference buffer set is written once (metrale/reference.py): its specs
+"""The reference buffer set is written once (metrale/_reference_table.py): its specs
 pass the public constructor's checks, and the C core's table, BufferSizes, the
 arena's compiled accessors, PeerBuffers and the generated stubs all follow it,
 with the counts and members of shared/spec/ARENA.md."""
@@ -24,7 +24,7 @@ def _stub_class(module, name):
 
 
 def test_reference_specs_pass_the_constructor():
-    # reference.py builds its records unchecked (a cheap import): each must be
+    # _reference_table.py holds its records unchecked (a cheap import): each must be
     # exactly what the checking constructor makes of its arguments.
     for spec in REFERENCE:
         again = BufferSpec(spec.name, **{k: v for k, v in spec._arguments().items()

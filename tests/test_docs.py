@@ -346,7 +346,7 @@ def test_no_docstring_cites_the_internal_spec():
 def test_the_walk_reaches_the_public_api():
     names = {n for n, _ in PUBLIC}
     for expected in ("metrale.config.ModelConfig", "metrale.sizes.BufferSizes",
-                     "metrale.sizes.Target", "metrale.levers.Lever", "metrale.levers.lever_on",
+                     "metrale.target.Target", "metrale.levers.Lever", "metrale.levers.lever_on",
                      "metrale.testing.FaultyBackend", "metrale._arena.BufferArena",
                      "metrale._backend.HostBackend", "metrale.errors.MetraleError"):
         assert expected in names

@@ -659,7 +659,7 @@ def test_fit_searches_sizes_that_grow(formula):
 def test_the_proof_is_sound_on_random_formulas():
     """Whatever the analysis calls non-decreasing is, at every M tried."""
     import random
-    from metrale.fitting import _Growth
+    from metrale.formulas import Growth as _Growth
     from metrale.formulas import evaluate, values
     rng = random.Random(2323)
     cfg = ModelConfig.preset("qwen3-next-80b")
@@ -708,7 +708,8 @@ def test_the_proof_is_sound_on_random_formulas():
 
 @pytest.mark.parametrize("name", ModelConfig.presets())
 def test_fit_never_refuses_the_reference(name):
-    from metrale.fitting import _shrinking, _Sizer
+    from metrale.fitting import _Sizer
+    from metrale.formulas import first_shrinking as _shrinking
     cfg = ModelConfig.preset(name)
     for env in (NOENV, {"METRALE_FP8_ROWWISE": "1"}, {"METRALE_ATTN_DECODE_SPLITK": "4"},
                 {"METRALE_GGUF_NATIVE_Q2": "1", "METRALE_GGUF_NATIVE_Q2_MMQ": "1"}):

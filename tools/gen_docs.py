@@ -128,7 +128,7 @@ layouts, or q8_1 blocks; the entry's element row says what they hold): UNTYPED.
 Each formula below is a Python expression over the symbols of the next section; the test
 suite evaluates it and compares it with `BufferSizes.from_config` for every bundled preset
 over a grid of limits, targets and levers. Each entry, its helpers included, is one record of
-`REFERENCE` (`src/metrale/reference.py`); [buffer-sets.md](buffer-sets.md) shows how an engine
+`REFERENCE` (`src/metrale/_reference_table.py`); [buffer-sets.md](buffer-sets.md) shows how an engine
 declares its own. `metrale plan --explain NAME` prints one entry, evaluated for a model.
 
 """.replace("UNTYPED", untyped))

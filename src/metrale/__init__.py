@@ -16,7 +16,7 @@ _LAZY = {
     "StepInputs": "metrale._step",
     "DecodeMetaLayout": "metrale.sizes",
     "MoeFp8Scratch": "metrale.moe",
-    "Target": "metrale.sizes",
+    "Target": "metrale.target",
     "HostBackend": "metrale._backend",
     "CudaBackend": "metrale.cuda",
     "ScratchSpaceManager": "metrale._scratch",

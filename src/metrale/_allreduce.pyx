@@ -23,7 +23,7 @@ from metrale._peer_core cimport (MT_RED_MAX_ITEMS, MT_RED_MAX_RANKS, MT_RED_STAT
                                  mt_reduce_args)
 
 from metrale._common import seconds_arg
-from metrale._spec_rules import dims_of
+from metrale._spec import dims_of
 from metrale.errors import MetraleError
 
 # The element types it sums, and the first dimensions that make a buffer

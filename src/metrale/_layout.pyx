@@ -15,6 +15,7 @@ from metrale._core cimport (MT_ERR_OVERFLOW, MT_IN_CHECKSUM, MT_IN_PREFILL, MT_I
                             mt_layout_table, mt_range, mt_rows_length, mt_zero_rows_ranges)
 
 from metrale.buffers import MAX_BUFFERS, MAX_ZERO_ALL, STEP_IDS, STEP_META
+from metrale.reference import REFERENCE
 from metrale.sizes import BufferSizes
 
 # Private constructor key: plans come from plan_layout().
@@ -380,7 +381,6 @@ def buffer_table(buffers=None):
         flags are the bits of `FLAG_BITS`.
     """
     if buffers is None:
-        from metrale.reference import REFERENCE
         buffers = REFERENCE
     flags, align = c_table(buffers)
     return tuple(zip(buffers.names, flags, align))

@@ -50,4 +50,4 @@ def ceil_to(x, n):
     ZeroDivisionError
         `n` is 0.
     """
-    return cdiv(x, n) * n
+    return -(-x // n) * n

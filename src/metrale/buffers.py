@@ -6,216 +6,28 @@ terms of the limits and the model config, or a formula in the language of
 ``zero_prefill_essentials``, the row rule of ``zero_all_rows``, the
 checksum), its alignment and what the catalogue says about it.  A `BufferSet`
 is an ordered, immutable collection of specs; `REFERENCE` is the reference
-engine's 46 (metrale/reference.py, the one place they are written), and an
+engine's 46 (metrale/_reference_table.py, the one place they are written), and an
 engine derives its own from it (`BufferSet.without`, `BufferSet.with_`,
 `BufferSet.replace`) or builds one from scratch.  (``metrale.REFERENCE``
-is ``metrale.reference.REFERENCE``.)  docs/buffer-sets.md has a
-worked example.
+is ``metrale.reference.REFERENCE``, the set `reference_set` makes from the
+table in metrale/_reference_table.py.)  docs/buffer-sets.md has a worked
+example.
 
 Every spec is checked when it is made and every set when it is built, so a
 bad declaration raises ``ValueError`` naming the spec and the field before
-anything is sized or allocated.  Pure Python: importing this module loads
-nothing else.
+anything is sized or allocated.  Pure Python: it loads the spec module
+(`metrale._spec`) and the reference table, nothing that sizes or allocates.
 """
 
 import hashlib
 import json
 
-from ._record import Record
-
 __all__ = ["BufferSpec", "BufferSet", "ROW_RULES", "ACCESSORS", "MAX_BUFFERS",
            "MAX_ZERO_ALL", "RESERVED_NAMES"]
 
-from ._spec_rules import (ACCESSORS, MAX_BUFFERS, MAX_ZERO_ALL, RESERVED_NAMES, ROW_RULES,
-                          STEP_IDS, STEP_META, check_spec, dims_of)
-
-_TEXT = ("holds", "words", "dtype_note", "families", "empty")
-
-
-class BufferSpec(Record):
-    """One buffer of a set: what it is, how big, and what covers it.
-
-    Give the size as a `shape` (its product times the element size, at least
-    `floor`) or as a `size` formula; both are written over the symbols of
-    docs/buffers.md (``M``, ``H``, ...) or their long names
-    (``max_batch_tokens``, ``hidden_size``, ...), checked now.
-
-    Parameters
-    ----------
-    name : str
-        A Python identifier (no leading underscore, at most 64 characters,
-        not one of `RESERVED_NAMES`).
-    dtype : str, optional
-        The element type (``"bfloat16"``, ``"float32"``, ...: the names
-        ``arena.view`` takes), or None for raw bytes.  Views of the buffer
-        default to it; debug arenas poison and scan it by it.
-    shape : sequence or str, optional
-        A sequence of dimensions, each an int >= 1 or an expression
-        (``["max_batch_tokens", "hidden_size"]``): exact, views default to
-        it, and without `size` it gives the size.  A str is a description
-        only (unless `shape_exact`: then a list expression).
-    size : str or int, keyword-only, optional
-        The byte size: an expression, or a constant.  Required without a
-        sequence `shape`.
-    itemsize : int, optional
-        Bytes per element (1, 2, 4, 8 or 16): the dtype's, or for raw bytes
-        the width a shape counts in.
-    floor : int, optional
-        The least bytes of a shape-sized buffer (``max(product, floor)``); with
-        `size` it only documents the floor the formula applies.
-    zero_all, prefill, checksum : bool, optional
-        Cleared by ``zero_all``; by ``zero_prefill_essentials`` (implies
-        `zero_all`); probed by ``debug_buffer_checksum``.
-    rows : str, optional
-        How ``zero_all_rows`` trims it: ``"whole"`` (default), ``"M"`` (the
-        first `tokens` rows of max_batch_tokens), ``"Mp"`` (the first
-        ceil16(`tokens`) rows of ceil16(max_batch_tokens), GEMM-tiled) or
-        ``"auto"`` (either, by the size's divisibility, the reference rule);
-        a size that the rows do not divide is cleared whole.  Only for a
-        `zero_all` buffer whose size reads max_batch_tokens.
-    total : bool, optional
-        Counted by ``BufferSizes.total_bytes()`` (default True).
-    align : int, optional
-        Alignment of its start in the slab: a power of two, 256 .. 2**30.
-    accessors : sequence of str, optional
-        ``"pointer"`` / ``"bytes"``: the compiled ``arena.NAME()`` /
-        ``arena.NAME_bytes()`` accessors, which exist for the reference
-        buffers only (any buffer has ``arena.ptr(NAME)`` and ``arena.ptrs.NAME``).
-    init_zero : bool, optional
-        Zero-filled once when the arena is built (and when it wakes).
-    shape_exact : bool, optional
-        For a str `shape`: it is a list expression of exact dimensions.
-    shape_when : str, optional
-        A condition under which the shape is exact (None: always).
-    holds, words, dtype_note, families, empty : str, optional
-        Catalogue text: what it holds, its size in words, what else its
-        bytes are, which models size it, why it can be empty.
-
-    Attributes
-    ----------
-    name, dtype, itemsize, floor, zero_all, prefill, rows, checksum, total, align, init_zero : object
-        As given, with the types of the Parameters (`itemsize` filled in
-        from `dtype`).
-    shape : str
-        The shape as text (``"[max_batch_tokens, hidden_size]"``), or "".
-    shape_exact : bool
-        Whether `shape` is a list expression of the exact dimensions.
-    shape_when : str or None
-        As given.
-    size : str or None
-        The size expression as given (a constant as its digits); None when
-        the shape gives the size.
-    formula : str
-        The byte size as an expression over the symbols: `size`, or the
-        shape's product times `itemsize` (at least `floor`).
-    accessors : tuple of str
-        As given, in the order of `ACCESSORS`.
-    holds, words, dtype_note, families, empty : str
-        As given.
-
-    Raises
-    ------
-    TypeError
-        A field of the wrong type (named).
-    ValueError
-        A field out of range or inconsistent (named, with the spec's name).
-    """
-
-    __slots__ = ("name", "dtype", "itemsize", "shape", "shape_exact", "shape_when", "size",
-                 "formula", "floor", "zero_all", "prefill", "rows", "checksum", "total",
-                 "align", "accessors", "init_zero", "holds", "words", "dtype_note", "families",
-                 "empty")
-
-    def __init__(self, name, dtype=None, shape=None, *, size=None, itemsize=None, floor=None,
-                 zero_all=False, prefill=False, rows="whole", checksum=False, total=True,
-                 align=256, accessors=(), init_zero=False, shape_exact=None, shape_when=None,
-                 holds="", words="", dtype_note="", families="", empty=""):
-        fields = check_spec(name, dtype, shape, size, itemsize, floor, zero_all, prefill, rows,
-                          checksum, total, align, accessors, init_zero, shape_exact,
-                          shape_when, dict(holds=holds, words=words, dtype_note=dtype_note,
-                                           families=families, empty=empty))
-        for k in self.__slots__:
-            object.__setattr__(self, k, fields[k])
-
-    @classmethod
-    def _trusted(cls, **fields):
-        """A spec from stored fields, unchecked: for metrale/reference.py, whose
-        specs the tests check through the constructor."""
-        self = object.__new__(cls)
-        for k in cls.__slots__:
-            object.__setattr__(self, k, fields[k])
-        return self
-
-    def _arguments(self):
-        """The constructor arguments that make this spec."""
-        out = {k: getattr(self, k) for k in self.__slots__ if k != "formula"}
-        if self.dtype is not None:
-            out["itemsize"] = None          # the dtype's: follows a changed dtype
-        if self.shape_exact and self.size is None:
-            out["shape"] = list(dims_of(self.shape))
-            out["shape_exact"] = None
-        return out
-
-    def replace(self, **changes):
-        """A copy with some fields changed, checked as a new spec.
-
-        Parameters
-        ----------
-        **changes
-            Constructor arguments (``size="4*M*H"``, ``zero_all=True``, ...).
-            A spec sized by its shape is sized again from the new shape.
-
-        Returns
-        -------
-        BufferSpec
-
-        Raises
-        ------
-        TypeError, ValueError
-            As the constructor; or an unknown field.
-        """
-        args = self._arguments()
-        for k in changes:
-            if k not in args or k == "formula":
-                raise TypeError(f"BufferSpec.replace: unknown field {k!r}")
-        args.update(changes)
-        if "shape" in changes and "shape_exact" not in changes:
-            args["shape_exact"] = None
-        name = args.pop("name")
-        return BufferSpec(name, **args)
-
-    def to_dict(self):
-        """The spec as plain data (str, int, bool, list), as a buffers file holds it.
-
-        Returns
-        -------
-        dict
-            The constructor arguments that differ from their defaults.
-        """
-        out = {"name": self.name}
-        for k, v in self._arguments().items():
-            if k != "name" and v != _DEFAULTS[k]:
-                out[k] = list(v) if isinstance(v, tuple) else v
-        return out
-
-    def __reduce__(self):
-        return (_restore, (tuple(getattr(self, k) for k in self.__slots__),))
-
-    def __repr__(self):
-        args = ", ".join(f"{k}={v!r}" for k, v in self.to_dict().items()
-                         if k not in _TEXT)
-        return f"BufferSpec({args})"
-
-
-def _restore(values):
-    return BufferSpec._trusted(**dict(zip(BufferSpec.__slots__, values)))
-
-
-_DEFAULTS = dict(dtype=None, shape=None, size=None, itemsize=None, floor=None, zero_all=False,
-                 prefill=False, rows="whole", checksum=False, total=True, align=256,
-                 accessors=(), init_zero=False, shape_exact=None, shape_when=None, holds="",
-                 words="", dtype_note="", families="", empty="")
-
+from ._reference_table import RECORDS
+from ._spec import (ACCESSORS, MAX_BUFFERS, MAX_ZERO_ALL, RESERVED_NAMES, ROW_RULES, STEP_IDS,
+                    STEP_META, BufferSpec)
 
 # The groups of a set: which helper or property covers which buffers.
 _GROUPS = {
@@ -486,12 +298,12 @@ class BufferSet:
         return (BufferSet._trusted, (self._specs,))
 
     def __repr__(self):
-        if self is _reference():
-            return "<BufferSet REFERENCE: 46 buffers>"
+        if self is _REFERENCE:
+            return f"<BufferSet REFERENCE: {len(self)} buffers>"
         return f"<BufferSet of {len(self)} buffers: {', '.join(self.names[:6])}" + \
             (", ...>" if len(self) > 6 else ">")
 
-    # -- files (metrale/_buffer_files.py) ----------------------------------------------
+    # -- files (below: _from_dict, _load, _to_dict) ----------------------------------------------
     @classmethod
     def from_dict(cls, data, where="buffer set"):
         """A set from plain data, as a buffers file holds it.
@@ -515,8 +327,7 @@ class BufferSet:
             A key or value the format does not have, or a spec or set error
             (each message starts with `where`).
         """
-        from ._buffer_files import from_dict
-        return from_dict(data, where)
+        return _from_dict(data, where)
 
     @classmethod
     def load(cls, path):
@@ -538,8 +349,7 @@ class BufferSet:
         ValueError, TypeError
             It does not parse, or as `from_dict` (the file is named).
         """
-        from ._buffer_files import load
-        return load(path)
+        return _load(path)
 
     def to_dict(self, base=None):
         """The set as plain data, the inverse of `from_dict`.
@@ -564,34 +374,171 @@ class BufferSet:
             keep its reference buffers in their order ahead of its new ones
             (a file could not say where they go).
         """
-        from ._buffer_files import to_dict
-        return to_dict(self, base)
+        return _to_dict(self, base)
 
 
-def _reference():
-    from .reference import REFERENCE
-    return REFERENCE
+
+# The reference engine's set, made once from its table (metrale/_reference_table.py)
+# and published as metrale.REFERENCE (metrale/reference.py).  The set layer
+# needs it for the files' "reference" base, and a set's repr names it.
+_REFERENCE = BufferSet._trusted([BufferSpec._trusted(**r) for r in RECORDS])
 
 
-def buffer_set_arg(buffers):
-    """The set a ``buffers=`` argument names: None means `REFERENCE`.
-
-    Parameters
-    ----------
-    buffers : BufferSet or None
-        The argument.
+def reference_set():
+    """The reference engine's set (``metrale.REFERENCE``), made once.
 
     Returns
     -------
     BufferSet
-
-    Raises
-    ------
-    TypeError
-        `buffers` is neither a BufferSet nor None.
     """
-    if buffers is None:
-        return _reference()
-    if not isinstance(buffers, BufferSet):
-        raise TypeError(f"buffers must be a BufferSet or None, got {type(buffers).__name__}")
-    return buffers
+    return _REFERENCE
+
+
+# -- files: the plain-data form of a set (TOML or JSON) that ``metrale plan
+# --buffers`` reads, and its inverse.  The format: ``base`` (``"reference"`` or
+# ``"empty"``), ``drop`` (names of the base to leave out), ``replace`` (name ->
+# changed fields) and ``buffer`` (new specs, each a table of BufferSpec arguments).
+def _from_dict(data, where):
+    """`BufferSet.from_dict`.
+
+    Parameters
+    ----------
+    data : dict
+        The plain data (module docstring).
+    where : str
+        What it is, for the messages.
+
+    Returns
+    -------
+    BufferSet
+    """
+    if not isinstance(data, dict):
+        raise TypeError(f"{where}: a table (dict) at the top, got {type(data).__name__}")
+    unknown = set(data) - {"base", "drop", "replace", "buffer"}
+    if unknown:
+        raise ValueError(f"{where}: unknown key {sorted(unknown)[0]!r}; the keys are base, "
+                         "drop, replace, buffer")
+    base = data.get("base", "reference")
+    if base not in ("reference", "empty"):
+        raise ValueError(f"{where}: base must be 'reference' or 'empty', got {base!r}")
+    out = _REFERENCE if base == "reference" else BufferSet()
+    try:
+        drop = data.get("drop", [])
+        if not isinstance(drop, list) or not all(isinstance(n, str) for n in drop):
+            raise TypeError("drop must be a list of buffer names")
+        out = out.without(drop)
+        changes = data.get("replace", {})
+        if not isinstance(changes, dict):
+            raise TypeError("replace must be a table of buffer name -> fields")
+        for name, fields in changes.items():
+            if not isinstance(fields, dict):
+                raise TypeError(f"replace.{name} must be a table of fields")
+            out = out.replace(name, **fields)
+        new = data.get("buffer", [])
+        if not isinstance(new, list):
+            raise TypeError("buffer must be a list of tables ([[buffer]])")
+        specs = []
+        for i, fields in enumerate(new):
+            if not isinstance(fields, dict) or not isinstance(fields.get("name"), str):
+                raise TypeError(f"buffer[{i}] must be a table with a name")
+            fields = dict(fields)
+            name = fields.pop("name")
+            try:
+                specs.append(BufferSpec(name, **fields))
+            except TypeError as e:
+                if "unexpected keyword" in str(e):
+                    raise TypeError(f"buffer spec {name!r}: {e}") from None
+                raise
+        return out.with_(specs)
+    except (TypeError, ValueError) as e:
+        raise (TypeError if isinstance(e, TypeError) else ValueError)(f"{where}: {e}") from None
+
+
+def _load(path):
+    """`BufferSet.load`.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        A ``.json`` file, or TOML.
+
+    Returns
+    -------
+    BufferSet
+    """
+    import os
+    path = os.fspath(path)
+    with open(path, "rb") as f:
+        raw = f.read()
+    if path.endswith(".json"):
+        try:
+            data = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as e:
+            raise ValueError(f"{path}: not JSON: {e}") from None
+    else:
+        data = _toml(raw, path)
+    return _from_dict(data, path)
+
+
+def _to_dict(self, base):
+    """`BufferSet.to_dict` of the set `self`.
+
+    Parameters
+    ----------
+    self : BufferSet
+        The set.
+    base : BufferSet or None
+        As `BufferSet.to_dict`.
+
+    Returns
+    -------
+    dict
+    """
+    ref = _REFERENCE
+    # REFERENCE as the base only when the set is its buffers in its order
+    # (some dropped or replaced), then new ones: the form from_dict rebuilds
+    kept = [s.name for s in self._specs if s.name in ref]
+    ordered = bool(kept) and kept == [n for n in ref.names if n in self] and \
+        list(self.names[:len(kept)]) == kept
+    if base is None:
+        base = ref if ordered else BufferSet()
+    elif not isinstance(base, BufferSet) or (base != ref and len(base)):
+        raise ValueError("to_dict: base must be REFERENCE or an empty BufferSet (the bases a "
+                         "buffers file names), or None")
+    elif base == ref and not ordered:
+        raise ValueError("to_dict: this set cannot be written as changes to REFERENCE: its "
+                         "reference buffers are not in REFERENCE's order ahead of its new ones "
+                         "(give base=None or an empty set)")
+    out = {"base": "reference" if base == ref else "empty"}
+    if base == ref:
+        drop = [n for n in base.names if n not in self]
+        if drop:
+            out["drop"] = drop
+        rep = {}
+        for s in self._specs:
+            if s.name in base and s != base[s.name]:
+                mine, theirs = s._arguments(), base[s.name]._arguments()
+                # every field that differs, defaults included (to_dict leaves those out)
+                rep[s.name] = {k: list(v) if isinstance(v, tuple) else v
+                               for k, v in mine.items() if k != "name" and theirs[k] != v}
+        if rep:
+            out["replace"] = rep
+    new = [s.to_dict() for s in self._specs if s.name not in base]
+    if new:
+        out["buffer"] = new
+    return out
+
+
+def _toml(raw, path):
+    try:
+        import tomllib
+    except ImportError:         # Python 3.10
+        try:
+            import tomli as tomllib
+        except ImportError:
+            raise ValueError(f"{path}: reading TOML on Python 3.10 needs the tomli package "
+                             "(pip install tomli), or give the set as JSON") from None
+    try:
+        return tomllib.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise ValueError(f"{path}: not TOML: {e}") from None

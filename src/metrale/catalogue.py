@@ -19,11 +19,12 @@ only; the sizing modules load on first use.
 
 import re
 
-from .buffers import BufferSpec, buffer_set_arg
-from .formulas import SYMBOLS, TERMS, Symbol, Term, evaluate as _evaluate, names_of as _names
+from .buffers import BufferSpec
+from .reference import REFERENCE, buffer_set_arg
+from .formulas import (ALIASES, SYMBOLS, TERMS, Symbol, Term, evaluate as _evaluate,
+                       names_of as _names, values)
 from ._record import Record
 from .levers import LEVERS
-from .reference import REFERENCE
 
 __all__ = [
     "Entry", "Symbol", "Term", "Dependencies", "CATALOGUE", "SYMBOLS", "TERMS",
@@ -94,9 +95,7 @@ def symbols(config, max_batch_tokens, max_seq_len, kv_block_size, max_batch_size
     ValueError
         If a limit is negative or `max_batch_tokens` is 0.
     """
-    from .formulas import values
-    from .sizes import sizing_inputs
-
+    from .sizes import sizing_inputs        # the sizing loads on first use: a cheap import
     return values(config, *sizing_inputs(config, max_batch_tokens, max_seq_len, kv_block_size,
                                          max_batch_size, target, env))
 
@@ -225,7 +224,6 @@ def dependencies(name, *, buffers=None):
     ValueError
         If `name` is not a buffer of the set.
     """
-    from .formulas import ALIASES
     entry = _entry(name, buffers)
     exprs = [entry.formula] + [_TERM_BY_NAME[t].expr for t in _terms_used(entry.formula)]
     read = set()
@@ -363,8 +361,8 @@ def explain(name, sizes=None, config=None, *, max_batch_tokens=None, max_seq_len
         If `name` is not a str, `sizes` not a BufferSizes, `config` not a
         ModelConfig or `buffers` not a BufferSet.
     """
+    from .sizes import BufferSizes
     if sizes is not None:
-        from .sizes import BufferSizes
         if not isinstance(sizes, BufferSizes):
             raise TypeError(f"sizes must be a BufferSizes or None, got {type(sizes).__name__}")
         if buffers is None:
@@ -406,7 +404,6 @@ def explain(name, sizes=None, config=None, *, max_batch_tokens=None, max_seq_len
     if buffers is REFERENCE or e.empty:
         add(_wrap("can be empty:", e.empty or "no, not for a real model"))
     if config is not None:
-        from .sizes import BufferSizes
         dflt = DEFAULT_LIMITS
         lim = tuple(dflt[j] if x is None else x for j, x in enumerate(
             (max_batch_tokens, max_seq_len, kv_block_size, max_batch_size)))

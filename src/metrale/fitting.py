@@ -10,7 +10,6 @@ Pure Python over the sizing formulas and `metrale._layout`; loaded on first
 use of ``metrale.fit``.
 """
 
-import ast
 import re
 from fractions import Fraction
 
@@ -21,7 +20,8 @@ from ._record import Record
 from .reference import REFERENCE
 from .buffers import BufferSet
 from .debug import DebugOptions
-from .sizes import BufferSizes
+from .formulas import evaluate, first_shrinking, values
+from .sizes import BufferSizes, sizing_inputs
 
 __all__ = ["fit", "ArenaFit", "parse_size", "growth", "growth_span", "FREE_MEMORY_MARGIN",
            "SIZE_UNITS"]
@@ -230,8 +230,6 @@ class _Sizer:
 
     def symbols(self, m):
         """The value of every symbol of the formulas at `m` (checked inputs)."""
-        from .formulas import values
-        from .sizes import sizing_inputs
         m, *rest = sizing_inputs(self.config, m, *self.limits, self.target, self.env)
         return values(self.config.shard(self.tp_size), m, *rest)
 
@@ -249,7 +247,6 @@ class _Sizer:
             raise
 
     def _computable(self, m):
-        from .formulas import evaluate
         symbols = self.symbols(m)
         for s in self.buffers:
             try:
@@ -259,219 +256,6 @@ class _Sizer:
             if type(v) is not int or v < 0:
                 return False
         return True
-
-
-# -- monotonicity: what makes the search exact ------------------------------------------------
-#
-# The search needs every size non-decreasing in max_batch_tokens (the layout
-# then is: see _largest_fitting).  The reference formulas are (the tests check
-# them at every M up to 1,200 on every preset); an engine's own may not be
-# (``M % 7``, ``4096 - M``), so each formula is proved so before a search: an
-# abstract evaluation over M >= 1 with every other symbol at its value for the
-# model and limits.  A value is ("c", v): the same for every M; ("v", d, nn):
-# non-decreasing (d = 1) or non-increasing (d = -1) in M, never negative when
-# nn; or None: not known.  Sound, not complete: None where a rule is not sure
-# (a condition that reads M, ``%`` of M), and the fit then refuses to search.
-
-_UP = 1
-
-
-def _const(v):
-    return ("c", v)
-
-
-def _dir(a):
-    """(direction, never negative) of a known value; a constant has direction 0."""
-    if a[0] == "c":
-        return 0, a[1] >= 0
-    return a[1], a[2]
-
-
-def _joined(parts, nonneg):
-    """The value of a function non-decreasing in each of `parts`, or None
-    when two of them move in opposite directions."""
-    dirs = {_dir(p)[0] for p in parts} - {0}
-    if len(dirs) > 1:
-        return None
-    return ("v", dirs.pop(), nonneg) if dirs else None
-
-
-def _flip(a):
-    return ("c", -a[1]) if a[0] == "c" else ("v", -a[1], False)
-
-
-def _quotient(a, b):
-    """a // b (or cdiv(a, b)), a and b known, b not constant, b >= 0 where it
-    is defined: the quotient moves with a and against b."""
-    (db, nnb), nna = _dir(b), _dir(a)[1]
-    if not (nna and nnb):
-        return None
-    return _joined([a, ("v", -db, True)], True)
-
-
-_HELPER_CALLS = {
-    "max": max, "min": min, "cdiv": lambda a, b: -(-a // b),
-    "ceil4": lambda x: -(-x // 4) * 4, "ceil8": lambda x: -(-x // 8) * 8,
-    "ceil16": lambda x: -(-x // 16) * 16, "ceil64": lambda x: -(-x // 64) * 64,
-    "ceil256": lambda x: -(-x // 256) * 256,
-}
-_BINARY = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b,
-           ast.Mult: lambda a, b: a * b, ast.FloorDiv: lambda a, b: a // b,
-           ast.Mod: lambda a, b: a % b}
-_COMPARE = {ast.Eq: lambda a, b: a == b, ast.NotEq: lambda a, b: a != b,
-            ast.Lt: lambda a, b: a < b, ast.LtE: lambda a, b: a <= b,
-            ast.Gt: lambda a, b: a > b, ast.GtE: lambda a, b: a >= b}
-
-
-_trees = {}
-
-
-def _tree(expr):
-    # Parsed once per formula: the parse is most of an analysis' cost.
-    t = _trees.get(expr)
-    if t is None:
-        if len(_trees) > 4096:
-            _trees.clear()
-        t = _trees[expr] = ast.parse(expr.strip(), mode="eval").body
-    return t
-
-
-class _Growth:
-    """The abstract evaluation of one set's formulas for one model and limits."""
-
-    _terms = None           # (aliases, term name -> expr, the terms that read M)
-
-    def __init__(self, symbols):
-        if _Growth._terms is None:
-            from .formulas import ALIASES, TERMS, names_of
-            reads_m = set()             # through earlier terms too
-            for t in TERMS:
-                if any(ALIASES.get(n, n) in reads_m or ALIASES.get(n, n) == "M"
-                       for n in names_of(t.expr)):
-                    reads_m.add(t.name)
-            _Growth._terms = (ALIASES, {t.name: t.expr for t in TERMS}, frozenset(reads_m))
-        self.aliases, self.terms, self.reads_m = _Growth._terms
-        self.symbols = symbols
-        self.memo = {}
-
-    def of(self, expr):
-        v = self.memo.get(expr, self)
-        if v is self:
-            try:
-                v = self.node(_tree(expr))
-            except (ArithmeticError, KeyError, TypeError, ValueError, RecursionError):
-                v = None        # a constant part that fails: the sizing says why
-            self.memo[expr] = v
-        return v
-
-    def node(self, n):
-        if isinstance(n, ast.Constant):
-            return _const(n.value)
-        if isinstance(n, ast.Name):
-            name = self.aliases.get(n.id, n.id)
-            if name == "M":
-                return ("v", _UP, True)
-            if name in self.reads_m:
-                return self.of(self.terms[name])
-            return _const(self.symbols[name])
-        if isinstance(n, ast.IfExp):
-            test = self.node(n.test)
-            if test is None or test[0] != "c":
-                return None
-            return self.node(n.body if test[1] else n.orelse)
-        if isinstance(n, ast.BinOp):
-            return self.binary(type(n.op), self.node(n.left), self.node(n.right))
-        if isinstance(n, ast.UnaryOp):
-            a = self.node(n.operand)
-            if a is None:
-                return None
-            if isinstance(n.op, ast.USub):
-                return _flip(a)
-            if isinstance(n.op, ast.UAdd):
-                return a
-            return _const(not a[1]) if a[0] == "c" else None
-        if isinstance(n, ast.Call):
-            args = [self.node(x) for x in n.args]
-            if any(a is None for a in args):
-                return None
-            name = n.func.id
-            if all(a[0] == "c" for a in args):
-                return _const(_HELPER_CALLS[name](*(a[1] for a in args)))
-            if name in ("max", "min"):
-                nn = [_dir(a)[1] for a in args]
-                return _joined(args, any(nn) if name == "max" else all(nn))
-            if name == "cdiv":
-                return self.binary(ast.FloorDiv, *args)
-            return _joined(args, _dir(args[0])[1])          # ceilN
-        if isinstance(n, ast.Compare):
-            parts = [self.node(n.left)] + [self.node(x) for x in n.comparators]
-            if any(a is None or a[0] != "c" for a in parts):
-                return None
-            return _const(all(_COMPARE[type(op)](parts[i][1], parts[i + 1][1])
-                              for i, op in enumerate(n.ops)))
-        if isinstance(n, ast.BoolOp):
-            parts = [self.node(x) for x in n.values]
-            if any(a is None or a[0] != "c" for a in parts):
-                return None
-            v = parts[0][1]
-            for a in parts[1:]:
-                if (not v) if isinstance(n.op, ast.And) else v:
-                    break
-                v = a[1]
-            return _const(v)
-        return None
-
-    def binary(self, op, a, b):
-        if op is ast.Mult and ("c", 0) in (a, b):
-            return _const(0)                # whatever the other factor does
-        if a is None or b is None:
-            return None
-        if a[0] == "c" and b[0] == "c":
-            return _const(_BINARY[op](a[1], b[1]))
-        if op is ast.Add:
-            return _joined([a, b], _dir(a)[1] and _dir(b)[1])
-        if op is ast.Sub:
-            return self.binary(ast.Add, a, _flip(b))
-        if op is ast.Mult:
-            if b[0] == "c":
-                a, b = b, a
-            if a[0] == "c":                 # c * x: with x, against it, or 0
-                if a[1] == 0:
-                    return _const(0)
-                d, nn = _dir(b)
-                return ("v", d, nn) if a[1] > 0 else ("v", -d, False)
-            (da, nna), (db, nnb) = _dir(a), _dir(b)
-            return ("v", da, True) if nna and nnb and da == db else None
-        if op is ast.FloorDiv:
-            if b[0] == "c":                 # x // c: with x for c > 0
-                if b[1] <= 0:
-                    return None
-                d, nn = _dir(a)
-                return ("v", d, nn)
-            return _quotient(a, b)
-        return None                         # % of something that moves with M
-
-
-def _shrinking(buffers, symbols):
-    """The first spec of `buffers` whose size is not proved non-decreasing in
-    max_batch_tokens for these symbol values, or None (kept with the set for
-    the last few models and limits: a fit costs about ten evaluations, the
-    analysis of the 46 reference formulas about as much again)."""
-    seen = buffers._cache.setdefault("fit_shrinking", {})
-    key = tuple(symbols.values())
-    found = seen.get(key, seen)
-    if found is seen:
-        growth = _Growth(symbols)
-        found = None
-        for s in buffers:
-            v = growth.of(s.formula)
-            if v is None or (v[0] == "v" and v[1] != _UP):
-                found = s
-                break
-        if len(seen) >= 16:
-            seen.clear()
-        seen[key] = found
-    return found
 
 
 def _line(m0, s0, m1, s1, budget):
@@ -484,7 +268,7 @@ def _largest_fitting(arena, first, budget):
     """The largest m with arena(m) <= budget, given arena(1) = `first` fits.
 
     arena(m) never decreases as m grows: every size formula is
-    non-decreasing in max_batch_tokens (`_shrinking` proves it first), and
+    non-decreasing in max_batch_tokens (`first_shrinking` proves it first), and
     the layout places the buffers in a fixed order, each at the running end
     rounded up to its alignment, ending on 256 bytes or a granule
     (tests/test_fitting.py checks both).  So the m that fit are 1 ... M: a bracket lo (fits) <
@@ -783,7 +567,7 @@ def fit(config, budget, max_seq_len, kv_block_size, max_batch_size, *, tp_size=1
         if first > budget:
             raise ValueError(f"budget: {budget:,} bytes is less than the smallest arena "
                              f"(max_batch_tokens=1) of these limits, {first:,} bytes")
-        shrinks = _shrinking(buffers, arena.symbols(1))
+        shrinks = first_shrinking(buffers, arena.symbols(1))
         if shrinks is not None:
             raise ValueError(
                 f"buffers: buffer spec {shrinks.name!r}: size: {shrinks.formula} is not seen "

@@ -5,13 +5,16 @@ One arena-owned slab, the ``moe_fp8_scratch`` buffer, is reused in turn by
 every grouped FP8 MoE layer: the FP8 activations, their scales, the work list
 of 128 x 64 tiles and its tile counter, and, for models with exactly 256
 experts, a second (small) work list and counter for the adaptive dispatch.
-Every region starts at a multiple of 256 bytes.
+Every region starts at a multiple of 256 bytes.  The regions are the
+``moe_*`` terms of the formula language (`metrale.formulas.TERMS`), the
+expressions that size the buffer: written once, read here.
 """
 
 from ._common import check_index
-from ._math import U64_MAX, cdiv, ceil_to
+from ._math import U64_MAX
 from ._record import Record
 from .config import ModelConfig
+from .formulas import term_values
 
 __all__ = ["MoeFp8Layout", "MoeFp8Scratch", "moe_fp8_layout"]
 
@@ -115,26 +118,19 @@ def moe_fp8_layout(config, rows):
     E, H, Im = c.num_experts, c.hidden_size, c.moe_intermediate_size
     if E == 0:
         return MoeFp8Layout(0, 0, 0, 0, 0, 0, 0)
-    expanded = rows * c.num_experts_per_tok
-    shared_k = max(H, c.shared_expert_intermediate_size)
-    act = max(rows * shared_k, expanded * Im)
-    scl = 4 * max(rows * cdiv(shared_k, 128), expanded * cdiv(Im, 128))
-    width_tiles = cdiv(max(H, Im), 64)
-    items = (cdiv(expanded, 128) + E + 1) * width_tiles
-    scale = ceil_to(act, 256)
-    worklist = scale + ceil_to(scl, 256)
-    counter = worklist + ceil_to(8 * items, 256)
-    # Only E = 256 is qualified for the adaptive small-worklist dispatch.
-    small_bytes = E * width_tiles * 8 if E == 256 else 0
-    if small_bytes > U64_MAX:
+    t = term_values(c, rows, _TERMS)
+    # The adaptive small work list exists for exactly 256 experts.
+    if t["moe_small_bytes"] > U64_MAX:
         raise ValueError("adaptive FP8 small worklist size overflow "
                          f"(E={E}, max(hidden, moe_intermediate)={max(H, Im)})")
-    if small_bytes:
-        small_worklist = ceil_to(counter + 4, 256)
-        small_counter = small_worklist + ceil_to(small_bytes, 256)
-        nbytes = small_counter + 4
+    if t["moe_small_bytes"]:
+        small_worklist, small_counter = t["moe_small_worklist"], t["moe_small_counter"]
     else:
         small_worklist = small_counter = 0
-        nbytes = counter + 4
-    return MoeFp8Layout(scale, worklist, counter, small_worklist, small_bytes,
-                        small_counter, nbytes)
+    return MoeFp8Layout(t["moe_scale"], t["moe_worklist"], t["moe_counter"], small_worklist,
+                        t["moe_small_bytes"], small_counter, t["moe_fp8_bytes"])
+
+
+# The slab's regions, as the sizing formulas define them (metrale.formulas TERMS).
+_TERMS = ("moe_scale", "moe_worklist", "moe_counter", "moe_small_worklist", "moe_small_bytes",
+          "moe_small_counter", "moe_fp8_bytes")

@@ -3,3 +3,5 @@ from metrale.buffers import BufferSet
 __all__ = ["REFERENCE"]
 
 REFERENCE: BufferSet
+
+def buffer_set_arg(buffers: BufferSet | None) -> BufferSet: ...

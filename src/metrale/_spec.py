@@ -1,10 +1,17 @@
-"""The rules a buffer spec must follow, checked when it is made
-(`metrale.buffers.BufferSpec`): each field's type and range, and what the
-fields must agree on.  Every refusal names the spec and the field.  Pure
-Python: it loads `metrale.formulas` and nothing else.
+"""A buffer spec: one buffer of a set (`BufferSpec`, published as
+``metrale.buffers.BufferSpec``) and the rules it must follow, checked when it
+is made: each field's type and range, and what the fields must agree on.
+Every refusal names the spec and the field.  Pure Python: it loads
+`metrale.formulas` and the reference table's data (which buffers have
+compiled accessors).
 """
 
+
+import ast
+
 from . import formulas
+from ._record import Record
+from ._reference_table import RECORDS
 from ._dtypes import ITEMSIZE
 from ._math import U64_MAX
 
@@ -24,6 +31,8 @@ _MAX_NAME = 64
 # The step inputs (StepInputs): token ids, then the byte scratch whose front
 # holds the token count and the decode metadata; one upload reaches both.
 STEP_IDS, STEP_META = "token_ids", "scratch"
+# The accessors the arena compiles (tools/gen_buffers.py), by reference buffer.
+_COMPILED = {r["name"]: r["accessors"] for r in RECORDS}
 # Names a buffer cannot have: BufferSizes' attributes and methods.
 RESERVED_NAMES = frozenset({
     "buffers", "limits", "levers", "from_config", "total_bytes", "as_dict", "as_tuple",
@@ -63,7 +72,6 @@ def dims_of(text):
     SyntaxError, ValueError
         `text` is not a list expression.
     """
-    import ast
     tree = ast.parse(text.strip(), mode="eval").body
     if not isinstance(tree, ast.List):
         raise ValueError("not a list")
@@ -251,8 +259,7 @@ def check_spec(name, dtype, shape, size, itemsize, floor, zero_all, prefill, row
             raise ValueError(f"{where}: accessors: {a!r} is not one of {', '.join(ACCESSORS)}")
     accessors = tuple(a for a in ACCESSORS if a in accessors)
     if accessors:
-        ref = _reference()
-        have = ref[name].accessors if name in ref else ()
+        have = _COMPILED.get(name, ())
         missing = [a for a in accessors if a not in have]
         if missing:
             raise ValueError(f"{where}: accessors: the arena has compiled accessors for the "
@@ -267,6 +274,190 @@ def check_spec(name, dtype, shape, size, itemsize, floor, zero_all, prefill, row
                 align=align, accessors=accessors, init_zero=init_zero, **text)
 
 
-def _reference():
-    from .reference import REFERENCE
-    return REFERENCE
+
+_TEXT = ("holds", "words", "dtype_note", "families", "empty")
+
+
+class BufferSpec(Record):
+    """One buffer of a set: what it is, how big, and what covers it.
+
+    Give the size as a `shape` (its product times the element size, at least
+    `floor`) or as a `size` formula; both are written over the symbols of
+    docs/buffers.md (``M``, ``H``, ...) or their long names
+    (``max_batch_tokens``, ``hidden_size``, ...), checked now.
+
+    Parameters
+    ----------
+    name : str
+        A Python identifier (no leading underscore, at most 64 characters,
+        not one of `RESERVED_NAMES`).
+    dtype : str, optional
+        The element type (``"bfloat16"``, ``"float32"``, ...: the names
+        ``arena.view`` takes), or None for raw bytes.  Views of the buffer
+        default to it; debug arenas poison and scan it by it.
+    shape : sequence or str, optional
+        A sequence of dimensions, each an int >= 1 or an expression
+        (``["max_batch_tokens", "hidden_size"]``): exact, views default to
+        it, and without `size` it gives the size.  A str is a description
+        only (unless `shape_exact`: then a list expression).
+    size : str or int, keyword-only, optional
+        The byte size: an expression, or a constant.  Required without a
+        sequence `shape`.
+    itemsize : int, optional
+        Bytes per element (1, 2, 4, 8 or 16): the dtype's, or for raw bytes
+        the width a shape counts in.
+    floor : int, optional
+        The least bytes of a shape-sized buffer (``max(product, floor)``); with
+        `size` it only documents the floor the formula applies.
+    zero_all, prefill, checksum : bool, optional
+        Cleared by ``zero_all``; by ``zero_prefill_essentials`` (implies
+        `zero_all`); probed by ``debug_buffer_checksum``.
+    rows : str, optional
+        How ``zero_all_rows`` trims it: ``"whole"`` (default), ``"M"`` (the
+        first `tokens` rows of max_batch_tokens), ``"Mp"`` (the first
+        ceil16(`tokens`) rows of ceil16(max_batch_tokens), GEMM-tiled) or
+        ``"auto"`` (either, by the size's divisibility, the reference rule);
+        a size that the rows do not divide is cleared whole.  Only for a
+        `zero_all` buffer whose size reads max_batch_tokens.
+    total : bool, optional
+        Counted by ``BufferSizes.total_bytes()`` (default True).
+    align : int, optional
+        Alignment of its start in the slab: a power of two, 256 .. 2**30.
+    accessors : sequence of str, optional
+        ``"pointer"`` / ``"bytes"``: the compiled ``arena.NAME()`` /
+        ``arena.NAME_bytes()`` accessors, which exist for the reference
+        buffers only (any buffer has ``arena.ptr(NAME)`` and ``arena.ptrs.NAME``).
+    init_zero : bool, optional
+        Zero-filled once when the arena is built (and when it wakes).
+    shape_exact : bool, optional
+        For a str `shape`: it is a list expression of exact dimensions.
+    shape_when : str, optional
+        A condition under which the shape is exact (None: always).
+    holds, words, dtype_note, families, empty : str, optional
+        Catalogue text: what it holds, its size in words, what else its
+        bytes are, which models size it, why it can be empty.
+
+    Attributes
+    ----------
+    name, dtype, itemsize, floor, zero_all, prefill, rows, checksum, total, align, init_zero : object
+        As given, with the types of the Parameters (`itemsize` filled in
+        from `dtype`).
+    shape : str
+        The shape as text (``"[max_batch_tokens, hidden_size]"``), or "".
+    shape_exact : bool
+        Whether `shape` is a list expression of the exact dimensions.
+    shape_when : str or None
+        As given.
+    size : str or None
+        The size expression as given (a constant as its digits); None when
+        the shape gives the size.
+    formula : str
+        The byte size as an expression over the symbols: `size`, or the
+        shape's product times `itemsize` (at least `floor`).
+    accessors : tuple of str
+        As given, in the order of `ACCESSORS`.
+    holds, words, dtype_note, families, empty : str
+        As given.
+
+    Raises
+    ------
+    TypeError
+        A field of the wrong type (named).
+    ValueError
+        A field out of range or inconsistent (named, with the spec's name).
+    """
+
+    __slots__ = ("name", "dtype", "itemsize", "shape", "shape_exact", "shape_when", "size",
+                 "formula", "floor", "zero_all", "prefill", "rows", "checksum", "total",
+                 "align", "accessors", "init_zero", "holds", "words", "dtype_note", "families",
+                 "empty")
+
+    def __init__(self, name, dtype=None, shape=None, *, size=None, itemsize=None, floor=None,
+                 zero_all=False, prefill=False, rows="whole", checksum=False, total=True,
+                 align=256, accessors=(), init_zero=False, shape_exact=None, shape_when=None,
+                 holds="", words="", dtype_note="", families="", empty=""):
+        fields = check_spec(name, dtype, shape, size, itemsize, floor, zero_all, prefill, rows,
+                          checksum, total, align, accessors, init_zero, shape_exact,
+                          shape_when, dict(holds=holds, words=words, dtype_note=dtype_note,
+                                           families=families, empty=empty))
+        for k in self.__slots__:
+            object.__setattr__(self, k, fields[k])
+
+    @classmethod
+    def _trusted(cls, **fields):
+        """A spec from stored fields, unchecked: for metrale/_reference_table.py, whose
+        specs the tests check through the constructor."""
+        self = object.__new__(cls)
+        for k in cls.__slots__:
+            object.__setattr__(self, k, fields[k])
+        return self
+
+    def _arguments(self):
+        """The constructor arguments that make this spec."""
+        out = {k: getattr(self, k) for k in self.__slots__ if k != "formula"}
+        if self.dtype is not None:
+            out["itemsize"] = None          # the dtype's: follows a changed dtype
+        if self.shape_exact and self.size is None:
+            out["shape"] = list(dims_of(self.shape))
+            out["shape_exact"] = None
+        return out
+
+    def replace(self, **changes):
+        """A copy with some fields changed, checked as a new spec.
+
+        Parameters
+        ----------
+        **changes
+            Constructor arguments (``size="4*M*H"``, ``zero_all=True``, ...).
+            A spec sized by its shape is sized again from the new shape.
+
+        Returns
+        -------
+        BufferSpec
+
+        Raises
+        ------
+        TypeError, ValueError
+            As the constructor; or an unknown field.
+        """
+        args = self._arguments()
+        for k in changes:
+            if k not in args or k == "formula":
+                raise TypeError(f"BufferSpec.replace: unknown field {k!r}")
+        args.update(changes)
+        if "shape" in changes and "shape_exact" not in changes:
+            args["shape_exact"] = None
+        name = args.pop("name")
+        return BufferSpec(name, **args)
+
+    def to_dict(self):
+        """The spec as plain data (str, int, bool, list), as a buffers file holds it.
+
+        Returns
+        -------
+        dict
+            The constructor arguments that differ from their defaults.
+        """
+        out = {"name": self.name}
+        for k, v in self._arguments().items():
+            if k != "name" and v != _DEFAULTS[k]:
+                out[k] = list(v) if isinstance(v, tuple) else v
+        return out
+
+    def __reduce__(self):
+        return (_restore, (tuple(getattr(self, k) for k in self.__slots__),))
+
+    def __repr__(self):
+        args = ", ".join(f"{k}={v!r}" for k, v in self.to_dict().items()
+                         if k not in _TEXT)
+        return f"BufferSpec({args})"
+
+
+def _restore(values):
+    return BufferSpec._trusted(**dict(zip(BufferSpec.__slots__, values)))
+
+
+_DEFAULTS = dict(dtype=None, shape=None, size=None, itemsize=None, floor=None, zero_all=False,
+                 prefill=False, rows="whole", checksum=False, total=True, align=256,
+                 accessors=(), init_zero=False, shape_exact=None, shape_when=None, holds="",
+                 words="", dtype_note="", families="", empty="")

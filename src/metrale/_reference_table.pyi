@@ -1,0 +1,5 @@
+from typing import Any
+
+__all__ = ["RECORDS"]
+
+RECORDS: tuple[dict[str, Any], ...]

@@ -1,0 +1,10 @@
+from typing import Any, Mapping
+
+from metrale._spec import BufferSpec
+from metrale.buffers import BufferSet
+
+class Growth:
+    def __init__(self, symbols: Mapping[str, Any]) -> None: ...
+    def of(self, expr: str) -> tuple[Any, ...] | None: ...
+
+def first_shrinking(buffers: BufferSet, symbols: Mapping[str, Any]) -> BufferSpec | None: ...
