@@ -75,7 +75,11 @@ def test_names_at_the_limits_and_reserved_names():
     assert BufferSpec("sampler_ws", size=1).name == "sampler_ws"
     # BufferSizes' attributes and methods: a buffer of that name would hide them
     assert RESERVED_NAMES >= {"buffers", "limits", "replace", "keys", "items", "values", "get",
-                              "total_bytes", "as_dict", "as_tuple", "from_config", "levers"}
+                              "total_bytes", "as_dict", "as_tuple", "from_config", "levers",
+                              "config", "target"}
+    # every public attribute but the reference buffers' own properties
+    public = {n for n in dir(BufferSizes) if not n.startswith("_")} - set(REFERENCE.names)
+    assert public <= RESERVED_NAMES
     for name in sorted(RESERVED_NAMES):
         assert hasattr(BufferSizes, name), name
         _spec_error(ValueError, dict(size=1), "name is reserved", name=name)

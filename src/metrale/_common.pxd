@@ -20,7 +20,7 @@ cdef list buffer_ids(object names, str arg, object buffers)
 cdef tuple limit_tuple(object lim)
 # A limit given with sizes: None takes the one `lim` records (required when
 # `lim` is None); given, it must equal it (ValueError naming both).
-cdef object limit_arg(object value, str name, uint64_t minimum, object lim)
+cdef object limit_arg(object value, str name, uint64_t minimum, object lim, str where=*)
 # The limits `reserve` (a 4-tuple, or a dict where a missing key means the
 # current limit) asks for, each converted and >= its entry in `limits`.
 cdef tuple reserve_limits(object reserve, tuple limits)

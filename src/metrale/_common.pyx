@@ -321,10 +321,11 @@ cdef tuple limit_tuple(object lim):
     return (lim.max_batch_tokens, lim.max_seq_len, lim.kv_block_size, lim.max_batch_size)
 
 
-cdef object limit_arg(object value, str name, uint64_t minimum, object lim):
+cdef object limit_arg(object value, str name, uint64_t minimum, object lim,
+                      str where="from_sizes"):
     if value is None:
         if lim is None:
-            raise TypeError(f"from_sizes: {name} is required: these sizes were not made by "
+            raise TypeError(f"{where}: {name} is required: these sizes were not made by "
                             "BufferSizes.from_config and record no limits")
         return getattr(lim, name)
     value = index_arg(value, name, minimum)

@@ -14,4 +14,5 @@ cdef tuple c_table(object buffers)
 cdef class SlabPlan:
     cdef mt_layout L
     cdef object buffer_set        # the BufferSet it places
+    cdef object _sizes            # the BufferSizes it places
     cdef uint64_t gran            # a reserved plan's granularity (0 for a plain one)

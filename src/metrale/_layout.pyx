@@ -7,12 +7,14 @@ here, from the buffer set (`table_into`)."""
 cimport cython
 from libc.stdint cimport uint64_t
 
-from metrale._common cimport u64_arg
+from metrale._common cimport limit_arg, u64_arg
 from metrale._core cimport (MT_ERR_OVERFLOW, MT_IN_CHECKSUM, MT_IN_PREFILL, MT_IN_ROWS,
                             MT_IN_ZERO_ALL, MT_MAX_BUFFERS, MT_MAX_ROWS_ENTRIES, MT_OK,
                             MT_ROWS_BY_M, MT_ROWS_BY_M16, MT_STEP_IDS, MT_STEP_META,
                             mt_commit_needed, mt_layout, mt_layout_plan, mt_layout_plan_reserved,
                             mt_layout_table, mt_range, mt_rows_length, mt_zero_rows_ranges)
+
+import warnings
 
 from metrale.buffers import MAX_BUFFERS, MAX_ZERO_ALL, STEP_IDS, STEP_META
 from metrale.reference import REFERENCE
@@ -94,12 +96,18 @@ cdef class SlabPlan:
 
     def __cinit__(self, token=None):
         if token is not _TOKEN:
-            raise TypeError("use plan_layout(sizes, max_batch_tokens)")
+            raise TypeError("use plan_layout(sizes)")
 
     @property
     def buffers(self):
         """The buffer set the plan places (BufferSet)."""
         return self.buffer_set
+
+    @property
+    def sizes(self):
+        """The sizes the plan places (BufferSizes): with their limits, shape
+        and target, everything the plan was made from."""
+        return self._sizes
 
     @property
     def slab_bytes(self):
@@ -243,16 +251,18 @@ cdef class SlabPlan:
                 f"zero_all={self.zero_all}>")
 
 
-def plan_layout(sizes, max_batch_tokens, *, guard_bytes=0):
+def plan_layout(sizes, max_batch_tokens=None, *, guard_bytes=0):
     """The slab plan of an arena built from `sizes`, without allocating.
 
     Parameters
     ----------
     sizes : BufferSizes
-        The buffer sizes.
-    max_batch_tokens : int
-        The arena's max_batch_tokens (>= 1); it decides the rows the
-        zeroing helpers trim to.
+        The buffer sizes; made by `BufferSizes.from_config`, they carry the
+        max_batch_tokens that decides the rows the zeroing helpers trim to.
+    max_batch_tokens : int, optional
+        Only for sizes built by hand (which carry no limits): the arena's
+        max_batch_tokens (>= 1).  Given with sizes that carry their limits
+        it must equal theirs, and is deprecated: write ``plan_layout(sizes)``.
     guard_bytes : int, optional
         A debug arena's guard bytes after every live buffer
         (`DebugOptions.guard_bytes`; 0: no guard bands).
@@ -260,19 +270,29 @@ def plan_layout(sizes, max_batch_tokens, *, guard_bytes=0):
     Returns
     -------
     SlabPlan
-        The placement of every buffer and the zeroing ranges.
+        The placement of every buffer and the zeroing ranges; ``.sizes`` is
+        `sizes`.
 
     Raises
     ------
     TypeError
-        `sizes` is not a BufferSizes or `max_batch_tokens` not an int.
+        `sizes` is not a BufferSizes, `max_batch_tokens` not an int, or
+        missing for sizes built by hand.
     ValueError
-        `max_batch_tokens` is 0, negative or does not fit 64 bits, or the
-        slab would exceed 2**64 - 1 bytes.
+        `max_batch_tokens` is 0, negative, does not fit 64 bits or disagrees
+        with the sizes' limits, or the slab would exceed 2**64 - 1 bytes.
     """
     cdef SlabPlan plan = SlabPlan.__new__(SlabPlan, _TOKEN)
-    plan_into(&plan.L, sizes, max_batch_tokens, u64_arg(guard_bytes, "guard_bytes"))
+    if not isinstance(sizes, BufferSizes):
+        raise TypeError(f"sizes must be a BufferSizes, got {type(sizes).__name__}")
+    lim = sizes.limits
+    if max_batch_tokens is not None and lim is not None:
+        warnings.warn("plan_layout(sizes, max_batch_tokens) is deprecated: the sizes carry "
+                      "their limits; write plan_layout(sizes)", DeprecationWarning, stacklevel=2)
+    m = limit_arg(max_batch_tokens, "max_batch_tokens", 1, lim, "plan_layout")
+    plan_into(&plan.L, sizes, m, u64_arg(guard_bytes, "guard_bytes"))
     plan.buffer_set = sizes.buffers
+    plan._sizes = sizes
     return plan
 
 
@@ -325,6 +345,7 @@ def plan_reserved(sizes, reserve_sizes, max_batch_tokens, granularity, *, guard_
         cur[i], top[i] = values[i], tops[i]
     table_into(&plan.L, sizes.buffers)
     plan.buffer_set = sizes.buffers
+    plan._sizes = sizes
     plan.gran = u64_arg(granularity, "granularity", 1)
     rc = mt_layout_plan_reserved(&plan.L, cur, top, u64_arg(max_batch_tokens, "max_batch_tokens", 1),
                                  plan.gran, u64_arg(guard_bytes, "guard_bytes"))
@@ -338,7 +359,8 @@ def plan_reserved(sizes, reserve_sizes, max_batch_tokens, granularity, *, guard_
 def zero_rows_ranges(sizes, max_batch_tokens, tokens):
     """The ranges ``zero_all_rows(tokens=tokens)`` clears in an arena of `sizes`.
 
-    The same as ``plan_layout(sizes, max_batch_tokens).rows_ranges(tokens)``.
+    The same as ``plan_layout(sizes).rows_ranges(tokens)`` for sizes that
+    carry these limits.
 
     Parameters
     ----------
@@ -361,7 +383,11 @@ def zero_rows_ranges(sizes, max_batch_tokens, tokens):
     ValueError
         An integer out of range, or a slab over 2**64 - 1 bytes.
     """
-    return plan_layout(sizes, max_batch_tokens).rows_ranges(tokens)
+    cdef SlabPlan plan = SlabPlan.__new__(SlabPlan, _TOKEN)
+    plan_into(&plan.L, sizes, max_batch_tokens)
+    plan.buffer_set = sizes.buffers
+    plan._sizes = sizes
+    return plan.rows_ranges(tokens)
 
 
 def buffer_table(buffers=None):

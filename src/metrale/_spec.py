@@ -35,8 +35,8 @@ STEP_IDS, STEP_META = "token_ids", "scratch"
 _COMPILED = {r["name"]: r["accessors"] for r in RECORDS}
 # Names a buffer cannot have: BufferSizes' attributes and methods.
 RESERVED_NAMES = frozenset({
-    "buffers", "limits", "levers", "from_config", "total_bytes", "as_dict", "as_tuple",
-    "replace", "keys", "items", "values", "get",
+    "buffers", "limits", "levers", "config", "target", "from_config", "total_bytes", "as_dict",
+    "as_tuple", "replace", "keys", "items", "values", "get",
 })
 
 

@@ -291,10 +291,13 @@ class BufferSizes(Mapping):
     A read-only mapping of buffer name to bytes in the order of its buffer
     set (``sizes["logits"]``, ``dict(sizes)``, ``len(sizes)``), and one int
     attribute per buffer (``sizes.logits``).  Immutable; `replace` makes a
-    changed copy.  Usually made by `from_config`, which records the set
-    (`buffers`) and the limits (`limits`) it was given;
-    ``BufferSizes(**sizes)`` takes the 46 sizes of `REFERENCE`, and
-    ``BufferSizes(buffers, **sizes)`` those of another set, with no limits.
+    changed copy.  Usually made by `from_config`, which records what it was
+    given: the set (`buffers`), the limits (`limits`), one rank's shape
+    (`config`) and the device (`target`), so that what is made from the
+    sizes (``plan_layout(sizes)``, ``BufferArena.from_sizes(sizes, gpu)``)
+    needs nothing else.  ``BufferSizes(**sizes)`` takes the 46 sizes of
+    `REFERENCE`, and ``BufferSizes(buffers, **sizes)`` those of another set,
+    with no limits, config or target.
     Two values are equal when their sets and sizes are.
 
     Parameters
@@ -312,7 +315,7 @@ class BufferSizes(Mapping):
         An entry is negative or does not fit 64 bits.
     """
 
-    __slots__ = ("_set", "_values", "_levers", "_limits")
+    __slots__ = ("_set", "_values", "_levers", "_limits", "_config", "_target")
 
     def __init__(self, buffers=None, /, **sizes):
         buffers = buffer_set_arg(buffers)
@@ -322,15 +325,17 @@ class BufferSizes(Mapping):
         self._set = buffers
         self._values = _validated(buffers, sizes)
         self._levers = {}
-        self._limits = None
+        self._limits = self._config = self._target = None
 
     @classmethod
-    def _make(cls, values, levers=None, limits=None, buffers=None):
+    def _make(cls, values, levers=None, limits=None, buffers=None, config=None, target=None):
         self = object.__new__(cls)
         self._set = REFERENCE if buffers is None else buffers
         self._values = values
         self._levers = levers or {}
         self._limits = limits
+        self._config = config
+        self._target = target
         return self
 
     @property
@@ -352,6 +357,31 @@ class BufferSizes(Mapping):
             hand (``BufferSizes(**sizes)``).
         """
         return self._limits
+
+    @property
+    def config(self):
+        """The model shape these sizes were computed for.
+
+        Returns
+        -------
+        ModelConfig or None
+            One rank's shape (``config.shard(tp_size)`` of the config given
+            to `from_config`; the whole model for ``tp_size=1``), kept by
+            `replace` and by pickling; None for sizes built by hand.
+        """
+        return self._config
+
+    @property
+    def target(self):
+        """The device these sizes were computed for.
+
+        Returns
+        -------
+        Target or None
+            As given to `from_config` (``Target.reference()`` for None);
+            None for sizes built by hand.
+        """
+        return self._target
 
     # -- the mapping: name -> bytes, in the set's order ------------------------------
     def __getitem__(self, name):
@@ -474,7 +504,7 @@ class BufferSizes(Mapping):
                              f"2^64 - 1 at max_batch_tokens={M}")
         return cls._make(values, levers,
                          SizingLimits(M, max_seq_len, kv_block_size, max_batch_size, tp),
-                         buffers)
+                         buffers, config, target)
 
     def total_bytes(self):
         """The bytes the reference engine's memory preflight reserves.
@@ -541,7 +571,7 @@ class BufferSizes(Mapping):
                 raise TypeError(f"BufferSizes has no entry {name!r}")
             values[name] = v
         return BufferSizes._make(_validated(self._set, values), self._levers, self._limits,
-                                 self._set)
+                                 self._set, self._config, self._target)
 
     def __eq__(self, other):
         if type(other) is not BufferSizes:
@@ -552,7 +582,8 @@ class BufferSizes(Mapping):
         return hash(self._values)
 
     def __reduce__(self):
-        return (BufferSizes._make, (self._values, self._levers, self._limits, self._set))
+        return (BufferSizes._make, (self._values, self._levers, self._limits, self._set,
+                                    self._config, self._target))
 
     def __repr__(self):
         sizes = ", ".join(f"{n}={v}" for n, v in zip(self._set.names, self._values))
