@@ -229,7 +229,8 @@ def _arenas(arenas, what):
 def _uses_cuda(arenas):
     """Whether any of `arenas` lives on a CUDA device (a host arena's peers need
     no driver; stand-ins without a backend count as host)."""
-    from metrale._backend import Backend, HostBackend
+    from metrale._backend import Backend
+    from metrale._host_backend import HostBackend
     for a in arenas:
         get = getattr(a, "backend", None)
         backend = get() if callable(get) else None
