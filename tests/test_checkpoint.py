@@ -20,6 +20,7 @@ import time
 import pytest
 
 import metrale
+import metrale._checkpoint_driver as ckdriver
 import metrale.checkpoint as ckpt
 import metrale.tp
 from metrale import MetraleError
@@ -33,7 +34,8 @@ RUNNING, LOCKED, CHECKPOINTED, FAILED = range(4)     # CUprocessState
 
 
 class FakeDriver:
-    """The driver object metrale.checkpoint calls (its _CudaDriver interface)."""
+    """The driver object metrale.checkpoint calls (the interface of
+    metrale._checkpoint_driver._CudaDriver)."""
 
     def __init__(self, pids=(), api=13000):
         self.states = {p: RUNNING for p in pids}
@@ -99,7 +101,8 @@ PIDS = (os.getpid(), os.getppid(), 1)
 @pytest.fixture
 def drv(monkeypatch):
     d = FakeDriver(PIDS)
-    monkeypatch.setattr(ckpt, "_driver", lambda: d)
+    monkeypatch.setattr(ckdriver, "_driver", lambda: d)
+    monkeypatch.setattr(ckdriver, "_AFTER_TIMEOUT", 0.5)
     monkeypatch.setattr(ckpt, "_AFTER_TIMEOUT", 0.5)
     return d
 
@@ -112,7 +115,7 @@ def state_of(d, pid):
 
 
 def test_import_loads_no_driver_and_no_ctypes():
-    code = ("import sys, metrale.checkpoint as c; "
+    code = ("import sys, metrale.checkpoint, metrale._checkpoint_driver as c; "
             "print(sorted(m for m in sys.modules if m in ('ctypes', 'numpy', 'metrale._arena') "
             "or m.startswith('cuda')), c._loaded)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
@@ -278,9 +281,9 @@ def test_a_restore_that_hangs_raises_after_its_timeout(drv):
                                            r"the process is in state checkpointed$"):
         ckpt.restore(p, timeout=0.3)
     assert 0.3 <= time.monotonic() - t0 < 5
-    assert ckpt._stuck[-1][:2] == ("restore", p)
+    assert ckdriver._stuck[-1][:2] == ("restore", p)
     ev.set()                        # the blocked call finishes on its own thread
-    ckpt._stuck[-1][2].join(10)
+    ckdriver._stuck[-1][2].join(10)
     assert state_of(drv, p) == "locked"
 
 
@@ -313,7 +316,7 @@ def test_a_lock_the_driver_timed_out_leaves_the_process_running(drv):
 
 
 def test_a_lock_the_driver_never_returns_is_bounded(drv, monkeypatch):
-    monkeypatch.setattr(ckpt, "_LOCK_GRACE", 0.2)
+    monkeypatch.setattr(ckdriver, "_LOCK_GRACE", 0.2)
     p = PIDS[0]
     drv.block[("lock", p)] = ev = threading.Event()
     t0 = time.monotonic()
@@ -332,8 +335,8 @@ def test_a_process_that_does_not_exist_is_named():
     d = FakeDriver()                # knows no pid: the driver's INVALID_VALUE
     p = subprocess.Popen([sys.executable, "-c", "pass"])
     p.wait(60)                      # a pid that just ended (reused only after a wrap-around)
-    ckpt_driver = ckpt._driver
-    ckpt._driver = lambda: d
+    ckpt_driver = ckdriver._driver
+    ckdriver._driver = lambda: d
     try:
         with pytest.raises(MetraleError, match=rf"state query of pid {p.pid} failed: "
                                                rf"CUDA_ERROR_INVALID_VALUE; there is no process "
@@ -343,7 +346,7 @@ def test_a_process_that_does_not_exist_is_named():
                                                r"state unknown \(CUDA_ERROR_INVALID_VALUE\)"):
             ckpt.lock(os.getpid())  # alive, but no CUDA process the driver knows
     finally:
-        ckpt._driver = ckpt_driver
+        ckdriver._driver = ckpt_driver
 
 
 # -- suspend and resume: the order, and what a failure leaves -------------------------
@@ -452,7 +455,7 @@ class FakeLib:
     """A libcuda stand-in for _CudaDriver: ctypes-style functions taking byref
     arguments; `calls` names the checkpoint calls it has."""
 
-    def __init__(self, api, calls=ckpt._CALLS, init=SUCCESS):
+    def __init__(self, api, calls=ckdriver._CALLS, init=SUCCESS):
         self.api, self.init, self.seen = api, init, []
         for name in calls:
             setattr(self, name, self._fn(name))
@@ -477,29 +480,29 @@ class FakeLib:
 
 def test_a_driver_without_the_calls_is_too_old():
     with pytest.raises(MetraleError) as e:
-        ckpt._CudaDriver(FakeLib(12040, calls=()), "550.54.15")
+        ckdriver._CudaDriver(FakeLib(12040, calls=()), "550.54.15")
     msg = str(e.value)
     assert "branch 570 or newer (CUDA 12.8)" in msg and "driver 550.54.15 (CUDA 12.4)" in msg
     assert "cuCheckpointProcessLock" in msg
     with pytest.raises(MetraleError, match=r"a driver for CUDA 12.6, without "
                                            r"cuCheckpointProcessRestore$"):
-        ckpt._CudaDriver(FakeLib(12060, calls=ckpt._CALLS[:4] + ckpt._CALLS[5:]))
+        ckdriver._CudaDriver(FakeLib(12060, calls=ckdriver._CALLS[:4] + ckdriver._CALLS[5:]))
 
 
 def test_a_driver_that_reports_an_older_api_is_too_old():
     # the symbols alone are not enough: the API version must be 12.8 or newer
     with pytest.raises(MetraleError, match="570 or newer"):
-        ckpt._CudaDriver(FakeLib(12070))
+        ckdriver._CudaDriver(FakeLib(12070))
 
 
 def test_a_driver_that_does_not_initialize_is_named():
     with pytest.raises(MetraleError, match="cuInit failed: CUDA_ERROR_NOT_SUPPORTED"):
-        ckpt._CudaDriver(FakeLib(13000, init=NOT_SUPPORTED))
+        ckdriver._CudaDriver(FakeLib(13000, init=NOT_SUPPORTED))
 
 
 def test_the_driver_passes_its_arguments_laid_out_as_cuda_h():
     lib = FakeLib(13000)
-    d = ckpt._CudaDriver(lib, "580.1")
+    d = ckdriver._CudaDriver(lib, "580.1")
     assert d.lock(42, 1234) == SUCCESS
     name, pid, ref = lib.seen[-1]
     assert (name, pid, ref._obj.timeoutMs, ref._obj.reserved0) == \
@@ -518,7 +521,7 @@ def test_the_driver_passes_its_arguments_laid_out_as_cuda_h():
 
 
 def test_gpu_map_needs_driver_580():
-    d = ckpt._CudaDriver(FakeLib(12080), "570.86.10")
+    d = ckdriver._CudaDriver(FakeLib(12080), "570.86.10")
     assert d.restore(1, None) == SUCCESS
     with pytest.raises(MetraleError, match=r"gpu_map needs an NVIDIA driver of branch 580 or "
                                            r"newer \(CUDA 13.0\); this is driver 570.86.10 "
@@ -527,8 +530,8 @@ def test_gpu_map_needs_driver_580():
 
 
 def test_driver_info(monkeypatch):
-    d = ckpt._CudaDriver(FakeLib(12090), "575.51.03")
-    monkeypatch.setattr(ckpt, "_driver", lambda: d)
+    d = ckdriver._CudaDriver(FakeLib(12090), "575.51.03")
+    monkeypatch.setattr(ckdriver, "_driver", lambda: d)
     assert ckpt.driver_info() == {"driver": "575.51.03", "cuda": 12090, "gpu_map": False}
 
 
@@ -545,7 +548,7 @@ HEADER_NAMES = {"lock": "CUcheckpointLockArgs_st", "restore": "CUcheckpointResto
 
 
 def test_the_structs_have_the_layout_of_cuda_h():
-    structs = ckpt._structs(ctypes)
+    structs = ckdriver._structs(ctypes)
     for key, (size, fields) in LAYOUTS.items():
         cls = structs[key]
         assert ctypes.sizeof(cls) == size, key
@@ -575,17 +578,17 @@ def test_the_structs_name_the_fields_of_the_header():
 
 
 def test_no_driver_library_is_named(monkeypatch):
-    monkeypatch.setattr(ckpt, "_loaded", None)
-    monkeypatch.setattr(ckpt, "_LIBCUDA", "libmetrale-no-such-driver.so.1")
+    monkeypatch.setattr(ckdriver, "_loaded", None)
+    monkeypatch.setattr(ckdriver, "_LIBCUDA", "libmetrale-no-such-driver.so.1")
     with pytest.raises(MetraleError, match=r"needs the NVIDIA driver \(libmetrale-no-such-driver"
                                            r"\.so\.1 did not load"):
         ckpt.state(os.getpid())
-    assert ckpt._loaded is None
+    assert ckdriver._loaded is None
 
 
 def test_not_linux_is_named(monkeypatch):
-    monkeypatch.setattr(ckpt, "_loaded", None)
-    monkeypatch.setattr(ckpt.sys, "platform", "darwin")
+    monkeypatch.setattr(ckdriver, "_loaded", None)
+    monkeypatch.setattr(ckdriver.sys, "platform", "darwin")
     with pytest.raises(MetraleError, match="Linux-only"):
         ckpt.driver_info()
 
@@ -702,7 +705,7 @@ def test_no_driver_does_not_stop_prepare(monkeypatch):
 
     def no_driver():
         raise MetraleError("no driver here")
-    monkeypatch.setattr(ckpt, "_driver", no_driver)
+    monkeypatch.setattr(ckdriver, "_driver", no_driver)
     log = []
     dev = StandInArena("dev", log, backend=Backend())
     assert ckpt.prepare([dev]) == [dev] and ckpt.finish([dev]) == [dev]

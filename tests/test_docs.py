@@ -246,7 +246,7 @@ def test_cython_classes_are_all_checked():
 
 
 def _constructors():
-    from metrale._backend import HostBackend
+    from metrale._host_backend import HostBackend
     from metrale._scratch import ScratchSpaceManager
     from metrale.testing import FaultyBackend
     cases = [(HostBackend, []), (FaultyBackend, []),
@@ -348,7 +348,7 @@ def test_the_walk_reaches_the_public_api():
     for expected in ("metrale.config.ModelConfig", "metrale.sizes.BufferSizes",
                      "metrale.target.Target", "metrale.levers.Lever", "metrale.levers.lever_on",
                      "metrale.testing.FaultyBackend", "metrale._arena.BufferArena",
-                     "metrale._backend.HostBackend", "metrale.errors.MetraleError"):
+                     "metrale._host_backend.HostBackend", "metrale.errors.MetraleError"):
         assert expected in names
     for name in metrale.__all__:
         obj = getattr(metrale, name)

@@ -189,9 +189,9 @@ def rank_with_stranger(rank, size, path, credentials):
     unreadable (another pid namespace), so the stranger is not closed at
     once and must not hold up the real peer's message."""
     import time
-    import metrale.tp as tp
+    import metrale._tp_exchange as exchange
     if credentials == "unknown":
-        tp._peer_rank = lambda conn, pids: None
+        exchange._peer_rank = lambda conn, pids: None
     gpu = metrale.HostBackend()
     t0 = time.monotonic()
     try:
@@ -217,9 +217,9 @@ def rank_malformed(rank, size, path, header):
     MetraleError naming rank 1, promptly (not after the group's timeout),
     with nothing left behind."""
     import time
-    import metrale.tp as tp
+    import metrale._tp_exchange as exchange
     if rank == 1:
-        tp._header = lambda me, to, chunks, error: header
+        exchange._header = lambda me, to, chunks, error: header
     gpu = metrale.HostBackend()
     _warm()
     before = process_resources()

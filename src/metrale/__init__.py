@@ -17,7 +17,7 @@ _LAZY = {
     "DecodeMetaLayout": "metrale.sizes",
     "MoeFp8Scratch": "metrale.moe",
     "Target": "metrale.target",
-    "HostBackend": "metrale._backend",
+    "HostBackend": "metrale._host_backend",
     "CudaBackend": "metrale.cuda",
     "ScratchSpaceManager": "metrale._scratch",
     "ScratchSpace": "metrale._scratch",

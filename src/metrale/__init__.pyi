@@ -1,6 +1,6 @@
 from metrale._arena import BufferArena as BufferArena
 from metrale._step import StepInputs as StepInputs
-from metrale._backend import HostBackend as HostBackend
+from metrale._host_backend import HostBackend as HostBackend
 from metrale._scratch import (ScratchSpace as ScratchSpace,
                               ScratchSpaceManager as ScratchSpaceManager,
                               ScratchStats as ScratchStats)

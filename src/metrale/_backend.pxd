@@ -107,9 +107,3 @@ cdef class Backend:
     # ValueError / TypeError naming `tokens_at` otherwise.
     cdef uintptr_t count_arg(self, object tokens_at) except 0
     cdef int check_count(self, uintptr_t at) except -1
-
-
-cdef class HostBackend(Backend):
-    cdef dict _live        # base -> bytes of every allocation it holds (for check_range)
-    cdef uint64_t _next_handle   # the last token create() handed out
-    cdef dict _memfds      # handle -> memfd of an exportable or imported handle (shared pages)

@@ -1,7 +1,7 @@
 from typing import Sequence
 
 from metrale._common import StreamLike
-from metrale.sizes import Target
+from metrale.target import Target
 
 class Backend:
     @property
@@ -47,6 +47,3 @@ class Backend:
     def allocation_granularity(self) -> int: ...
     def target(self) -> Target: ...
     def clear_ranges(self, ranges: Sequence[tuple[int, int]], stream: StreamLike = None) -> None: ...
-
-class HostBackend(Backend):
-    def __init__(self) -> None: ...

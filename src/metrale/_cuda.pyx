@@ -508,7 +508,7 @@ An NVIDIA GPU through the CUDA driver.
             ``Target(sm_count, "auto")`` on compute capability 9.x (Hopper),
             ``Target(sm_count, "legacy")`` on every other device.
         """
-        from metrale.sizes import Target
+        from metrale.target import Target
         return Target(self._sm_count, "auto" if self._cc_major == 9 else "legacy")
 
     def sm_count(self):

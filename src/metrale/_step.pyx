@@ -20,10 +20,10 @@ from metrale._core cimport (
     MT_LIFE_FORKED, MT_LIFE_OK, MT_LIFE_RELEASED, MT_WAIT_ALL, mt_life, mt_rows_args,
     mt_rows_args_init)
 from metrale._life cimport (
-    mt_life_close, mt_life_enter, mt_life_export, mt_life_exports, mt_life_forked,
-    mt_life_free, mt_life_leave, mt_life_new, mt_life_released, mt_life_reopen,
-    mt_life_unexport, raise_life, wait_life)
+    mt_life_close, mt_life_enter, mt_life_exports, mt_life_forked, mt_life_leave,
+    mt_life_released, mt_life_reopen, mt_life_unexport, raise_life, wait_life)
 from metrale._debug_core cimport MT_GUARD_BYTE
+from metrale._staging cimport _export, _Staging, staging_new
 
 from metrale.errors import MetraleError
 from metrale.sizes import _DECODE_META_OFFSET, _STEP_COUNT_OFFSET, kv_blocks_per_seq
@@ -58,76 +58,6 @@ _META_REGIONS = (
     ("slots", "int64", "slots_offset"),
     ("seq_lens", "int32", "seq_lens_offset"),
 )
-
-
-cdef int _export(Py_buffer *view, int flags, object owner, mt_life *life, unsigned char *host,
-                 uint64_t nbytes) except -1:
-    """Export the staging as a 1-D byte buffer owned by `owner`, counted in
-    `life` (the staging's word, whichever object exports it)."""
-    rc = mt_life_export(life, 0)
-    if rc != MT_LIFE_OK:
-        raise_life(rc, "these step inputs", "")
-    view.buf = host
-    view.obj = owner
-    view.len = nbytes
-    view.readonly = 0
-    view.itemsize = 1
-    view.format = NULL
-    if flags & 4:                               # PyBUF_FORMAT
-        view.format = b"B"
-    view.ndim = 1
-    view.shape = NULL
-    view.strides = NULL
-    view.suboffsets = NULL
-    view.internal = NULL
-    return 0
-
-
-# no_gc_clear: the finalizer frees through _gpu (see BufferArena).
-@cython.no_gc_clear
-@cython.final
-cdef class _Staging:
-    """The pinned host memory of one StepInputs, exported to the numpy views.
-
-    Apart from StepInputs so that the views (numpy arrays, which the cyclic
-    collector does not see) hold this and not the StepInputs: no reference
-    cycle runs through them, and memory a view still holds outlives the
-    StepInputs.  Its lifetime word counts the views and the StepInputs'
-    operations on it."""
-
-    cdef Backend _gpu
-    cdef mt_life *_life
-    cdef unsigned char *_host
-    cdef uint64_t nbytes
-
-    def __cinit__(self, token=None):
-        if token is not _TOKEN:
-            raise TypeError("_Staging is made by BufferArena.step_inputs()")
-        self._life = mt_life_new(1)
-        if self._life == NULL:
-            raise MemoryError()
-
-    cdef int _free(self) except -1:
-        host, self._host = self._host, NULL
-        if host != NULL:
-            self._gpu.host_free(host)
-        return 0
-
-    def __getbuffer__(self, Py_buffer *view, int flags):
-        _export(view, flags, self, self._life, self._host, self.nbytes)
-
-    def __releasebuffer__(self, Py_buffer *view):
-        mt_life_unexport(self._life, 0)
-
-    def __dealloc__(self):
-        # No view is alive here (each holds a reference).  In a forked child
-        # pinned memory belongs to the parent's CUDA context.
-        if self._host != NULL and self._gpu is not None and not (
-                mt_life_forked(self._life) and self._gpu.device_type != 1):
-            self._gpu.host_free(self._host)
-        self._host = NULL
-        if self._life != NULL:
-            mt_life_free(self._life)
 
 
 # no_gc_clear: the finalizer destroys the event through _gpu; an engine object
@@ -222,8 +152,7 @@ Pinned host staging for one step's inputs, uploaded with one copy.
         }
         for name, dtype, method in _META_REGIONS:
             self._regions[name] = (dtype, m + getattr(layout, method)(), (R,))
-        staging = _Staging.__new__(_Staging, _TOKEN)
-        staging._gpu = self._gpu
+        staging = staging_new(self._gpu)
         self._gpu.host_alloc(span, <void **>&staging._host)
         staging.nbytes = span
         self._staging = staging

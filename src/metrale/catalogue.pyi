@@ -4,7 +4,8 @@ from metrale._record import Record
 from metrale.buffers import BufferSet, BufferSpec
 from metrale.config import ModelConfig
 from metrale.formulas import SYMBOLS as SYMBOLS, TERMS as TERMS, Symbol as Symbol, Term as Term
-from metrale.sizes import BufferSizes, Target
+from metrale.sizes import BufferSizes
+from metrale.target import Target
 
 __all__ = [
     'Entry', 'Symbol', 'Term', 'Dependencies', 'CATALOGUE', 'SYMBOLS', 'TERMS',

@@ -4,7 +4,7 @@ from typing_extensions import Buffer
 
 from metrale._backend import Backend
 from metrale._common import StreamLike
-from metrale.sizes import Target
+from metrale.target import Target
 
 __all__ = [
     'CudaBackend',

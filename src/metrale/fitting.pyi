@@ -5,7 +5,7 @@ from metrale._record import Record
 from metrale.buffers import BufferSet
 from metrale.config import ModelConfig
 from metrale.debug import DebugOptions
-from metrale.sizes import Target
+from metrale.target import Target
 
 __all__ = ["fit", "ArenaFit", "parse_size", "growth", "growth_span", "FREE_MEMORY_MARGIN",
            "SIZE_UNITS"]

@@ -24,7 +24,8 @@ import operator
 import re
 
 from metrale._layout import SlabPlan, plan_layout
-from metrale.sizes import BufferSizes, Target
+from metrale.sizes import BufferSizes
+from metrale.target import Target
 
 __all__ = ["render_svg"]
 

@@ -1,7 +1,8 @@
 from typing import SupportsIndex
 
 from metrale._layout import SlabPlan
-from metrale.sizes import BufferSizes, Target
+from metrale.sizes import BufferSizes
+from metrale.target import Target
 
 __all__ = ['render_svg']
 

@@ -1,6 +1,6 @@
 from typing import Callable, SupportsIndex
 
-from metrale._backend import HostBackend
+from metrale._host_backend import HostBackend
 
 __all__ = ["FaultyBackend"]
 

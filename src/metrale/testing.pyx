@@ -9,7 +9,7 @@ this adaptor only (the way RMM keeps it in resource adaptors).
 cimport cython
 from libc.stdint cimport uint64_t, uintptr_t
 
-from metrale._backend cimport HostBackend
+from metrale._host_backend cimport HostBackend
 from metrale._common cimport index_arg
 
 from metrale.errors import MetraleError, OutOfMemoryError

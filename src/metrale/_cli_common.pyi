@@ -1,0 +1,2 @@
+USAGE: int
+RUNTIME: int

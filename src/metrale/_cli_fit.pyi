@@ -1,0 +1,3 @@
+from typing import Any
+
+def fit_answer(args: Any) -> dict[str, Any]: ...

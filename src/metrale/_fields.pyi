@@ -1,0 +1,1 @@
+FIELDS: tuple[str, ...]

@@ -1,0 +1,6 @@
+import os
+from typing import Any
+
+def read_hf(path_or_dict: str | os.PathLike[str] | dict[str, Any]
+            ) -> tuple[dict[str, Any], list[tuple[str, str]], str]: ...
+def report_hf(notes: list[tuple[str, str]], where: str, strict: bool) -> None: ...

@@ -1,0 +1,3 @@
+from typing import Any
+
+PRESETS: dict[str, dict[str, Any]]
