@@ -2,7 +2,11 @@
 
 Every import of one metrale module by another counts: ``import``, ``from ...
 import`` and Cython's ``cimport``, at module level or inside a function (a
-deferred import still closes a circle: the two modules then need each other).
+deferred import still closes a circle: the two modules then need each other),
+a module imported by name (``importlib.import_module``, the arena's forwarder
+``_m``) and the arena's generated forwards to the ``_arena_NAME`` functions of
+its concept modules.  A package that an import of one of its modules runs
+first is not counted (its __init__ may import its own modules: downwards).
 A module is a file of src/metrale (``.py``, ``.pyx``, ``.pxd``, the
 ``.pyx.in`` templates): ``foo.pyx`` and ``foo.pxd`` are the one module
 ``metrale.foo``.
@@ -24,6 +28,10 @@ _SUFFIXES = (".pyx.in", ".pyx", ".pxd", ".py")
 # Cython lines that name modules: [from X] cimport/import Y (Cython is not
 # Python: read line by line, joined over brackets and backslashes).
 _CY = re.compile(r"^\s*(?:from\s+([\w.]+)\s+c?import\s+(.+)|c?import\s+(.+))$")
+# A module imported by name at run time (importlib, or the arena's forwarder
+# _m("_sleep")): an import all the same.
+_FORWARDED = re.compile(r"^def _arena_\w+\(BufferArena a", re.M)
+_BY_NAME = re.compile(r"""(?:import_module\(\s*|\b_m\(\s*)["'](?:metrale\.)?([\w.]+)["']""")
 
 
 def _module(path, root):
@@ -60,6 +68,13 @@ def _python_imports(text, here, is_package):
             out.add(mod)
             # `from metrale import _reserve` imports the module metrale._reserve
             out.update(f"{mod}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) \
+                and isinstance(node.args[0].value, str):
+            f = node.func
+            called = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+            if called in ("import_module", "_m"):
+                name = node.args[0].value
+                out.add(name if name.startswith("metrale.") else "metrale." + name)
     return out
 
 
@@ -73,6 +88,8 @@ def _cython_imports(text, here, is_package):
         if depth <= 0 and not line.rstrip().endswith("\\"):
             logical.append(buf.strip())
             buf, depth = "", 0
+    for name in _BY_NAME.findall(text):
+        out.add(name if name.startswith("metrale.") else "metrale." + name)
     for line in logical:
         m = _CY.match(line)
         if not m:
@@ -107,6 +124,13 @@ def graph(root=SRC):
             else:
                 found |= _cython_imports(text, mod, pkg)
         edges[mod] = {m for m in found if m in files and m != mod}
+    # The arena's generated forwards (tools/gen_buffers.py) call each concept
+    # module's _arena_NAME functions through the forwarder: imports too.
+    for mod, paths in files.items():
+        for p in paths:
+            with open(p, encoding="utf-8") as f:
+                if _FORWARDED.search(f.read()) and "metrale._arena" in edges:
+                    edges["metrale._arena"].add(mod)
     return edges
 
 

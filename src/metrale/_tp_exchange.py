@@ -133,7 +133,7 @@ def _send_all(gpu, me, infos, peers, own, error, timeout):
     instead.  Returns the errors seen here and the peers known gone (their
     socket refused the connection: nobody listens there); never raises for
     a peer."""
-    from metrale._peer import export_chunks
+    from metrale._peer_slabs import export_chunks
     errors = [error] if error else []
     gone = set()
     fds = []

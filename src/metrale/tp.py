@@ -396,7 +396,7 @@ def _share(gpu, group, base, nbytes, chunks, layout, ptrs, granularity, max_batc
            buffers, base_align):
     """The collective setup (module docstring): returns a _Sharing, or raises
     MetraleError on every rank with nothing of the peers left mapped."""
-    from metrale._peer import SIGNAL_BYTES, PeerSlabs
+    from metrale._peer_slabs import SIGNAL_BYTES, PeerSlabs
     me, size, timeout = group.rank(), group.size(), group.timeout
     signal = -(-SIGNAL_BYTES // granularity) * granularity
     srv = slabs = None
