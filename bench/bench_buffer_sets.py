@@ -69,7 +69,7 @@ def main():
         cfg = ModelConfig.preset(preset)
         arena = BufferArena.new(cfg, args.m, 4096, 16, 32, gpu, env={}, buffers=buffers)
         arenas[label] = arena
-        plan = plan_layout(arena.sizes(), args.m)
+        plan = plan_layout(arena.sizes())
         rows1 = plan.rows_ranges(1)
         n1 = sum(n for _, n in rows1)
         span = max(plan.zero_all[1], plan.zero_prefill[1], n1)

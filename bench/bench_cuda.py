@@ -120,7 +120,7 @@ def main():
         a.release(gpu)
     arena = BufferArena.new(cfg, args.m, 4096, 16, 32, gpu)
     sizes = arena.sizes()
-    zero_all = plan_layout(sizes, args.m).groups["zero_all"]     # the table's 18 buffers
+    zero_all = plan_layout(sizes).groups["zero_all"]     # the table's 18 buffers
     zbytes = sum(getattr(sizes, n) for n in zero_all)
     print(f"arena: slab {arena.slab_bytes():,} bytes; zero_all buffers {zbytes:,} bytes; "
           f"construction median {statistics.median(builds):.3f} ms "

@@ -28,7 +28,7 @@ def setup():
 # (label, statement): the first row is the anchor.
 ROWS = [
     ("anchor: one sizing evaluation (from_config + plan_layout)",
-     "plan_layout(BufferSizes.from_config(cfg, 8192, 4096, 16, 32, env={}), 8192).slab_bytes"),
+     "plan_layout(BufferSizes.from_config(cfg, 8192, 4096, 16, 32, env={})).slab_bytes"),
     ("anchor: BufferSizes.from_config",
      "BufferSizes.from_config(cfg, 8192, 4096, 16, 32, env={})"),
     ("fit(cfg, 64 GiB): the largest M",

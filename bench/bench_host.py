@@ -62,7 +62,7 @@ def setup():
     cfg = ModelConfig.preset("qwen3-next-80b")
     gpu = HostBackend()
     sizes = BufferSizes.from_config(cfg, 128, 4096, 16, 32, env={}).replace(ssm_rowwise_w_bf16=4096)
-    arena = BufferArena.from_sizes(cfg, sizes, 128, 32, gpu)
+    arena = BufferArena.from_sizes(sizes, gpu)
     # An arena with nothing to zero: its zeroing calls cost only the call path
     # (argument checks, the in-flight count, the range computation).
     empty = BufferArena.from_sizes(cfg, BufferSizes(**dict.fromkeys(sizes.as_dict(), 0))

@@ -149,7 +149,7 @@ def main():
     targets = {n: dev[off:off + nb] for n, (dev, off, nb) in regions.items()}
     zero_views = {n: torch.from_dlpack(arena.view(n, "uint8")) for n in REFERENCE.groups["zero_all"]
                   if getattr(sizes, n)}
-    plan = plan_layout(sizes, M)                   # the torch path trims as zero_all_rows does
+    plan = plan_layout(sizes)                      # the torch path trims as zero_all_rows does
     trimmed = [v[:plan.rows_length(n, BATCH)] for n, v in zero_views.items()]
 
     def torch_copies():

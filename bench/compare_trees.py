@@ -27,7 +27,7 @@ ROWS = [
     ("empty.zero_all(gpu, 0) (call path)", "empty.zero_all(gpu, 0)", 100_000),
     ("empty.zero_all_rows(gpu, 0, 1) (call path)", "empty.zero_all_rows(gpu, 0, 1)", 100_000),
     ("from_sizes + release (construction)",
-     "BufferArena.from_sizes(cfg, small, 1, 1, gpu).release()", 2_000),
+     "build(small).release()", 2_000),
     ("BufferSizes.from_config (sizing)",
      "BufferSizes.from_config(cfg, 8192, 4096, 16, 32, env=noenv)", 2_000),
 ]
@@ -38,7 +38,14 @@ cfg = ModelConfig.preset("qwen3-next-80b")
 noenv = {}
 gpu = HostBackend()
 sizes = BufferSizes.from_config(cfg, 128, 4096, 16, 32, env={}).replace(ssm_rowwise_w_bf16=4096)
-arena = BufferArena.from_sizes(cfg, sizes, 128, 32, gpu)
+# from_sizes(sizes, gpu) where the sizes carry their shape and limits (issue 34),
+# the older form before; the same one call in both trees.
+if hasattr(BufferSizes, "config"):
+    build = lambda s: BufferArena.from_sizes(s, gpu)
+else:
+    build = lambda s: BufferArena.from_sizes(cfg, s, s.limits.max_batch_tokens,
+                                             s.limits.max_batch_size, gpu)
+arena = build(sizes)
 empty = BufferArena.from_sizes(cfg, BufferSizes(**dict.fromkeys(sizes.as_dict(), 0))
                                .replace(o_latent=256), 128, 32, gpu)
 small = BufferSizes.from_config(cfg, 1, 64, 16, 1, env={})

@@ -92,7 +92,7 @@ def main():
 
     cfg = ModelConfig.preset("qwen3-next-80b")
     sizes = BufferSizes.from_config(cfg, 8192, 4096, 16, 32, target=Target(sms, "auto"))
-    slab = plan_layout(sizes, 8192).slab_bytes
+    slab = plan_layout(sizes).slab_bytes
     base = int(ok(cu.cuMemAlloc(slab)))
     print(f"{sms} SMs; slab {slab:,} bytes")
 
@@ -206,7 +206,7 @@ def main():
     for tokens in (1, 16):
         ranges = zero_rows_ranges(sizes, 8192, tokens)
         total = sum(n for _, n in ranges)
-        abase = arena.hidden_states() - plan_layout(sizes, 8192).offsets["hidden_states"]
+        abase = arena.hidden_states() - plan_layout(sizes).offsets["hidden_states"]
         per = (512, True)
         rs, first, g = hb_layout(ranges, *per)
         args = make_args(ranges, per)

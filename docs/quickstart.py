@@ -28,7 +28,7 @@ def main(use_cuda: bool) -> None:
     # 3. One allocation for all of them.  The arena keeps its backend; every
     #    pointer is a plain int, valid until release (the end of the block).
     gpu = metrale.CudaBackend(0) if use_cuda else HostBackend()
-    with BufferArena.from_sizes(config, sizes, None, None, gpu) as arena:   # limits from sizes
+    with BufferArena.from_sizes(sizes, gpu) as arena:   # shape and limits from the sizes
         print(arena.summary())
         hidden: int = arena.hidden_states()          # pass this to your kernel
         bound: int = arena.qkv_output_bytes()        # the bound a GEMM checks

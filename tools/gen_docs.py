@@ -167,7 +167,7 @@ declares its own. `metrale plan --explain NAME` prints one entry, evaluated for 
     from metrale._layout import plan_layout
     for p in PRESETS:
         s = sizes[p]
-        slab = plan_layout(s, M).slab_bytes
+        slab = plan_layout(s).slab_bytes
         nulls = sum(1 for n in BUFFER_NAMES if getattr(s, n) == 0)
         w(f"| `{p}` | {s.total_bytes():,} | {_mib(s.total_bytes())} | {slab:,} | {nulls} |\n")
 

@@ -262,7 +262,8 @@ def plan_layout(sizes, max_batch_tokens=None, *, guard_bytes=0):
     max_batch_tokens : int, optional
         Only for sizes built by hand (which carry no limits): the arena's
         max_batch_tokens (>= 1).  Given with sizes that carry their limits
-        it must equal theirs, and is deprecated: write ``plan_layout(sizes)``.
+        it is deprecated (write ``plan_layout(sizes)``) and, as before,
+        the plan is made for it.
     guard_bytes : int, optional
         A debug arena's guard bytes after every live buffer
         (`DebugOptions.guard_bytes`; 0: no guard bands).
@@ -279,18 +280,19 @@ def plan_layout(sizes, max_batch_tokens=None, *, guard_bytes=0):
         `sizes` is not a BufferSizes, `max_batch_tokens` not an int, or
         missing for sizes built by hand.
     ValueError
-        `max_batch_tokens` is 0, negative, does not fit 64 bits or disagrees
-        with the sizes' limits, or the slab would exceed 2**64 - 1 bytes.
+        `max_batch_tokens` is 0, negative or does not fit 64 bits, or the
+        slab would exceed 2**64 - 1 bytes.
     """
     cdef SlabPlan plan = SlabPlan.__new__(SlabPlan, _TOKEN)
     if not isinstance(sizes, BufferSizes):
         raise TypeError(f"sizes must be a BufferSizes, got {type(sizes).__name__}")
     lim = sizes.limits
-    if max_batch_tokens is not None and lim is not None:
+    if max_batch_tokens is None:
+        max_batch_tokens = limit_arg(None, "max_batch_tokens", 1, lim, "plan_layout")
+    elif lim is not None:           # as before: planned for the max_batch_tokens given
         warnings.warn("plan_layout(sizes, max_batch_tokens) is deprecated: the sizes carry "
                       "their limits; write plan_layout(sizes)", DeprecationWarning, stacklevel=2)
-    m = limit_arg(max_batch_tokens, "max_batch_tokens", 1, lim, "plan_layout")
-    plan_into(&plan.L, sizes, m, u64_arg(guard_bytes, "guard_bytes"))
+    plan_into(&plan.L, sizes, max_batch_tokens, u64_arg(guard_bytes, "guard_bytes"))
     plan.buffer_set = sizes.buffers
     plan._sizes = sizes
     return plan

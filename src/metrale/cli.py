@@ -99,7 +99,7 @@ class _Planned:
                                              args.max_batch_size, target=self.target,
                                              env=os.environ, tp_size=args.tp,
                                              buffers=self.buffers)
-        self.layout = plan_layout(self.sizes, args.max_batch_tokens)
+        self.layout = plan_layout(self.sizes)
 
 
 def plan(args):
@@ -134,7 +134,6 @@ def _report(args, planned):
 
     config, target, sizes, layout = planned.config, planned.target, planned.sizes, planned.layout
     limits = (args.max_batch_tokens, args.max_seq_len, args.kv_block_size, args.max_batch_size)
-    rank_config = config.shard(args.tp)
     offsets = layout.offsets
     rows = []
     for name in layout.slab_order:
@@ -175,8 +174,7 @@ def _report(args, planned):
     if args.allocate:
         from metrale import BufferArena, HostBackend
         gpu = HostBackend()
-        with BufferArena.from_sizes(rank_config, sizes, args.max_batch_tokens,
-                                    args.max_batch_size, gpu) as arena:
+        with BufferArena.from_sizes(sizes, gpu) as arena:
             before = gpu.memset_count
             arena.zero_all(gpu, 0)
             result["allocated"] = {"backend": "host", "slab_bytes": arena.slab_bytes(),
@@ -192,8 +190,7 @@ def _picture(args, planned):
     if not planned.layout.slab_bytes:
         raise ValueError(f"--svg {args.svg}: the set places no buffer in the slab (every "
                          "size is 0): nothing to draw")
-    return render_svg(planned.layout, planned.sizes, target=planned.target, tokens=args.tokens,
-                      model=planned.model, model_type=planned.config.model_type)
+    return render_svg(planned.layout, tokens=args.tokens, model=planned.model)
 
 
 def _explain(args, planned):

@@ -206,7 +206,7 @@ def _arena_bytes(sizes, m, guard, gran):
     if gran is not None:
         nbytes = plan_reserved(sizes, sizes, m, gran, guard_bytes=guard).committed_bytes
     else:
-        nbytes = plan_layout(sizes, m, guard_bytes=guard).slab_bytes
+        nbytes = plan_layout(sizes, guard_bytes=guard).slab_bytes
     if nbytes > U64_MAX:
         raise ValueError(f"the arena at max_batch_tokens={m} exceeds 2^64 - 1 bytes")
     return nbytes

@@ -22,6 +22,7 @@ font or image.
 import math
 import operator
 import re
+import warnings
 
 from metrale._layout import SlabPlan, plan_layout
 from metrale.sizes import BufferSizes
@@ -82,8 +83,9 @@ _NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 class _Plan:
     """The facts the picture draws, read from the typed plan once."""
 
-    def __init__(self, layout, sizes, target, tokens, model, model_type):
-        for value, name, kind in ((layout, "layout", SlabPlan), (sizes, "sizes", BufferSizes),
+    def __init__(self, layout, sizes, target, tokens, model, model_type, check):
+        for value, name, kind in ((layout, "layout" if check else "plan", SlabPlan),
+                                  (sizes, "sizes", BufferSizes),
                                   (target, "target", Target), (model, "model", str),
                                   (model_type, "model_type", str)):
             if not isinstance(value, kind):
@@ -96,7 +98,7 @@ class _Plan:
         # Each fact below is read from `layout`; a layout planned from other
         # sizes would draw these sizes at another plan's offsets.
         m = limits.max_batch_tokens
-        if _layout_facts(layout, tokens) != _layout_facts(plan_layout(sizes, m), tokens):
+        if check and _layout_facts(layout, tokens) != _layout_facts(plan_layout(sizes), tokens):
             raise ValueError(f"layout is not the plan of sizes: plan_layout(sizes, {m}) "
                              "places them otherwise")
         self.model = model
@@ -226,26 +228,25 @@ def _axis_label(v):
 
 # -- the drawing ----------------------------------------------------------------
 
-def render_svg(layout, sizes, *, target, tokens, model, model_type):
+def render_svg(plan, sizes=None, *, tokens, model, target=None, model_type=None):
     """Draw the slab of a plan, to scale, as a standalone SVG document.
 
     ``metrale plan --svg FILE`` calls it with the plan it prints.
 
     Parameters
     ----------
-    layout : SlabPlan
-        The placement drawn: ``plan_layout(sizes, max_batch_tokens)``.
-    sizes : BufferSizes
-        The sizes `layout` was planned from, made by
-        `BufferSizes.from_config` (the title shows their `limits`).
-    target : Target
-        The device the sizes were computed for (shown in the title).
+    plan : SlabPlan
+        The placement drawn, ``plan_layout(sizes)``: its sizes
+        (``plan.sizes``, made by `BufferSizes.from_config`) give the limits,
+        the device and the model family of the title.
+    sizes, target, model_type : optional
+        The older form ``render_svg(plan, sizes, target=..., model_type=...)``,
+        deprecated: the plan carries all three.  Given, `plan` must be the
+        plan of `sizes`.
     tokens : int
         The T of the ``zero_all_rows(T)`` ranges drawn (>= 0).
     model : str
         The model as the reader knows it: a preset's name or a config path.
-    model_type : str
-        The config's ``model_type`` ("" is shown as "?").
 
     Returns
     -------
@@ -264,10 +265,25 @@ def render_svg(layout, sizes, *, target, tokens, model, model_type):
     TypeError
         An argument of the wrong type (the message names it).
     ValueError
-        `sizes` has no limits (built by hand) or no non-empty buffer,
-        `layout` is not the plan of `sizes`, or `tokens` is negative.
+        The sizes carry no limits, shape or target (built by hand) or place
+        no buffer, the older form's `plan` is not the plan of `sizes`, or
+        `tokens` is negative.
     """
-    p = _Plan(layout, sizes, target, tokens, model, model_type)
+    if sizes is None and target is None and model_type is None:
+        if not isinstance(plan, SlabPlan):
+            raise TypeError(f"plan must be a SlabPlan, not {type(plan).__name__}")
+        sizes = plan.sizes
+        if sizes.config is None or sizes.target is None:
+            raise ValueError("the plan's sizes were built by hand: the picture shows the shape, "
+                             "limits and device they were computed for; use "
+                             "BufferSizes.from_config")
+        p = _Plan(plan, sizes, sizes.target, tokens, model, sizes.config.model_type, False)
+    else:
+        warnings.warn("render_svg(plan, sizes, target=..., model_type=...) is deprecated: the "
+                      "plan carries its sizes, their device and model family; write "
+                      "render_svg(plan_layout(sizes), tokens=..., model=...)",
+                      DeprecationWarning, stacklevel=2)
+        p = _Plan(plan, sizes, target, tokens, model, model_type, True)
     rows = p.placed
     n_rows = len(rows)
     height = max(_MIN_HEIGHT, n_rows * _ROW_MIN)

@@ -6,5 +6,6 @@ from metrale.target import Target
 
 __all__ = ['render_svg']
 
-def render_svg(layout: SlabPlan, sizes: BufferSizes, *, target: Target, tokens: SupportsIndex,
-               model: str, model_type: str) -> str: ...
+def render_svg(plan: SlabPlan, sizes: BufferSizes | None = None, *, tokens: SupportsIndex,
+               model: str, target: Target | None = None,
+               model_type: str | None = None) -> str: ...
