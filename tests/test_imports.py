@@ -18,18 +18,9 @@ def _tool():
     return mod
 
 
-# The one circle left: the arena and the modules of its concepts, which
-# cimport its fields while it forwards to them by name (issue 34 removes it
-# with the concept classes).  Any other circle, or a module more in this one,
-# fails here.
-ARENA_CIRCLE = ["metrale._allreduce", "metrale._arena", "metrale._debug", "metrale._peer",
-                "metrale._reserve", "metrale._sleep", "metrale._step", "metrale._summary",
-                "metrale._view", "metrale.tp"]
-
-
-def test_no_import_circle_but_the_arenas():
+def test_no_import_circle():
     g = _tool()
-    assert g.circles(g.graph()) == [ARENA_CIRCLE]
+    assert g.circles(g.graph()) == []
 
 
 def test_the_sizing_layer_imports_nothing_above_it():

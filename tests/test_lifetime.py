@@ -786,6 +786,11 @@ def _cycle_cases():
         "Faults": "owns nothing: the armed failures and calls of a testing backend",
         "SlabPlan": "owns nothing but C fields",
         "Held": "holds no Python object and is not tracked by the collector: nothing can clear it",
+        "ArenaState": "BufferArena's base (no instance of its own): the arena case",
+        "Reservation": "not tracked by the collector (its backend and Held rows); the arena's "
+                       "finalizer frees it: the arena case collects reserved arenas",
+        "SleepState": "not tracked by the collector (its backend, C records and Held rows); the "
+                      "arena's finalizer frees it: the arena case collects sleeping arenas",
         "_Plan": "owns nothing: a parameter block of addresses and a list of tuples",
         "ArenaBuffers": "owns nothing; holds its arena, which holds nothing of it back",
         "ScratchSpaceManager": scratch_case, "ScratchSpace": scratch_case,

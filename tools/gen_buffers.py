@@ -1,17 +1,13 @@
-"""Generate what the reference buffer set (src/metrale/reference.py) decides at
-build time: the arena's compiled accessors, its forwarding methods, and the
-per-buffer entries of the stubs.
+"""Generate what the reference buffer set (src/metrale/_reference_table.py)
+decides at build time: the arena's compiled accessors and the per-buffer
+entries of the stubs.
 
-    python tools/gen_buffers.py REFERENCE_PY ARENA_PYX_IN OUT_PYX \
-        [--stub IN OUT ...] [CONCEPT.pyx ...]
+    python tools/gen_buffers.py REFERENCE_PY ARENA_PYX_IN OUT_PYX [--stub IN OUT ...]
 
 OUT_PYX: the arena module, the template _arena.pyx.in with, in the
 BufferArena class, one pointer and one byte accessor per reference buffer as
-its spec's ``accessors`` say (each reads the arena's tuple by reference id),
-and one forwarding method per function ``_arena_NAME(BufferArena a, ...)`` of
-the concept modules given (metrale._reserve, _step, ...): the method ``NAME``
-with the function's signature and docstring (written once, beside the code),
-calling it.  Each ``--stub IN OUT`` writes the stub template IN with the
+its spec's ``accessors`` say (each reads the arena's tuple by reference id).
+Each ``--stub IN OUT`` writes the stub template IN with the
 entries of its @GENERATED line (``accessors``: the arena's; ``peer
 accessors``: PeerBuffers'; ``size properties``: BufferSizes').  The meson
 build runs this; the tests check the generated stubs against the classes.
@@ -78,31 +74,6 @@ def accessors(reference):
     return "\n".join(out)
 
 
-_FORWARD = re.compile(r'^def _arena_(\w+)\(BufferArena a(?:,\s*(.*?))?\):\n    """(.*?)"""',
-                      re.M | re.S)
-
-
-def forwards(concepts):
-    """The forwarding methods, indented for a class body, from the
-    ``_arena_NAME`` functions of the concept modules {module: source}."""
-    out = []
-    for module, source in sorted(concepts.items()):
-        for name, params, doc in _FORWARD.findall(source):
-            params = " ".join(params.split())
-            sig = ast.parse(f"def f({params}): pass").body[0].args
-            if sig.vararg or sig.kwarg or sig.posonlyargs:
-                raise SystemExit(f"gen_buffers: {module}._arena_{name}: *args/**kwargs/"
-                                 "positional-only parameters are not forwarded")
-            call = [a.arg for a in sig.args] + [f"{a.arg}={a.arg}" for a in sig.kwonlyargs]
-            body = "\n".join(("        " + line[4:] if line.startswith("    ") else line)
-                             for line in doc.split("\n"))
-            out += [f"    def {name}(self{', ' + params if params else ''}):",
-                    f'        """{body}"""',
-                    f"        return _m({module!r})._arena_{name}(self{''.join(', ' + c for c in call)})",
-                    ""]
-    return "\n".join(out)
-
-
 def stub_parts(reference):
     """The stub entries of each @GENERATED key, indented for a class body."""
     pointer = [s.name for s in reference if "pointer" in s.accessors]
@@ -141,19 +112,15 @@ def fill_template(template, parts, what):
 def main(argv):
     reference_py, template, out_pyx = argv[1:4]
     rest = argv[4:]
-    stubs, concepts = [], {}
+    stubs = []
     while rest:
-        if rest[0] == "--stub":
-            stubs.append((rest[1], rest[2]))
-            rest = rest[3:]
-            continue
-        with open(rest[0], encoding="utf-8") as f:
-            concepts[os.path.basename(rest[0]).split(".")[0]] = f.read()
-        rest = rest[1:]
+        if rest[0] != "--stub":
+            raise SystemExit(f"gen_buffers: unexpected argument {rest[0]!r}")
+        stubs.append((rest[1], rest[2]))
+        rest = rest[3:]
     reference = load_reference(reference_py)
     with open(template, encoding="utf-8") as f:
-        text = fill_template(f.read(), {"accessors": accessors(reference),
-                                        "forwards": forwards(concepts)}, template)
+        text = fill_template(f.read(), {"accessors": accessors(reference)}, template)
     with open(out_pyx, "w", encoding="utf-8") as f:
         f.write(text)
     parts = stub_parts(reference)

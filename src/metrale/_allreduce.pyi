@@ -1,1 +1,2 @@
-# metrale._allreduce: no public names; peer_all_reduce is a method of BufferArena.
+# metrale._allreduce: BufferArena binds peer_all_reduce and check_peer_reduce from here
+# (typed in _arena.pyi).

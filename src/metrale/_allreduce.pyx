@@ -15,7 +15,7 @@ cimport cython
 from libc.stdint cimport uint64_t, uintptr_t
 from libc.string cimport memset
 
-from metrale._arena cimport BufferArena
+from metrale._arena_state cimport ArenaState
 from metrale._common cimport as_stream, buffer_ids, u64_arg
 from metrale._debug_core cimport MT_EL_BF16, MT_EL_F32
 from metrale._life cimport mt_life_leave
@@ -59,7 +59,7 @@ cdef tuple _names_arg(object names, str arg):
     return out
 
 
-cdef tuple _rows_of(BufferArena a, int i, str arg):
+cdef tuple _rows_of(ArenaState a, int i, str arg):
     """(element code, bytes of a row, rows) of buffer `i`, or ValueError
     saying why peer_all_reduce cannot sum it."""
     spec = a._buffers.specs[i]
@@ -86,7 +86,7 @@ cdef tuple _rows_of(BufferArena a, int i, str arg):
     return elem, size // rows, rows
 
 
-cdef _Plan _plan(BufferArena a, sharing, tuple ids, tuple outs):
+cdef _Plan _plan(ArenaState a, sharing, tuple ids, tuple outs):
     cdef _Plan p = _Plan()
     cdef int k, i, o
     memset(&p.args, 0, sizeof(p.args))
@@ -122,7 +122,7 @@ cdef _Plan _plan(BufferArena a, sharing, tuple ids, tuple outs):
     return p
 
 
-cdef object _sharing(BufferArena a, str what, bint attached=True):
+cdef object _sharing(ArenaState a, str what, bint attached=True):
     """The arena's sharing, if peer_all_reduce can run on it (`attached`:
     and its peers' memory is mapped)."""
     s = a._peers
@@ -139,7 +139,8 @@ cdef object _sharing(BufferArena a, str what, bint attached=True):
     return s
 
 
-def _arena_peer_all_reduce(BufferArena a, names, stream=None, tokens=None, *, tokens_at=None,
+@cython.binding(True)
+def peer_all_reduce(ArenaState self, names, stream=None, tokens=None, *, tokens_at=None,
                            out=None, timeout=10.0):
     """Sum the live rows of buffers over the ranks of the group, on every rank.
 
@@ -182,6 +183,7 @@ def _arena_peer_all_reduce(BufferArena a, names, stream=None, tokens=None, *, to
         The arena is not shared, released, or a rank runs on another host;
         on the host backend, a barrier timed out.
     """
+    cdef ArenaState a = self
     cdef uintptr_t at = 0, s
     cdef uint64_t t = 0
     cdef _Plan plan
@@ -232,7 +234,8 @@ def _arena_peer_all_reduce(BufferArena a, names, stream=None, tokens=None, *, to
         mt_life_leave(a._life)
 
 
-def _arena_check_peer_reduce(BufferArena a, stream=None):
+@cython.binding(True)
+def check_peer_reduce(ArenaState self, stream=None):
     """Wait for `stream`, then raise if this rank's reductions have failed.
 
     A barrier of `peer_all_reduce` that waits longer than its timeout for a
@@ -253,6 +256,7 @@ def _arena_check_peer_reduce(BufferArena a, stream=None):
         this rank were not made; release the arena on every rank and build
         it again.  Also: the arena is not shared, or released.
     """
+    cdef ArenaState a = self
     cdef uintptr_t s = as_stream(stream)
     cdef unsigned int status = 0
     a._enter(None)

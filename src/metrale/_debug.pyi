@@ -1,1 +1,1 @@
-# metrale._debug: no public names; BufferArena forwards its debug operations here.
+# metrale._debug: BufferArena binds its debug operations from here (typed in _arena.pyi).

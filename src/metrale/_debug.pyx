@@ -8,15 +8,16 @@ Each operation gathers its byte ranges (items) from the layout in the C core
 them through the backend in one call: one kernel launch on CUDA
 (kernels/debug_ops.cu), one C pass on the host (debug.c).  The element type
 of each buffer comes from its spec in the arena's buffer set.
-BufferArena forwards its debug methods here.
+BufferArena binds its debug methods from here.
 """
 
+cimport cython
 from libc.stdint cimport uint64_t, uintptr_t
 from libc.string cimport memcpy, memset
 
 from libc.stdlib cimport free, malloc
 
-from metrale._arena cimport BufferArena
+from metrale._arena_state cimport ArenaState
 from metrale._backend cimport Backend
 from metrale._common cimport as_stream, buffer_ids, index_arg, logger, u64_arg
 from metrale._core cimport (
@@ -108,7 +109,7 @@ cdef int fill_guards(Backend be, const mt_layout *L, uintptr_t base, uintptr_t s
     return 0
 
 
-cdef list check_guards(BufferArena arena, uintptr_t stream):
+cdef list _check_guards(ArenaState arena, uintptr_t stream):
     """The damaged guard bands, in slab order, as GuardDamage values."""
     cdef Items it
     cdef mt_debug_result out[MT_MAX_BUFFERS]
@@ -124,7 +125,7 @@ cdef list check_guards(BufferArena arena, uintptr_t stream):
             for i in range(n) if out[i].count]
 
 
-cdef int poison_rows(BufferArena arena, uint64_t tokens, uintptr_t stream) except -1:
+cdef int _poison_rows(ArenaState arena, uint64_t tokens, uintptr_t stream) except -1:
     """Fill the rows past `tokens` of every row-trimmed buffer with the
     poison of its element type (enqueued on `stream`)."""
     cdef Items it
@@ -154,7 +155,7 @@ cdef object _row_of(const mt_layout *L, int b, uint64_t offset):
     return offset // row if row else None
 
 
-cdef list find_nonfinite(BufferArena arena, uint64_t tokens, uintptr_t stream):
+cdef list _find_nonfinite(ArenaState arena, uint64_t tokens, uintptr_t stream):
     """NonFinite values of the row-trimmed float buffers whose live rows hold
     NaN or Inf, in the set's order."""
     cdef Items it
@@ -186,7 +187,7 @@ cdef list find_nonfinite(BufferArena arena, uint64_t tokens, uintptr_t stream):
     return found
 
 
-cdef dict fingerprint(BufferArena arena, list ids, uintptr_t stream):
+cdef dict _fingerprint(ArenaState arena, list ids, uintptr_t stream):
     """name -> 64-bit fingerprint of each buffer of `ids` (in that order)."""
     cdef Items it
     cdef mt_debug_result out[MT_MAX_BUFFERS]
@@ -214,22 +215,17 @@ cdef dict fingerprint(BufferArena arena, list ids, uintptr_t stream):
     return result
 
 
-# -- the arena's debug methods (BufferArena forwards them here) ----------------------------
+# -- the arena's debug methods (BufferArena binds them) ------------------------------------
 
-cdef int refill_guards(BufferArena a) except -1:
+cdef int refill_guards(ArenaState a) except -1:
     if a._layout.guard and a._base:
         fill_guards(a._gpu, &a._layout, a._base, 0)
         a._gpu.sync(0)
     return 0
 
 
-def _refill_guards(BufferArena a):
-    """`refill_guards`, for BufferArena's construction (which cannot cimport
-    this module)."""
-    refill_guards(a)
-
-
-def _arena_check_guards(BufferArena a, stream=None):
+@cython.binding(True)
+def check_guards(ArenaState self, stream=None):
     """The guard bands that no longer hold their pattern.
 
     A debug arena has a guard band after every live buffer: from the
@@ -261,17 +257,19 @@ def _arena_check_guards(BufferArena a, stream=None):
     TypeError, ValueError
         `stream` is not a stream.
     """
+    cdef ArenaState a = self
     if a._debug is None:
         raise MetraleError("check_guards: this arena has no guard bands (build it with debug=True)")
     cdef uintptr_t s = as_stream(stream)
     a._enter(None)
     try:
-        return check_guards(a, s)
+        return _check_guards(a, s)
     finally:
         mt_life_leave(a._life)
 
 
-def _arena_verify_guards(BufferArena a, stream=None):
+@cython.binding(True)
+def verify_guards(ArenaState self, stream=None):
     """`check_guards`, raising when a guard band is damaged.
 
     Parameters
@@ -288,14 +286,16 @@ def _arena_verify_guards(BufferArena a, stream=None):
     TypeError, ValueError
         `stream` is not a stream.
     """
-    damage = _arena_check_guards(a, stream)
+    cdef ArenaState a = self
+    damage = check_guards(a, stream)
     if damage:
         raise MetraleError(f"{len(damage)} guard band(s) overwritten: "
                            + "; ".join(str(d) for d in damage))
     return None
 
 
-def _arena_poison_rows(BufferArena a, stream=None, tokens=None):
+@cython.binding(True)
+def poison_rows(ArenaState self, stream=None, tokens=None):
     """Fill the rows past `tokens` of the row-trimmed buffers with NaN.
 
     For each buffer `zero_all_rows` trims (its set's ``groups["rows"]``), the bytes
@@ -324,18 +324,20 @@ def _arena_poison_rows(BufferArena a, stream=None, tokens=None):
     MetraleError
         The arena is released or sleeps, or the driver failed.
     """
+    cdef ArenaState a = self
     if tokens is None:
         raise TypeError("poison_rows() missing its tokens argument (the live rows)")
     cdef uint64_t t = u64_arg(tokens, "tokens")
     cdef uintptr_t s = as_stream(stream)
     a._enter(None)
     try:
-        poison_rows(a, t, s)
+        _poison_rows(a, t, s)
     finally:
         mt_life_leave(a._life)
 
 
-def _arena_find_nonfinite(BufferArena a, stream=None, tokens=None):
+@cython.binding(True)
+def find_nonfinite(ArenaState self, stream=None, tokens=None):
     """NaN and Inf elements in the live rows of the row-trimmed buffers.
 
     Scans rows ``0 .. tokens`` (the bytes `zero_all_rows(tokens=tokens)`
@@ -368,18 +370,20 @@ def _arena_find_nonfinite(BufferArena a, stream=None, tokens=None):
     MetraleError
         The arena is released or sleeps, or the driver failed.
     """
+    cdef ArenaState a = self
     if tokens is None:
         raise TypeError("find_nonfinite() missing its tokens argument (the live rows)")
     cdef uint64_t t = u64_arg(tokens, "tokens")
     cdef uintptr_t s = as_stream(stream)
     a._enter(None)
     try:
-        return find_nonfinite(a, t, s)
+        return _find_nonfinite(a, t, s)
     finally:
         mt_life_leave(a._life)
 
 
-def _arena_fingerprint(BufferArena a, stream=None, names=None):
+@cython.binding(True)
+def fingerprint(ArenaState self, stream=None, names=None):
     """A 64-bit hash of each buffer's bytes, computed where they live.
 
     One operation over all the buffers asked for: one kernel launch, a
@@ -415,6 +419,7 @@ def _arena_fingerprint(BufferArena a, stream=None, names=None):
     MetraleError
         The arena is released or sleeps, or the driver failed.
     """
+    cdef ArenaState a = self
     cdef int i
     cdef uintptr_t s = as_stream(stream)
     ids = None if names is None else buffer_ids(names, "names", a._buffers)
@@ -422,12 +427,13 @@ def _arena_fingerprint(BufferArena a, stream=None, names=None):
     try:
         if ids is None:
             ids = [i for i in range(a._layout.n) if a._layout.size[i]]
-        return fingerprint(a, ids, s)
+        return _fingerprint(a, ids, s)
     finally:
         mt_life_leave(a._life)
 
 
-def _arena_debug_buffer_checksum(BufferArena a, gpu=None, stream=None, tag="", *, level=None):
+@cython.binding(True)
+def debug_buffer_checksum(ArenaState self, gpu=None, stream=None, tag="", *, level=None):
     """Log sum, sum of squares and sum of |x| of the probed buffers (16 of
     `REFERENCE`).
 
@@ -457,6 +463,7 @@ def _arena_debug_buffer_checksum(BufferArena a, gpu=None, stream=None, tag="", *
     MetraleError
         `gpu` is another backend or the arena is released.
     """
+    cdef ArenaState a = self
     cdef double out[3]
     cdef void *host = NULL
     cdef uint64_t most = 0, n

@@ -16,11 +16,9 @@ cdef object release_orphans(Backend be, object orphans)
 # from `base` (alloc, or above it where the layout's base alignment moved it),
 # and what is in it: wait for the device (unless `waited`: the caller just
 # did), unmap every chunk of `chunks` (a list it empties), release the
-# orphans, free the host copies (id, pointer, bytes) of `kept`, then the
-# reservation itself if nothing stays mapped (`others`: something the caller
-# holds is still mapped in it, so it stays).  Returns (error or None, whether
+# orphans, then the reservation itself if nothing stays mapped (`others`:
+# something the caller holds is still mapped in it, so it stays).  Returns (error or None, whether
 # the reservation was freed); an unmap or release error counts only if
 # something is still held.
 cdef tuple free_reservation(Backend be, uintptr_t base, uintptr_t alloc, size_t nbytes,
-                            object chunks, object orphans, object kept, bint waited=*,
-                            bint others=*)
+                            object chunks, object orphans, bint waited=*, bint others=*)

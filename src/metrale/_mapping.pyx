@@ -60,8 +60,7 @@ cdef object release_orphans(Backend be, object orphans):
 
 
 cdef tuple free_reservation(Backend be, uintptr_t base, uintptr_t alloc, size_t nbytes,
-                            object chunks, object orphans, object kept, bint waited=False,
-                            bint others=False):
+                            object chunks, object orphans, bint waited=False, bint others=False):
     first = None
     try:
         if chunks and not waited:
@@ -72,9 +71,6 @@ cdef tuple free_reservation(Backend be, uintptr_t base, uintptr_t alloc, size_t 
     retrying = release_orphans(be, orphans)
     if chunks or orphans:
         first = first or unmapping or retrying
-    for _, p, _n in kept:
-        be.host_free(<void *><uintptr_t>p)
-    kept.clear()
     freed = False
     if base and not chunks and not others:
         try:

@@ -1,0 +1,1 @@
+# metrale._peer: BufferArena binds its peer methods from here (typed in _arena.pyi).

@@ -7,56 +7,54 @@ unmap them again (_peer_slabs).
 
 The protocol itself (the group, the checks, the descriptor passing) is
 metrale/tp.py and metrale/_tp_exchange.py; the peers' mappings and the
-descriptors they are made from are metrale/_peer_slabs.pyx, below both.  BufferArena forwards `peer`, `peer_ranks`
-and the construction of a shared arena here.
+descriptors they are made from are metrale/_peer_slabs.pyx, below both.
+BufferArena binds `peer`, `peer_ranks`, `detach_peers`, `attach_peers` and
+`peers_detached` from here, and builds a shared arena with `build_shared`.
 """
 
 cimport cython
 from libc.stdint cimport uint64_t, uintptr_t
 from libc.string cimport memset
 
-from metrale._arena cimport BufferArena, live_arenas
+from metrale._arena_state cimport ArenaState
 from metrale._backend cimport Backend
 from metrale._common import seconds_arg
 from metrale._core cimport MT_LIFE_OK, MT_MAX_BUFFERS, MT_WAIT_OPERATIONS
 from metrale._life cimport (mt_life_released, mt_life_reshape_begin, mt_life_reshape_end, raise_life,
                             wait_life)
-from metrale._mapping cimport free_reservation
 from metrale._reserve cimport build
 
-
+from metrale import tp
 from metrale.errors import MetraleError
 
 
-
-def _build_shared(BufferArena a, sizes, top_sizes, group):
+cdef int build_shared(ArenaState a, object sizes, object top_sizes, object group) except -1:
     """A reserved arena of exportable chunks, then the collective setup of
     metrale/tp.py; on any failure, on any rank, nothing is left."""
-    from metrale import tp
     grp = group if isinstance(group, tp.PeerGroup) else tp.PeerGroup(group)   # TypeError first
-    a._shareable = True
     try:
-        build(a, sizes, top_sizes)
+        build(a, sizes, top_sizes, True)
     except BaseException as e:
         tp._abort(grp, e)           # the other ranks raise instead of waiting
         raise
     layout = tuple((a._layout.offset[i], a._layout.size[i], a._layout.room[i])
                    for i in range(a._layout.n))
     try:
-        a._peers = tp._share(a._gpu, grp, a._base, a._layout.slab_bytes, list(a._chunks),
-                             layout, a._ptrs, a._granule, a._layout.max_batch_tokens, a._buffers,
+        a._peers = tp._share(a._gpu, grp, a._base, a._layout.slab_bytes,
+                             list(a._reservation.chunks), layout, a._ptrs,
+                             a._reservation.granule, a._layout.max_batch_tokens, a._buffers,
                              a._layout.base_align)
     except BaseException:
         a._set_ptrs((0,) * a._layout.n)
-        err, freed = free_reservation(a._gpu, a._base, a._alloc, a._layout.slab_bytes, a._chunks,
-                                      a._orphans, a._kept)
+        err, freed = a._reservation.close(a._base, a._alloc, a._layout.slab_bytes)
         if freed:
             a._base = a._alloc = 0
         raise
-    return None
+    return 0
 
 
-def _arena_peer_ranks(BufferArena a):
+@cython.binding(True)
+def peer_ranks(ArenaState self):
     """The ranks whose buffers `peer` gives: those on this host.
 
     Returns
@@ -64,10 +62,12 @@ def _arena_peer_ranks(BufferArena a):
     tuple of int
         Sorted, this rank included; ``()`` for an arena that is not shared.
     """
+    cdef ArenaState a = self
     return () if a._peers is None else tuple(a._peers.local)
 
 
-def _arena_peer(BufferArena a, rank):
+@cython.binding(True)
+def peer(ArenaState self, rank):
     """The buffers of another rank of the group, as this process maps them.
 
     Parameters
@@ -91,6 +91,7 @@ def _arena_peer(BufferArena a, rank):
         The arena is not shared or is released, or `rank` runs on
         another host.
     """
+    cdef ArenaState a = self
     if a._peers is None:
         raise MetraleError("peer: the arena is not shared (build it with group=...)")
     if mt_life_released(a._life):
@@ -98,7 +99,7 @@ def _arena_peer(BufferArena a, rank):
     return a._peers.peer(rank)
 
 
-cdef int _hold(BufferArena a, str what) except -1:
+cdef int _hold(ArenaState a, str what) except -1:
     """Hold the arena alone, as a reshape does (operations in flight waited
     for, new ones refused until mt_life_reshape_end), views allowed:
     detaching changes only what backs the peers' addresses."""
@@ -115,7 +116,8 @@ cdef int _hold(BufferArena a, str what) except -1:
     return 0
 
 
-def _arena_detach_peers(BufferArena a):
+@cython.binding(True)
+def detach_peers(ArenaState self):
     """Unmap and release the peers' memory, keeping their addresses reserved.
 
     What a process checkpoint needs (docs/checkpoint.md): the driver cannot
@@ -133,6 +135,7 @@ def _arena_detach_peers(BufferArena a):
         failed an unmap or a release (what failed stays recorded: calling
         again retries it).
     """
+    cdef ArenaState a = self
     if a._peers is None:
         return None
     _hold(a, "detach_peers")
@@ -145,7 +148,8 @@ def _arena_detach_peers(BufferArena a):
     return None
 
 
-def _arena_attach_peers(BufferArena a, timeout=60.0):
+@cython.binding(True)
+def attach_peers(ArenaState self, timeout=60.0):
     """Map the peers' memory again at the addresses `detach_peers` kept.
 
     A collective call: every local rank of the group makes it (after each
@@ -168,6 +172,7 @@ def _arena_attach_peers(BufferArena a, timeout=60.0):
         did not come (the arena then stays detached: release it on every
         rank).
     """
+    cdef ArenaState a = self
     secs = seconds_arg(timeout, "timeout")
     if a._peers is None:
         raise MetraleError("attach_peers: the arena is not shared (build it with group=...)")
@@ -175,13 +180,14 @@ def _arena_attach_peers(BufferArena a, timeout=60.0):
     try:
         if mt_life_released(a._life):
             raise MetraleError("attach_peers: the buffer arena has been released")
-        a._peers.attach(a._gpu, list(a._chunks), secs)
+        a._peers.attach(a._gpu, list(a._reservation.chunks), secs)
     finally:
         mt_life_reshape_end(a._life, 0)
     return None
 
 
-def _arena_peers_detached(BufferArena a):
+@cython.binding(True)
+def peers_detached(ArenaState self):
     """Whether `detach_peers` left the peers' memory unmapped.
 
     Returns
@@ -189,11 +195,5 @@ def _arena_peers_detached(BufferArena a):
     bool
         False for an arena that is not shared.
     """
+    cdef ArenaState a = self
     return a._peers is not None and a._peers.detached
-
-
-def _shared_arenas():
-    """The live shared arenas of this process (metrale.tp.shared_arenas)."""
-    shared = [a for a in live_arenas()
-              if (<BufferArena>a)._peers is not None and not mt_life_released((<BufferArena>a)._life)]
-    return sorted(shared, key=lambda a: (<BufferArena>a)._peers.serial)

@@ -257,7 +257,7 @@ The peers' slabs mapped into this process, each in its own reservation.
         first error propagates after every step was tried."""
         entry = self._slabs[rank]
         err, freed = free_reservation(self._gpu, entry[0], entry[1], entry[2], entry[3],
-                                      self._orphans, [], True)
+                                      self._orphans, True)
         if freed:
             del self._slabs[rank]
         if err is not None:

@@ -1,1 +1,2 @@
-# metrale._reserve: no public names; BufferArena forwards resize and the reservation queries here.
+# metrale._reserve: BufferArena binds resize and the reservation queries from here
+# (typed in _arena.pyi).

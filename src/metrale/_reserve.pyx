@@ -1,32 +1,31 @@
 # cython: language_level=3, binding=False
 """Reserved memory of a BufferArena (docs/stable-addresses.md): building it,
-committing and trimming physical chunks, the reshape protocol (`begin`) and
-resize; sleep and wake, the other reshapes, are _sleep.pyx's.
+the reshape protocol (`begin`) and resize; sleep and wake, the other
+reshapes, are _sleep.pyx's.  Its state, the physical chunks, is the arena's
+Reservation (_reservation.pyx).
 
 The arena is one virtual reservation; each buffer a granularity-aligned
 sub-range sized for the reserved limits (the C core's reserved layout).
-Physical memory is mapped only for the current sizes, one handle per run of
-adjacent missing granules (cut in pieces once a sleep kept or offloaded
-something); a chunk is unmapped only whole.  BufferArena forwards `resize`,
-`committed_bytes`, `is_reserved` and `is_sleeping` here.
+BufferArena binds `resize`, `committed_bytes`, `is_reserved` and
+`is_sleeping` from here.
 """
 
+cimport cython
 from libc.stdint cimport uint64_t, uintptr_t
-from libc.stdlib cimport free, malloc
 from libc.string cimport memset
 
-from metrale._arena cimport BufferArena, init_zero
+from metrale._arena_state cimport ArenaState, init_zero, sleeping
 from metrale._backend cimport Backend
 from metrale._common cimport index_arg, limit_arg, limit_tuple, logger, u64_arg
 from metrale._core cimport (
     MT_ERR_OVERFLOW, MT_LIFE_EXPORTED, MT_LIFE_OK, MT_MAX_BUFFERS, MT_OK,
-    MT_WAIT_OPERATIONS, mt_chunk_needed, mt_commit_gaps, mt_commit_needed,
-    mt_layout_base, mt_layout_plan_reserved, mt_layout_resize, mt_range)
+    MT_WAIT_OPERATIONS, mt_layout_base, mt_layout_plan_reserved, mt_layout_resize)
 from metrale._life cimport (
     mt_life_exports, mt_life_reshape_begin, mt_life_reshape_end, raise_life, wait_life)
 from metrale._debug cimport refill_guards
 from metrale._layout cimport table_into
-from metrale._mapping cimport free_reservation, release_orphans, unmap_chunks
+from metrale._reservation cimport Reservation, reservation_new
+from metrale._sleep_state cimport sleep_state_new
 
 from metrale.errors import MetraleError, OutOfMemoryError
 from metrale.sizes import BufferSizes, DecodeMetaLayout
@@ -36,13 +35,15 @@ cdef tuple _LIMITS = ("max_batch_tokens", "max_seq_len", "kv_block_size", "max_b
 
 # -- building ---------------------------------------------------------------------------
 
-cdef int build(BufferArena a, object sizes, object top_sizes) except -1:
+cdef int build(ArenaState a, object sizes, object top_sizes, bint shareable) except -1:
     """Lay `a` out for `sizes` inside a reservation sized for `top_sizes`,
-    reserve it and map what `sizes` need; on failure nothing is left."""
+    reserve it and map what `sizes` need (exportable chunks when
+    `shareable`); on failure nothing is left."""
     cdef uint64_t cur[MT_MAX_BUFFERS]
     cdef uint64_t top[MT_MAX_BUFFERS]
     cdef uintptr_t base = 0
     cdef Backend be = a._gpu
+    cdef Reservation r
     cdef int rc, i
     if not isinstance(top_sizes, BufferSizes) or top_sizes.buffers != sizes.buffers:
         raise TypeError(f"reserve_sizes must be a BufferSizes of the same buffer set, got "
@@ -54,16 +55,17 @@ cdef int build(BufferArena a, object sizes, object top_sizes) except -1:
                              f"{tops[i]} bytes")
         cur[i] = values[i]
         top[i] = tops[i]
-    a._granule = be.granularity()
+    r = reservation_new(be, shareable, top_sizes,
+                        limit_tuple(top_sizes.limits) if top_sizes.limits is not None else None)
     table_into(&a._layout, sizes.buffers)
     rc = mt_layout_plan_reserved(&a._layout, cur, top, u64_arg(a._max_tokens, "max_batch_tokens", 1),
-                                 a._granule, a._debug.guard_bytes if a._debug is not None else 0)
+                                 r.granule, a._debug.guard_bytes if a._debug is not None else 0)
     if rc == MT_ERR_OVERFLOW:
         raise ValueError("the reservation of these sizes exceeds 2^64 - 1 bytes")
     if rc != MT_OK:
-        raise ValueError(f"granularity {a._granule} of {be!r} is not a power of two >= 256")
-    a._reserved = True
-    a._top_sizes = top_sizes
+        raise ValueError(f"granularity {r.granule} of {be!r} is not a power of two >= 256")
+    a._reservation = r
+    a._sleep_state = sleep_state_new(be, a._layout.n, a._layout.slab_bytes)
     a._set_bytes(values)
     if a._layout.slab_bytes:
         try:
@@ -74,104 +76,23 @@ cdef int build(BufferArena a, object sizes, object top_sizes) except -1:
         a._alloc = base
         a._base = mt_layout_base(&a._layout, base)
         try:
-            commit(a)
+            r.commit(&a._layout, a._base)
             zero_fresh(a)
             refill_guards(a)
         except BaseException:
-            err, freed = free_reservation(be, a._base, a._alloc, a._layout.slab_bytes, a._chunks,
-                                          a._orphans, a._kept)
+            err, freed = r.close(a._base, a._alloc, a._layout.slab_bytes)
             if freed:
                 a._base = a._alloc = 0
             raise
     a._set_ptrs(a._pointers(True))
     logger().info("buffer arena for max_batch_tokens=%d: %.1f MiB mapped of a %.1f MiB "
                   "reservation (total_bytes() %.1f MiB; %d buffers)", a._max_tokens,
-                  committed(a) / 1048576.0, a._layout.slab_bytes / 1048576.0,
+                  r.committed() / 1048576.0, a._layout.slab_bytes / 1048576.0,
                   sizes.total_bytes() / 1048576.0, len(sizes))
     return 0
 
 
-def _build(BufferArena a, sizes, top_sizes):
-    """`build`, for BufferArena.from_sizes (which cannot cimport this module)."""
-    build(a, sizes, top_sizes)
-
-
-# -- physical memory ------------------------------------------------------------------------
-
-cdef int commit(BufferArena a) except -1:
-    """Map what the current sizes need and is not mapped: one physical handle
-    per run of adjacent missing granules.  On failure the chunks this call
-    mapped are unmapped again and the error propagates."""
-    cdef mt_range need[MT_MAX_BUFFERS]
-    cdef mt_range *have = NULL
-    cdef mt_range *gaps = NULL
-    cdef int nneed, nhave = len(a._chunks), ngaps, i
-    cdef uint64_t h = 0
-    cdef Backend be = a._gpu
-    added = []
-    nneed = mt_commit_needed(&a._layout, a._granule, need)
-    have = <mt_range *>malloc((nhave + 1) * sizeof(mt_range))
-    gaps = <mt_range *>malloc((nneed + nhave + 1) * sizeof(mt_range))
-    try:
-        if have == NULL or gaps == NULL:
-            raise OutOfMemoryError("cannot allocate the arena's mapping bookkeeping")
-        for i in range(nhave):
-            have[i].offset = a._chunks[i][0]
-            have[i].length = a._chunks[i][1]
-        ngaps = mt_commit_gaps(need, nneed, have, nhave, gaps)
-        pieces = cut([(gaps[i].offset, gaps[i].length) for i in range(ngaps)], a._piece)
-        try:
-            for lo, n in pieces:
-                if a._shareable:
-                    be.create_exportable(n, &h)
-                else:
-                    be.create(n, &h)
-                try:
-                    be.map(a._base + lo, n, h)
-                except BaseException:
-                    be.release_handle(h, n)
-                    raise
-                added.append((lo, n, h))
-        except BaseException:
-            a._chunks.extend(added)
-            unmap_chunks(be, a._base, added, a._chunks, a._orphans)
-            raise
-        a._chunks.extend(added)
-        a._chunks.sort()
-        a._peak = max(a._peak, committed(a))
-    finally:
-        free(have)
-        free(gaps)
-    return 0
-
-
-cdef list cut(list runs, uint64_t piece):
-    """The (offset, bytes) `runs` cut in pieces of at most `piece` bytes (0:
-    whole), each run from its start."""
-    out = []
-    for lo, n in runs:
-        while piece and n > piece:
-            out.append((lo, piece))
-            lo, n = lo + piece, n - piece
-        out.append((lo, n))
-    return out
-
-
-cdef int trim(BufferArena a) except -1:
-    """Unmap the chunks the current sizes no longer touch (the device's work
-    waited for first)."""
-    cdef mt_range need[MT_MAX_BUFFERS]
-    cdef int nneed = mt_commit_needed(&a._layout, a._granule, need)
-    idle = [c for c in a._chunks if not mt_chunk_needed(need, nneed, c[0], c[1])]
-    if idle:
-        a._gpu.quiesce()
-        err = unmap_chunks(a._gpu, a._base, idle, a._chunks, a._orphans)
-        if err is not None:
-            raise err
-    return 0
-
-
-cdef int zero_fresh(BufferArena a) except -1:
+cdef int zero_fresh(ArenaState a) except -1:
     """Zero the buffers filled with zeros at construction (norm_unit_w), and
     wait: what a new arena, or a grown one, starts from (a woken arena's
     zeroing is _sleep's, which spares the bytes it copies back)."""
@@ -180,14 +101,8 @@ cdef int zero_fresh(BufferArena a) except -1:
     return 0
 
 
-cdef uint64_t committed(BufferArena a):
-    cdef uint64_t n = 0
-    for c in a._chunks:
-        n += <uint64_t>c[1]
-    return n
-
-
-def _arena_committed_bytes(BufferArena a):
+@cython.binding(True)
+def committed_bytes(ArenaState self):
     """Bytes of physical memory backing the arena now.
 
     For an unreserved arena the slab (0 once freed); for a reserved one the
@@ -200,34 +115,36 @@ def _arena_committed_bytes(BufferArena a):
     -------
     int
     """
-    if a._reserved:
-        return committed(a)
-    return a._layout.slab_bytes if a._base else 0
+    if self._reservation is not None:
+        return self._reservation.committed()
+    return self._layout.slab_bytes if self._base else 0
 
 
-def _arena_is_reserved(BufferArena a):
+@cython.binding(True)
+def is_reserved(ArenaState self):
     """Whether the arena was built with a reservation (stable addresses).
 
     Returns
     -------
     bool
     """
-    return bool(a._reserved)
+    return self._reservation is not None
 
 
-def _arena_is_sleeping(BufferArena a):
+@cython.binding(True)
+def is_sleeping(ArenaState self):
     """Whether `sleep` has given the arena's physical memory back.
 
     Returns
     -------
     bool
     """
-    return bool(a._sleeping)
+    return sleeping(self)
 
 
 # -- reshapes -------------------------------------------------------------------------------
 
-cdef int begin(BufferArena a, str what, object views_ok=None) except -1:
+cdef int begin(ArenaState a, str what, object views_ok=None) except -1:
     """Start a reshape: refused (nothing changed) unless the arena is
     reserved, not shared, and nothing else holds it (live views only of the
     buffers in `views_ok`, ids whose memory the reshape leaves in place);
@@ -235,7 +152,7 @@ cdef int begin(BufferArena a, str what, object views_ok=None) except -1:
     before this: no user code runs while a reshape holds the arena."""
     cdef unsigned char ok[MT_MAX_BUFFERS]
     cdef unsigned char *okp = NULL
-    if not a._reserved:
+    if a._reservation is None:
         raise MetraleError(f"{what}: the arena has no reservation (build it with reserve=...)")
     if a._peers is not None:
         pins = ", ".join(f"{p.kind}: {p.count}" for p in a.pins() if p.kind != "view")
@@ -249,7 +166,7 @@ cdef int begin(BufferArena a, str what, object views_ok=None) except -1:
             ok[<int>i] = 1
         okp = ok
     rc = mt_life_reshape_begin(a._life, okp)
-    if rc == MT_LIFE_EXPORTED and what == "wake" and not a._sleeping:
+    if rc == MT_LIFE_EXPORTED and what == "wake" and not sleeping(a):
         # a live view means it is awake: say that, not BufferError
         raise MetraleError("wake: the buffer arena is not sleeping")
     if rc == MT_LIFE_EXPORTED and views_ok is not None:
@@ -265,14 +182,15 @@ cdef int begin(BufferArena a, str what, object views_ok=None) except -1:
     try:
         wait_life(a._life, MT_WAIT_OPERATIONS)
     except BaseException:       # interrupted: as if it had not begun
-        mt_life_reshape_end(a._life, a._sleeping)
+        mt_life_reshape_end(a._life, sleeping(a))
         raise
-    release_orphans(a._gpu, a._orphans)
+    a._reservation.retry()
     return 0
 
 
-def _arena_resize(BufferArena a, max_batch_tokens=None, max_seq_len=None, kv_block_size=None,
-                  max_batch_size=None, *, sizes=None):
+@cython.binding(True)
+def resize(ArenaState self, max_batch_tokens=None, max_seq_len=None, kv_block_size=None,
+           max_batch_size=None, *, sizes=None):
     """Change the limits of a reserved arena without moving a pointer.
 
     Growing maps physical memory at the tail of each buffer that grew
@@ -318,8 +236,10 @@ def _arena_resize(BufferArena a, max_batch_tokens=None, max_seq_len=None, kv_blo
     """
     cdef uint64_t cur[MT_MAX_BUFFERS]
     cdef uint64_t old[MT_MAX_BUFFERS]
+    cdef ArenaState a = self
+    cdef Reservation r = a._reservation
     cdef int i, n = a._layout.n
-    if not a._reserved:
+    if r is None:
         raise MetraleError("resize: the arena has no reservation (build it with reserve=...)")
     if sizes is not None:
         if max_seq_len is not None or kv_block_size is not None:
@@ -353,15 +273,15 @@ def _arena_resize(BufferArena a, max_batch_tokens=None, max_seq_len=None, kv_blo
         limits = tuple(a._limits[k] if given[k] is None else
                        index_arg(given[k], _LIMITS[k], 1 if k in (0, 3) else 0) for k in range(4))
         for k in range(4):
-            if limits[k] > a._top_limits[k]:
+            if limits[k] > r.top_limits[k]:
                 raise ValueError(f"resize: {_LIMITS[k]}={limits[k]} exceeds the reserved "
-                                 f"{_LIMITS[k]}={a._top_limits[k]}")
+                                 f"{_LIMITS[k]}={r.top_limits[k]}")
         mbt, mbs = limits[0], limits[3]
         new_sizes = BufferSizes.from_config(a._model, *limits, target=a._gpu.target(),
                                             env=a._sizes.levers(), tp_size=a._tp,
                                             buffers=a._buffers)
     decode_meta = DecodeMetaLayout.for_max_batch_size(mbs)
-    names, values, tops = a._buffers.names, new_sizes.as_tuple(), a._top_sizes.as_tuple()
+    names, values, tops = a._buffers.names, new_sizes.as_tuple(), r.top_sizes.as_tuple()
     for i in range(n):
         if values[i] > tops[i]:
             raise ValueError(f"resize: {names[i]} needs {values[i]} bytes, above "
@@ -377,18 +297,18 @@ def _arena_resize(BufferArena a, max_batch_tokens=None, max_seq_len=None, kv_blo
         for x in a._buffers.groups["init_zero"]:
             i = a._index[x]
             init_grew = init_grew or cur[i] > old[i]
-        if mt_layout_resize(&a._layout, cur, mbt, a._granule) != MT_OK:
+        if mt_layout_resize(&a._layout, cur, mbt, r.granule) != MT_OK:
             raise ValueError("resize: a size exceeds its reserved room")
-        if not a._sleeping:         # asleep: wake maps for the new limits
+        if not sleeping(a):         # asleep: wake maps for the new limits
             try:
-                commit(a)           # grow first: on failure the arena is as before
+                r.commit(&a._layout, a._base)   # grow first: on failure the arena is as before
                 if init_grew:
                     zero_fresh(a)
                 refill_guards(a)    # the bands after the buffers' new ends
             except BaseException:
-                mt_layout_resize(&a._layout, old, old_mbt, a._granule)
+                mt_layout_resize(&a._layout, old, old_mbt, r.granule)
                 try:
-                    trim(a)         # what the growth mapped goes back too
+                    r.trim(&a._layout, a._base)     # what the growth mapped goes back too
                 except Exception as e:
                     logger().warning("buffer arena: unmapping after a failed resize failed: %s", e)
                 raise
@@ -397,11 +317,11 @@ def _arena_resize(BufferArena a, max_batch_tokens=None, max_seq_len=None, kv_blo
         a._max_tokens = mbt
         a._decode_meta = decode_meta
         a._max_seqs = mbs
-        a._reshapes += 1
+        r.reshapes += 1
         a._moe_cache = {}
         a._limits = limits          # None for sizes that record none
-        if not a._sleeping:
-            trim(a)                 # then give back what is no longer needed
+        if not sleeping(a):
+            r.trim(&a._layout, a._base)     # then give back what is no longer needed
     finally:
-        mt_life_reshape_end(a._life, a._sleeping)    # paused while it sleeps
+        mt_life_reshape_end(a._life, sleeping(a))    # paused while it sleeps
     return None

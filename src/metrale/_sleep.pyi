@@ -1,1 +1,1 @@
-# metrale._sleep: no public names; BufferArena forwards sleep and wake here.
+# metrale._sleep: BufferArena binds sleep and wake from here (typed in _arena.pyi).

@@ -2,29 +2,32 @@
 """Sleep and wake of a reserved BufferArena (docs/stable-addresses.md): what
 each buffer becomes while the device memory is given back (discarded, kept
 as a pinned host copy, or offloaded to host memory mapped at its own
-addresses), the host memory for that (made once, reused, freed by release),
-and the pipelined copy and remap of an offload.
+addresses), and the pipelined copy and remap of an offload.
 
-The reservation, its chunks and the reshape protocol are _reserve.pyx's;
-BufferArena forwards `sleep` and `wake` here (and its release frees the host memory
-through `_free_hosted`).
+The state is the arena's: each buffer's record and the host memory in its
+SleepState (_sleep_state.pyx), the device chunks in its Reservation
+(_reservation.pyx); the reshape protocol is _reserve.pyx's.  BufferArena
+binds `sleep` and `wake` from here.
 """
 
+cimport cython
 from libc.stdint cimport uint64_t, uintptr_t
 
-from metrale._arena cimport BufferArena
+from metrale._arena_state cimport ArenaState, sleeping
 from metrale._backend cimport Backend
 from metrale._common cimport buffer_ids, logger
 from metrale._core cimport MT_IN_ZERO_ALL, MT_MAX_BUFFERS, MT_MAX_RANGES, mt_group_ranges, mt_range
 from metrale._debug cimport refill_guards
 from metrale._life cimport mt_life_reshape_end
-from metrale._mapping cimport unmap_chunks
-from metrale._reserve cimport begin, commit, cut, trim
+from metrale._reserve cimport begin
+from metrale._reservation cimport Reservation
+from metrale._sleep_state cimport FATE_KEPT, FATE_OFFLOADED, SleepState
 
 from metrale.errors import MetraleError
 
 
-def _arena_sleep(BufferArena a, keep=(), offload=()):
+@cython.binding(True)
+def sleep(ArenaState self, keep=(), offload=()):
     """Give back the device memory; the pointers stay reserved.
 
     The device's pending work is waited for.  The buffers named in
@@ -68,7 +71,10 @@ def _arena_sleep(BufferArena a, keep=(), offload=()):
         offloaded buffer's host memory, it is awake again as for a failed
         mapping).
     """
+    cdef ArenaState a = self
     cdef Backend be = a._gpu
+    cdef Reservation r
+    cdef SleepState st
     ids = buffer_ids(keep, "keep", a._buffers)
     off = buffer_ids(offload, "offload", a._buffers)
     both = [a._buffers.names[i] for i in ids if i in off]
@@ -76,38 +82,39 @@ def _arena_sleep(BufferArena a, keep=(), offload=()):
         raise ValueError(f"keep, offload: {', '.join(both)} in both (a buffer is kept or "
                          "offloaded)")
     begin(a, "sleep", off)
+    r, st = a._reservation, a._sleep_state
     try:
-        if a._sleeping:
+        if st.sleeping:
             raise MetraleError("sleep: the buffer arena is already sleeping")
         be.quiesce()
-        if (off or ids) and not a._piece:
+        if (off or ids) and not r.piece:
             # Host memory, and from the next wake on device memory, in pieces
             # of an eighth of the slab: a sleep unmaps the pieces it copies
             # nothing from at once, and each other one (remapping an
             # offloaded one at its addresses) as soon as its copy is done,
             # while the next ones are still being copied.
-            a._piece = max(a._granule, (a._layout.slab_bytes // 8 + a._granule - 1)
-                           // a._granule * a._granule)
+            r.piece = max(r.granule, (a._layout.slab_bytes // 8 + r.granule - 1)
+                          // r.granule * r.granule)
         runs = _runs(a, off)
-        _host_memory(a, runs)
-        _keep_buffers(a, ids)
-        chunks = sorted(a._chunks)
+        st.host_memory(runs, r.piece)
+        st.keep_copies(&a._layout, ids)
+        chunks = sorted(r.chunks)
         events = []
         try:
             moved, copied = _copy_out(a, off, ids, chunks, events)
-            a._offloaded, a._keeping = moved, copied
-            a._sleeping = True
-            _remap(a, chunks, events, _overlapping(a, runs))
+            st.set_fates(moved, copied)
+            st.sleeping = True
+            _remap(a, chunks, events, st.overlapping(runs))
         finally:
             for ev in events:
                 if ev:
                     be.event_destroy(ev)
     finally:
-        mt_life_reshape_end(a._life, a._sleeping)    # paused while it sleeps
+        mt_life_reshape_end(a._life, sleeping(a))    # paused while it sleeps
     return None
 
 
-cdef tuple _copy_out(BufferArena a, list off, list ids, list chunks, list events):
+cdef tuple _copy_out(ArenaState a, list off, list ids, list chunks, list events):
     """Queue the copies out, chunk by chunk in address order: the offloaded
     buffers' bytes to their host memory (at the staging range), the kept
     ones' to their pinned buffers (one address space with the device's),
@@ -115,9 +122,10 @@ cdef tuple _copy_out(BufferArena a, list off, list ids, list chunks, list events
     from).  Returns (offloaded, kept): buffer id -> bytes.  On failure the
     copies queued are waited for and nothing else is changed."""
     cdef Backend be = a._gpu
+    cdef SleepState st = a._sleep_state
     cdef uintptr_t ev = 0
     cdef uint64_t lo, hi, o, n, x, y
-    host = {k[0]: k[1] for k in a._kept if k[0] in ids}
+    host = {i: st.rec[<int>i].host for i in ids}
     try:
         for c in chunks:
             lo, hi = c[0], c[0] + c[1]
@@ -126,7 +134,7 @@ cdef tuple _copy_out(BufferArena a, list off, list ids, list chunks, list events
                 o, n = a._layout.offset[i], a._layout.size[i]
                 x, y = max(o, lo), min(o + n, hi)
                 if x < y:
-                    dst = a._stage + x if i in off else host[i] + (x - o)
+                    dst = st.stage + x if i in off else host[i] + (x - o)
                     be.copy(dst, a._base + x, y - x, 0)
                     ev = 1
             if ev:
@@ -142,7 +150,7 @@ cdef tuple _copy_out(BufferArena a, list off, list ids, list chunks, list events
             {i: a._layout.size[i] for i in ids if a._layout.size[i]})
 
 
-cdef int _remap(BufferArena a, list chunks, list events, list entries) except -1:
+cdef int _remap(ArenaState a, list chunks, list events, list entries) except -1:
     """The second half of a sleep: the chunks nothing is copied from
     unmapped at once, each other one once its copies are done, and each
     host handle in `entries` mapped at the buffers' own addresses as soon as
@@ -154,6 +162,8 @@ cdef int _remap(BufferArena a, list chunks, list events, list entries) except -1
     without memory: a failed mapping, a failed wait, or a chunk left mapped
     under offloaded memory wakes the arena again (the error follows)."""
     cdef Backend be = a._gpu
+    cdef Reservation r = a._reservation
+    cdef SleepState st = a._sleep_state
     first = None
     pending = list(entries)
     order = [k for k in range(len(chunks)) if not events[k]] + \
@@ -162,35 +172,37 @@ cdef int _remap(BufferArena a, list chunks, list events, list entries) except -1
         for k in order:
             if events[k]:
                 be.event_wait(events[k])
-            err = unmap_chunks(be, a._base, [chunks[k]], a._chunks, a._orphans)
+            err = r.unmap(a._base, [chunks[k]])
             first = first or err
             ready = _bare(a, pending)
-            _map_hosted(a, ready)
+            st.map_at(a._base, ready)
             pending = [e for e in pending if e not in ready]
         if pending:         # a chunk left mapped under offloaded memory
             raise first or MetraleError("sleep: a chunk is still mapped under offloaded memory")
     except BaseException:
         be.quiesce()            # every copy done: the staging range is whole
-        _unmap_hosted(a)
+        st.unmap_at(a._base)
         try:
             _restore(a)         # awake again: the kept and offloaded buffers back
         except BaseException:
-            _map_hosted(a, _bare(a, entries))     # asleep, the offloaded buffers held
+            st.map_at(a._base, _bare(a, entries))     # asleep, the offloaded buffers held
             raise
-        a._sleeping = False
+        st.sleeping = False
         raise
     if first is not None:
         raise first
     return 0
 
 
-cdef list _bare(BufferArena a, list entries):
+cdef list _bare(ArenaState a, list entries):
     """The host handles of `entries` under which no chunk is mapped."""
     return [e for e in entries
-            if not any(e[0] < c[0] + c[1] and c[0] < e[0] + e[1] for c in a._chunks)]
+            if not any(e[0] < c[0] + c[1] and c[0] < e[0] + e[1]
+                       for c in a._reservation.chunks)]
 
 
-def _arena_wake(BufferArena a):
+@cython.binding(True)
+def wake(ArenaState self):
     """Map device memory again at the same addresses after `sleep`.
 
     Zeroes the zero_all set (one fused operation) and norm_unit_w (the
@@ -211,32 +223,35 @@ def _arena_wake(BufferArena a):
         The arena has no reservation, is not sleeping, is released, or
         the backend failed; the arena then still sleeps.
     """
-    begin(a, "wake", list(a._offloaded))
+    cdef ArenaState a = self
+    cdef SleepState st = a._sleep_state
+    begin(a, "wake", st.with_fate(FATE_OFFLOADED) if st is not None else [])
     try:
-        if not a._sleeping:
+        if not st.sleeping:
             raise MetraleError("wake: the buffer arena is not sleeping")
-        at_base = list(a._at_base)
-        _unmap_hosted(a)
+        at_base = list(st.at_base)
+        st.unmap_at(a._base)
         try:
             _restore(a)
         except BaseException:
             try:
-                _map_hosted(a, _bare(a, at_base))     # asleep as before
+                st.map_at(a._base, _bare(a, at_base))     # asleep as before
             except Exception as e:
                 logger().warning("buffer arena: mapping the offloaded buffers' host memory "
                                  "again after a failed wake failed: %s", e)
             raise
-        a._sleeping = False
-        a._offloaded, a._keeping = {}, {}
-        trim(a)                     # chunks a failed sleep left and the limits no longer need
+        st.sleeping = False
+        st.set_fates({}, {})
+        a._reservation.trim(&a._layout, a._base)    # what a failed sleep left, and the limits
+                                                    # no longer need
     finally:
-        mt_life_reshape_end(a._life, a._sleeping)    # paused while it sleeps
+        mt_life_reshape_end(a._life, sleeping(a))    # paused while it sleeps
     return None
 
 
 # -- what a sleep keeps and offloads --------------------------------------------------------
 
-cdef int _restore(BufferArena a) except -1:
+cdef int _restore(ArenaState a) except -1:
     """Device memory for the current sizes, zeroed as when new, with the kept
     and offloaded buffers copied back (nothing mapped at the buffers' own
     addresses but the arena's chunks); on failure the chunks are unmapped
@@ -244,23 +259,25 @@ cdef int _restore(BufferArena a) except -1:
     stream while the zeroing, which spares their bytes, runs on the default
     one: they overlap."""
     cdef Backend be = a._gpu
+    cdef Reservation r = a._reservation
+    cdef SleepState st = a._sleep_state
     cdef uint64_t n, o
     cdef uintptr_t side = 0
+    cdef int i
     try:
-        commit(a)
+        r.commit(&a._layout, a._base)
         be.side_stream(&side)
         spans = []
-        for i, p, cap in a._kept:       # up to the current size (a resize while asleep)
-            n = min(a._keeping.get(i, 0), a._layout.size[i])
+        for i in range(st.n):       # up to the current size (a resize while asleep)
+            if st.rec[i].fate != FATE_KEPT and st.rec[i].fate != FATE_OFFLOADED:
+                continue
+            n = min(st.rec[i].moved, a._layout.size[i])
             if n:
                 o = a._layout.offset[i]
-                be.copy_h2d(a._base + o, <void *><uintptr_t>p, n, side)
-                spans.append((o, o + n))
-        for i, k in a._offloaded.items():
-            n = min(k, a._layout.size[i])
-            if n:
-                o = a._layout.offset[i]
-                be.copy(a._base + o, a._stage + o, n, side)
+                if st.rec[i].fate == FATE_KEPT:
+                    be.copy_h2d(a._base + o, <void *>st.rec[i].host, n, side)
+                else:
+                    be.copy(a._base + o, st.stage + o, n, side)
                 spans.append((o, o + n))
         _zero_fresh_but(a, spans)
         be.sync(side)
@@ -271,12 +288,12 @@ cdef int _restore(BufferArena a) except -1:
             be.quiesce()
         except Exception:
             pass
-        unmap_chunks(be, a._base, a._chunks, a._chunks, a._orphans)
+        r.unmap(a._base, r.chunks)
         raise
     return 0
 
 
-cdef int _zero_fresh_but(BufferArena a, list spans) except -1:
+cdef int _zero_fresh_but(ArenaState a, list spans) except -1:
     """What a new arena starts zeroed (the zero_all set with its padding, and
     the init_zero buffers), less the slab byte ranges `spans`: in as few
     launches of the range kernel as hold them, on the default stream, not
@@ -313,10 +330,10 @@ cdef int _zero_fresh_but(BufferArena a, list spans) except -1:
     return 0
 
 
-cdef list _runs(BufferArena a, list ids):
+cdef list _runs(ArenaState a, list ids):
     """The granules the buffers `ids` occupy at their current sizes, as
     merged (offset, bytes) runs."""
-    cdef uint64_t g = a._granule, lo, hi
+    cdef uint64_t g = a._reservation.granule, lo, hi
     spans = []
     for i in ids:
         if a._layout.size[i]:
@@ -331,179 +348,3 @@ cdef list _runs(BufferArena a, list ids):
         else:
             out.append([lo, hi])
     return [(lo, hi - lo) for lo, hi in out]
-
-
-cdef int _host_memory(BufferArena a, list runs) except -1:
-    """Host memory mapped at the staging range for every run: what the
-    arena has when it covers them (made once, reused), else new handles for
-    the runs (the old ones, which overlap them there and hold nothing a
-    sleep needs, released first)."""
-    cdef Backend be = a._gpu
-    cdef uintptr_t stage
-    cdef uint64_t h = 0
-    if all(_covered(a._hosted, lo, lo + n) for lo, n in runs):
-        return 0
-    old = list(a._hosted)
-    a._hosted.clear()
-    _drop_hosted(a, old)
-    if a._hosted:
-        raise MetraleError("sleep: unmapping the host memory of an earlier offload failed")
-    stage = a._stage
-    made = []
-    try:
-        if not stage:
-            be.reserve(a._layout.slab_bytes, &stage)
-        for lo, n in cut(runs, a._piece):   # no handle longer than the arena's pieces
-            be.create_host(n, &h)
-            try:
-                be.map_host(stage + lo, n, h)
-            except BaseException:
-                be.release_host(h, n)
-                raise
-            made.append((lo, n, h))
-    except BaseException:
-        try:
-            for lo, n, h in made:
-                be.unmap_host(stage + lo, n)
-                be.release_host(h, n)
-            if stage and not a._stage:
-                be.unreserve(stage, a._layout.slab_bytes)
-        except Exception as e:
-            logger().warning("buffer arena: undoing host memory for offloaded buffers "
-                             "failed: %s", e)
-        raise
-    a._hosted.replace(made)
-    a._stage = stage
-    return 0
-
-
-cdef bint _covered(object hosted, uint64_t lo, uint64_t hi):
-    """Whether the (sorted, disjoint) host handles cover [lo, hi) together."""
-    for o, k, _h in hosted:
-        if o <= lo < o + k:
-            lo = o + k
-    return lo >= hi
-
-
-cdef int _drop_hosted(BufferArena a, list hosted) except -1:
-    """Unmap from the staging range and release `hosted`; what fails stays
-    in a._hosted, released by the next release."""
-    cdef Backend be = a._gpu
-    first = None
-    for lo, n, h in hosted:
-        try:
-            be.unmap_host(a._stage + lo, n)
-        except Exception as e:
-            first = first or e
-            a._hosted.append((lo, n, h))
-            continue
-        try:
-            be.release_host(h, n)
-        except Exception as e:
-            first = first or e
-            a._host_orphans.append((h, n))      # released again by release
-    if first is not None:
-        logger().warning("buffer arena: giving back host memory of offloaded buffers "
-                         "failed: %s", first)
-    return 0
-
-
-cdef list _overlapping(BufferArena a, list runs):
-    """The host handles that hold some of `runs`."""
-    return [e for e in a._hosted if any(e[0] < r + k and r < e[0] + e[1] for r, k in runs)]
-
-
-cdef int _map_hosted(BufferArena a, list entries) except -1:
-    """Map the host handles `entries` at the buffers' own addresses (added
-    to those mapped there); on failure what this call mapped is unmapped
-    again."""
-    cdef Backend be = a._gpu
-    done = []
-    try:
-        for lo, n, h in entries:
-            be.map_host(a._base + lo, n, h)
-            done.append((lo, n, h))
-    except BaseException:
-        for lo, n, h in done:
-            be.unmap_host(a._base + lo, n)
-        raise
-    a._at_base.extend(done)
-    return 0
-
-
-cdef int _unmap_hosted(BufferArena a) except -1:
-    """Unmap the host memory from the buffers' own addresses (the device's
-    work waited for); on failure what this call unmapped is mapped again."""
-    cdef Backend be = a._gpu
-    if not a._at_base:
-        return 0
-    be.quiesce()
-    done = []
-    try:
-        for lo, n, h in a._at_base:
-            be.unmap_host(a._base + lo, n)
-            done.append((lo, n, h))
-    except BaseException:
-        for lo, n, h in done:
-            be.map_host(a._base + lo, n, h)
-        raise
-    a._at_base.clear()
-    return 0
-
-
-cdef int _keep_buffers(BufferArena a, list ids) except -1:
-    """A pinned host buffer for each of `ids` at its current size: what the
-    arena has when large enough (made once, reused), else a new one, the
-    old one freed only once the new one is made."""
-    cdef Backend be = a._gpu
-    cdef void *host = NULL
-    have = {k[0]: k for k in a._kept}
-    made = []
-    try:
-        for i in ids:
-            n = a._layout.size[i]
-            if n and (i not in have or have[i][2] < n):
-                be.host_alloc(n, &host)
-                made.append((i, <uintptr_t>host, n))
-    except BaseException:
-        for _, p, _n in made:
-            be.host_free(<void *><uintptr_t>p)
-        raise
-    for k in made:
-        if k[0] in have:
-            be.host_free(<void *><uintptr_t>have[k[0]][1])
-        have[k[0]] = k
-    a._kept.replace(sorted(have.values()))
-    return 0
-
-
-def _free_hosted(BufferArena a):
-    """Give back the host memory of sleep(offload=...) (release): unmapped
-    from the buffers' addresses and the staging range, released, the staging
-    range unreserved.  What fails stays recorded for the next release.
-
-    Parameters
-    ----------
-    a : BufferArena
-        The arena being released.
-
-    Raises
-    ------
-    MetraleError
-        The backend failed to unmap or release some of it (kept for the
-        next call).
-    """
-    cdef Backend be = a._gpu
-    _unmap_hosted(a)
-    hosted = list(a._hosted)
-    a._hosted.clear()
-    _drop_hosted(a, hosted)
-    for h, n in list(a._host_orphans):
-        be.release_host(h, n)
-        a._host_orphans.remove((h, n))
-    if a._hosted:
-        raise MetraleError("release: unmapping host memory of offloaded buffers failed")
-    if a._stage:
-        be.unreserve(a._stage, a._layout.slab_bytes)
-        a._stage = 0
-    return None

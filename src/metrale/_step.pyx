@@ -6,14 +6,14 @@ The slab places token_ids first and scratch right after it (src/layout.c),
 so token_ids, the int32 token count at scratch + 32,752 and the decode
 metadata at scratch + 32,768 lie in one device span: one pinned host buffer
 laid out byte for byte like that span, copied by one cuMemcpyHtoDAsync.
-BufferArena.step_inputs makes them here.
+BufferArena binds `step_inputs`, which makes them, from here.
 """
 
 cimport cython
 from libc.stdint cimport int32_t, uint64_t, uintptr_t
 from libc.string cimport memcpy, memset as c_memset
 
-from metrale._arena cimport BufferArena
+from metrale._arena_state cimport ArenaState, reshapes
 from metrale._backend cimport Backend
 from metrale._common cimport as_stream, u64_arg
 from metrale._core cimport (
@@ -101,7 +101,7 @@ Pinned host staging for one step's inputs, uploaded with one copy.
         Bytes of the staging, and of each upload's copy.
     """
 
-    cdef BufferArena _arena
+    cdef ArenaState _arena
     cdef Backend _gpu
     cdef _Staging _staging        # the pinned memory and its lifetime word
     cdef mt_life *_life           # _staging's word: views, operations, released
@@ -120,7 +120,7 @@ Pinned host staging for one step's inputs, uploaded with one copy.
             raise TypeError("StepInputs is made by BufferArena.step_inputs()")
         self._views = {}
 
-    cdef int _build(self, BufferArena arena, uint64_t max_blocks, int ids, int scratch) except -1:
+    cdef int _build(self, ArenaState arena, uint64_t max_blocks, int ids, int scratch) except -1:
         cdef uint64_t tok = arena._layout.offset[ids], scr = arena._layout.offset[scratch]
         cdef uint64_t span, i
         cdef _Staging staging
@@ -140,7 +140,7 @@ Pinned host staging for one step's inputs, uploaded with one copy.
         self.max_blocks = max_blocks
         # token_ids' rows: max_batch_tokens, unless from_sizes gave it fewer bytes
         self.max_batch_tokens = min(arena._layout.size[ids] // 4, arena._layout.max_batch_tokens)
-        self._built_at = arena._reshapes
+        self._built_at = reshapes(arena)
         self._dst = arena._base + tok
         self._count_off = scr - tok + _STEP_COUNT_OFFSET
         m = scr - tok + _DECODE_META_OFFSET
@@ -402,12 +402,12 @@ Pinned host staging for one step's inputs, uploaded with one copy.
         """
         cdef uintptr_t s = as_stream(stream)
         cdef bint zeroing = zero
-        cdef BufferArena arena = self._arena
+        cdef ArenaState arena = self._arena
         self._enter()
         try:
             arena._enter(None)
             try:
-                if arena._reshapes != self._built_at:
+                if reshapes(arena) != self._built_at:
                     raise MetraleError("the arena was resized after these step inputs were made: "
                                        "make new ones with arena.step_inputs()")
                 self._gpu.copy_h2d(self._dst, self._host, self.nbytes, s)
@@ -496,7 +496,8 @@ Pinned host staging for one step's inputs, uploaded with one copy.
                 f"rows={self.layout.rows()}, max_blocks={self.max_blocks}, {state})")
 
 
-def _arena_step_inputs(BufferArena a, max_blocks=None):
+@cython.binding(True)
+def step_inputs(ArenaState self, max_blocks=None):
     """Pinned host staging for the inputs this arena's engine uploads every step.
 
     See `StepInputs`: token ids, the token count and the decode metadata,
@@ -530,6 +531,7 @@ def _arena_step_inputs(BufferArena a, max_blocks=None):
         The arena's buffer set lacks ``token_ids`` or ``scratch`` (the
         message names which), or the arena is released or sleeps.
     """
+    cdef ArenaState a = self
     cdef StepInputs st
     ids, scratch = a._index.get("token_ids"), a._index.get("scratch")
     if ids is None or scratch is None:

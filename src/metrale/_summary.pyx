@@ -4,15 +4,16 @@
 (`arena.ptrs`, an `ArenaPointers`), the whole arena as an `ArenaSummary`
 (`arena.summary()`; ``str()`` is a short report) and as the flat counters of
 `arena.memory_stats()` for exporters, and the process's arenas
-(`metrale.stats()`).  BufferArena forwards `buffers`, `summary` and
-`memory_stats` here.
+(`metrale.stats()`).  BufferArena binds `buffers`, `summary`,
+`memory_stats`, `pins` and its plain accessors from here.
 """
 
 cimport cython
 
-from metrale._arena cimport BufferArena, live_arenas
-from metrale._life cimport mt_life_exports
-from metrale._life cimport mt_life_released
+from metrale._arena_state cimport ArenaState, live_arenas, sleeping
+from metrale._life cimport mt_life_exports, mt_life_released
+from metrale._reservation cimport Reservation
+from metrale._sleep_state cimport SleepState
 from metrale._view cimport buffer_dtypes
 
 from collections.abc import Mapping
@@ -186,7 +187,7 @@ cdef class ArenaBuffers:
     after `release` pointer 0.  Got from `BufferArena.buffers`.
     """
 
-    cdef BufferArena _arena      # the arena keeps no reference back: no cycle
+    cdef ArenaState _arena      # the arena keeps no reference back: no cycle
 
     def __cinit__(self, token=None):
         if token is not _TOKEN:
@@ -255,7 +256,7 @@ cdef class ArenaBuffers:
 Mapping.register(ArenaBuffers)
 
 
-cdef dict infos(BufferArena a):
+cdef dict infos(ArenaState a):
     """The BufferInfo of every buffer of `a`, made again only when a buffer
     changed: the arena replaces its pointer and size tuples whenever one does."""
     if a._infos is None or a._infos_of[0] is not a._ptrs or a._infos_of[1] is not a._bytes:
@@ -270,14 +271,16 @@ cdef dict infos(BufferArena a):
     return a._infos
 
 
-def _buffer_map(BufferArena arena):
-    """BufferArena.buffers: a mapping that reads `arena` when looked up."""
+def buffer_map(ArenaState self):
+    """The buffers as a read-only mapping: name -> `BufferInfo`
+    (pointer, bytes, offset in the slab, element type)."""
     cdef ArenaBuffers m = ArenaBuffers.__new__(ArenaBuffers, _TOKEN)
-    m._arena = arena
+    m._arena = self
     return m
 
 
-def _arena_summary(BufferArena a):
+@cython.binding(True)
+def summary(ArenaState self):
     """What this arena holds: slab, live and empty buffers, zero ranges,
     levers.
 
@@ -286,6 +289,7 @@ def _arena_summary(BufferArena a):
     ArenaSummary
         Values as attributes; ``str(summary)`` is a text report.
     """
+    cdef ArenaState a = self
     return ArenaSummary(
         repr(a._gpu), a._max_tokens, a._layout.slab_bytes, a._sizes.total_bytes(),
         sum(1 for v in a._bytes if v),
@@ -294,12 +298,44 @@ def _arena_summary(BufferArena a):
         (a._layout.zero_prefill.offset, a._layout.zero_prefill.length),
         {g: m for g, m in a._buffers.groups.items()
          if g in ("zero_all", "prefill", "rows", "checksum")},
-        a._sizes.levers(), bool(mt_life_released(a._life)), bool(a._reserved),
-        a.committed_bytes(), bool(a._sleeping), a._layout.guard, len(a._orphans),
-        _arena_max_seq_len(a), _arena_kv_block_size(a), a._max_seqs, a._tp)
+        a._sizes.levers(), bool(mt_life_released(a._life)), a._reservation is not None,
+        a.committed_bytes(), sleeping(a), a._layout.guard,
+        len(a._reservation.orphans) if a._reservation is not None else 0,
+        max_seq_len(a), kv_block_size(a), a._max_seqs, a._tp)
 
 
-def _arena_label(BufferArena a):
+@cython.binding(True)
+def max_batch_tokens(ArenaState self):
+    """The most tokens one pass may carry (int); the buffers are sized for it."""
+    return self._max_tokens
+
+
+@cython.binding(True)
+def sizes(ArenaState self):
+    """The sizes the arena holds now (BufferSizes; ``.buffers`` is its set)."""
+    return self._sizes
+
+
+@cython.binding(True)
+def backend(ArenaState self):
+    """The backend that holds the memory (HostBackend or CudaBackend)."""
+    return self._gpu
+
+
+@cython.binding(True)
+def slab_bytes(ArenaState self):
+    """Bytes of the one allocation, or of the reservation (int)."""
+    return self._layout.slab_bytes
+
+
+@cython.binding(True)
+def is_released(ArenaState self):
+    """Whether `release` has begun (bool)."""
+    return bool(mt_life_released(self._life))
+
+
+@cython.binding(True)
+def label(ArenaState self):
     """The arena's name in log lines and errors (the reference's label).
 
     Returns
@@ -307,10 +343,12 @@ def _arena_label(BufferArena a):
     str
         ``"buffer arena"``.
     """
+    cdef ArenaState a = self
     return "buffer arena"
 
 
-def _arena_max_seq_len(BufferArena a):
+@cython.binding(True)
+def max_seq_len(ArenaState self):
     """The longest sequence the buffers are sized for.
 
     Returns
@@ -319,10 +357,12 @@ def _arena_max_seq_len(BufferArena a):
         None when the sizes record no limits (`from_sizes` with sizes made
         by hand).
     """
+    cdef ArenaState a = self
     return None if a._limits is None else a._limits[1]
 
 
-def _arena_kv_block_size(BufferArena a):
+@cython.binding(True)
+def kv_block_size(ArenaState self):
     """Tokens per paged-KV block the buffers are sized for (0: 256 blocks per
     sequence).
 
@@ -331,10 +371,12 @@ def _arena_kv_block_size(BufferArena a):
     int or None
         None when the sizes record no limits.
     """
+    cdef ArenaState a = self
     return None if a._limits is None else a._limits[2]
 
 
-def _arena_max_batch_size(BufferArena a):
+@cython.binding(True)
+def max_batch_size(ArenaState self):
     """The most sequences one batched decode step carries (it sets the decode
     metadata layout, `decode_meta`).
 
@@ -342,10 +384,12 @@ def _arena_max_batch_size(BufferArena a):
     -------
     int
     """
+    cdef ArenaState a = self
     return a._max_seqs
 
 
-def _arena_tp_size(BufferArena a):
+@cython.binding(True)
+def tp_size(ArenaState self):
     """The tensor-parallel ranks the buffers are per-rank sizes for.
 
     Returns
@@ -353,20 +397,24 @@ def _arena_tp_size(BufferArena a):
     int
         1 for the whole model (docs/tensor-parallel.md).
     """
+    cdef ArenaState a = self
     return a._tp
 
 
-def _arena_decode_meta(BufferArena a):
+@cython.binding(True)
+def decode_meta(ArenaState self):
     """The byte layout of the batched-decode metadata inside `scratch`.
 
     Returns
     -------
     DecodeMetaLayout
     """
+    cdef ArenaState a = self
     return a._decode_meta
 
 
-def _arena_debug_options(BufferArena a):
+@cython.binding(True)
+def debug_options(ArenaState self):
     """The options of a debug arena.
 
     Returns
@@ -374,10 +422,12 @@ def _arena_debug_options(BufferArena a):
     DebugOptions or None
         None for an arena built without ``debug=``.
     """
+    cdef ArenaState a = self
     return a._debug
 
 
-def _arena_pins(BufferArena a):
+@cython.binding(True)
+def pins(ArenaState self):
     """What keeps the arena's memory from being given back now: the ledger
     a sleep, a shrinking resize and a release check before they change
     anything (each refuses while a pin stands in its way, naming it;
@@ -390,6 +440,7 @@ def _arena_pins(BufferArena a):
         The views of each buffer that has some, in the set's order, then
         the peer exports and imports of a shared arena.
     """
+    cdef ArenaState a = self
     cdef int i
     names = a._buffers.names
     out = [Pin("view", names[i], mt_life_exports(a._life, i)) for i in range(a._layout.n)
@@ -403,7 +454,8 @@ def _arena_pins(BufferArena a):
     return tuple(out)
 
 
-def _arena_memory_stats(BufferArena a):
+@cython.binding(True)
+def memory_stats(ArenaState self):
     """The arena's memory as flat counters, for metrics exporters.
 
     The keys are stable (new ones may be added, none renamed): gauges an
@@ -433,27 +485,30 @@ def _arena_memory_stats(BufferArena a):
         ``"reserved"``, ``"sleeping"``, ``"released"``: bools;
         ``"max_batch_tokens"``, ``"tp_size"``: the limits the sizes are for.
     """
+    cdef ArenaState a = self
     cdef int i
+    cdef Reservation r = a._reservation
+    cdef SleepState st = a._sleep_state
     imported = a._peers.imported() if a._peers is not None else (0, 0)
     return {
         "slab_bytes": a._layout.slab_bytes,
-        "reserved_bytes": a._layout.slab_bytes if a._reserved and a._alloc else 0,
+        "reserved_bytes": a._layout.slab_bytes if r is not None and a._alloc else 0,
         "committed_bytes": a.committed_bytes(),
-        "peak_committed_bytes": a._peak,
+        "peak_committed_bytes": r.peak if r is not None else a._layout.slab_bytes,
         "buffer_bytes": dict(zip(a._buffers.names, a._bytes)),
-        "physical_handles": len(a._chunks),
-        "unreleased_handles": len(a._orphans),
-        "kept_bytes": sum(a._keeping.values()),
-        "host_keep_bytes": sum(k[2] for k in a._kept),
-        "offloaded_bytes": sum(a._offloaded.values()),
-        "host_offload_bytes": sum(h[1] for h in a._hosted),
-        "host_handles": len(a._hosted),
+        "physical_handles": len(r.chunks) if r is not None else 0,
+        "unreleased_handles": len(r.orphans) if r is not None else 0,
+        "kept_bytes": st.kept_bytes() if st is not None else 0,
+        "host_keep_bytes": st.host_keep_bytes() if st is not None else 0,
+        "offloaded_bytes": st.offloaded_bytes() if st is not None else 0,
+        "host_offload_bytes": st.host_offload_bytes() if st is not None else 0,
+        "host_handles": len(st.hosted) if st is not None else 0,
         "exported_handles": a._peers.exported if a._peers is not None else 0,
         "imported_handles": imported[0],
         "imported_bytes": imported[1],
         "live_views": sum(mt_life_exports(a._life, i) for i in range(a._layout.n)),
-        "reserved": bool(a._reserved),
-        "sleeping": bool(a._sleeping),
+        "reserved": r is not None,
+        "sleeping": sleeping(a),
         "released": bool(mt_life_released(a._life)),
         "max_batch_tokens": a._max_tokens,
         "tp_size": a._tp,
@@ -474,7 +529,7 @@ def stats():
     """
     out = {"arenas": 0, "committed_bytes": 0, "reserved_bytes": 0, "slab_bytes": 0, "sleeping": 0}
     for arena in live_arenas():
-        m = _arena_memory_stats(arena)
+        m = memory_stats(arena)
         if m["released"]:
             continue
         out["arenas"] += 1
@@ -482,46 +537,3 @@ def stats():
             out[key] += m[key]
         out["sleeping"] += m["sleeping"]
     return out
-
-
-class ArenaPointers:
-    """An arena's pointers, one attribute per buffer of its set, got from
-    `BufferArena.ptrs` (``arena.ptrs.sampler_ws``): each one attribute load.
-
-    Read-only to its users; the arena updates it, so it always holds the
-    pointers as they are now (0 for an empty buffer, 0 for every buffer
-    once the arena is released).  Iterating gives (name, pointer) pairs in
-    the set's order.  Each buffer set has its own subclass, whose slots are
-    the set's names.
-    """
-
-    __slots__ = ()
-
-    def __setattr__(self, name, value):
-        raise AttributeError("ArenaPointers is read-only (the arena updates it)")
-
-    def __delattr__(self, name):
-        raise AttributeError("ArenaPointers is read-only (the arena updates it)")
-
-    def __iter__(self):
-        return ((n, getattr(self, n)) for n in type(self).__slots__)
-
-    def __reduce__(self):
-        raise TypeError("ArenaPointers cannot be pickled: its pointers are this process's")
-
-    def __repr__(self):
-        names = type(self).__slots__
-        shown = ", ".join(f"{n}={getattr(self, n):#x}" for n in names[:4])
-        more = ", ..." if len(names) > 4 else ""
-        return f"<ArenaPointers of {len(names)} buffers: {shown}{more}>"
-
-
-def _pointer_table(buffers):
-    """A new pointer table for a BufferSet (its class made once per set);
-    the arena fills it."""
-    cls = buffers._cache.get("pointers_class")
-    if cls is None:
-        cls = buffers._cache["pointers_class"] = type(
-            "ArenaPointers", (ArenaPointers,), {"__slots__": buffers.names,
-                                                "__module__": "metrale._summary"})
-    return object.__new__(cls)

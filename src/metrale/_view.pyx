@@ -4,7 +4,7 @@ CuPy, through DLPack and the (CUDA) array interface, never copied, and each
 buffer's own element type and shape.  Each live view is counted in its
 arena's lifetime word, so the arena refuses to free the memory under it.
 The FP8 MoE scratch regions (`moe_fp8_scratch`) are windows on one buffer
-too.  BufferArena forwards `view` and `moe_fp8_scratch` here."""
+too.  BufferArena binds `view` and `moe_fp8_scratch` from here."""
 
 cimport cython
 from cpython.pycapsule cimport PyCapsule_New, PyCapsule_IsValid, PyCapsule_GetPointer
@@ -12,7 +12,7 @@ from cpython.ref cimport Py_INCREF, Py_DECREF
 from libc.stdint cimport int64_t, uint64_t, uintptr_t
 from libc.stdlib cimport malloc, free
 
-from metrale._arena cimport BufferArena
+from metrale._arena_state cimport ArenaState
 from metrale._common cimport MT_MAX_NDIM, dtype_info, index_arg
 from metrale._core cimport MT_LIFE_OK, mt_life
 from metrale._life cimport mt_life_export, mt_life_released, mt_life_unexport, raise_life
@@ -29,7 +29,8 @@ cdef tuple buffer_dtypes(object buffers):
     return tuple(s.dtype for s in buffers)
 
 
-def _arena_view(BufferArena a, name, dtype=None, shape=None):
+@cython.binding(True)
+def view(ArenaState self, name, dtype=None, shape=None):
     """A typed, zero-copy view of one buffer for numpy, torch or CuPy.
 
     The view exports the buffer through DLPack (``np.from_dlpack``,
@@ -69,6 +70,7 @@ def _arena_view(BufferArena a, name, dtype=None, shape=None):
     MetraleError
         The arena is released, or the buffer is empty and the shape not.
     """
+    cdef ArenaState a = self
     if type(name) is not str:      # a str subclass could run code in the lookup
         raise TypeError(f"name must be a str, got {type(name).__name__}")
     i = a._index.get(name)
@@ -93,7 +95,7 @@ def _arena_view(BufferArena a, name, dtype=None, shape=None):
         raise
 
 
-cdef object _own_shape(BufferArena a, str name):
+cdef object _own_shape(ArenaState a, str name):
     """The spec's shape of buffer `name` at the arena's limits, or None
     (then the view is 1-D) where it has none or the limits are unknown."""
     if a._limits is None:
@@ -110,7 +112,8 @@ cdef object _own_shape(BufferArena a, str name):
     return shape
 
 
-def _arena_moe_fp8_scratch(BufferArena a, config, rows):
+@cython.binding(True)
+def moe_fp8_scratch(ArenaState self, config, rows):
     """The regions of the grouped FP8 MoE scratch for `rows` tokens.
 
     Pure: fixed offsets inside the ``moe_fp8_scratch`` buffer
@@ -137,6 +140,7 @@ def _arena_moe_fp8_scratch(BufferArena a, config, rows):
         The layout does not fit this arena's buffer (rows above
         max_batch_tokens, a dense model, or a released arena).
     """
+    cdef ArenaState a = self
     key = (config, rows)            # exact ints only: True == 1 but must still raise
     released = mt_life_released(a._life)
     hit = None

@@ -179,8 +179,8 @@ def shared_arenas():
         shares in the same order: the order `attach_peers` calls, each
         collective, must follow.
     """
-    from metrale._peer import _shared_arenas
-    return _shared_arenas()
+    from metrale._arena_state import shared_arenas as arenas
+    return arenas()
 
 
 def _call_first(obj, names):

@@ -1,15 +1,17 @@
-# BufferArena's fields, declared once: the modules of its other concepts
-# (_reserve: reserved memory, _step: step inputs, _debug: debug operations,
-# _peer: tensor-parallel sharing) cimport it and work on the arena directly.
+# The arena's own fields, declared once (see _arena_state.pyx): BufferArena
+# (_arena.pyx) is an ArenaState, and the modules of its concepts (_reserve,
+# _sleep, _peer, _step, _view, _debug, _summary, _allreduce) work on this
+# type; each concept's own state is one typed field.
 from cpython.ref cimport PyObject
 from libc.stdint cimport uint64_t, uintptr_t
 
 from metrale._backend cimport Backend
 from metrale._core cimport mt_cursor, mt_layout, mt_life
-from metrale._held cimport Held
+from metrale._reservation cimport Reservation
+from metrale._sleep_state cimport SleepState
 
 
-cdef class BufferArena:
+cdef class ArenaState:
     # -- the hot path, first: next to the object's header -----------------------------
     cdef tuple _ptrs              # prebuilt pointer ints by buffer id: an accessor is one load;
                                   # replaced (never mutated) whenever a pointer changes
@@ -32,7 +34,7 @@ cdef class BufferArena:
     cdef object _max_tokens       # max_batch_tokens now: the row stride zero_all_rows trims by
     cdef object _max_seqs         # max_batch_size now
     cdef object _decode_meta      # DecodeMetaLayout of _max_seqs
-    cdef object _debug            # DebugOptions of a debug arena, else None
+    cdef object _debug            # DebugOptions of a debug arena (its guard bands), else None
 
     # -- where the buffers are ---------------------------------------------------------
     cdef Backend _gpu             # holds the memory; every operation goes through it
@@ -49,37 +51,16 @@ cdef class BufferArena:
     cdef mt_cursor *_cursor       # the carve cursor of ssm_rowwise_w_bf16
     cdef dict _moe_cache          # (config, rows) -> MoeFp8Scratch
 
-    # -- reserved memory (_reserve.pyx; docs/stable-addresses.md) -------------------------
-    # What stands for memory or handles is Held (_held.pyx): rows the cyclic
-    # collector cannot clear before the finalizer frees what they hold.
-    cdef bint _reserved           # built with a reservation: pointers never move
-    cdef bint _sleeping           # sleep gave the physical memory back
-    cdef uint64_t _granule        # the backend's allocation granularity
-    cdef object _top_sizes        # BufferSizes of the reserved limits (each buffer's room)
-    cdef object _top_limits       # the reserved limits, as _limits
-    cdef Held _chunks             # [(offset, bytes, handle)] mapped now, sorted
-    cdef Held _kept               # [(buffer id, host pointer, capacity)] pinned copies for
-                                  # sleep(keep=...): made once, reused, freed by release
-    cdef dict _keeping            # buffer id -> bytes this sleep copied to its _kept buffer
-    cdef Held _hosted             # [(offset, bytes, handle)] host memory for sleep(offload=...):
-                                  # made once, reused, freed by release
-    cdef uintptr_t _stage         # a reservation of slab_bytes where _hosted stay mapped
-    cdef Held _at_base            # asleep: the _hosted mapped at the buffers' own addresses too
-    cdef Held _host_orphans       # [(handle, bytes)] host handles whose release failed: retried
-    cdef dict _offloaded          # buffer id -> bytes this sleep moved to host memory
-    cdef uint64_t _piece          # chunks no longer than this (0: any), set by the first
-                                  # sleep that keeps or offloads, so that later ones pipeline
-    cdef Held _orphans            # [(handle, bytes)] unmapped, whose release failed: retried
-    cdef uint64_t _reshapes       # resizes so far (StepInputs made before one refuse)
-    cdef uint64_t _peak           # the most bytes ever committed (memory_stats)
-
-    # -- tensor-parallel sharing (_peer.pyx; docs/tensor-parallel.md) ---------------------
-    cdef bint _shareable          # physical chunks created exportable
-    cdef object _peers            # the peers' mappings (metrale.tp._Sharing), or None
+    # -- the concepts' state: each frees what it holds through close() ------------------
+    cdef Reservation _reservation   # reserved memory (docs/stable-addresses.md); None: a plain
+                                    # arena, one allocation
+    cdef SleepState _sleep_state    # a reserved arena's sleep; None with _reservation
+    cdef object _peers            # the peers' mappings of a shared arena (metrale.tp._Sharing),
+                                  # or None (docs/tensor-parallel.md)
 
     cdef object __weakref__
     # The process's arenas, a list linked through the arenas themselves (no
-    # reference held: __dealloc__ unlinks), for metrale.stats().
+    # reference held: the finalizer unlinks), for metrale.stats().
     cdef PyObject *_live_prev
     cdef PyObject *_live_next
 
@@ -95,17 +76,28 @@ cdef class BufferArena:
     # the sizes: the one place each changes.
     cdef int _set_ptrs(self, tuple ptrs) except -1
     cdef int _set_bytes(self, tuple sizes) except -1
-    # Free the memory (a reservation with its chunks, host copies and the
-    # peers' mappings); what fails stays recorded for the next call.
-    cdef int _free(self) except -1
-    # Whether it still holds memory, a reservation or a handle (what _free
-    # frees): a release or a finalizer has something left to free.
-    cdef bint _holds(self)
+    # BufferArena.release: wait for the operations in flight, then free.
+    cdef int release(self, object gpu) except -1
+    # Free the memory: each concept closes what it holds (the peers' mappings,
+    # the sleep's host memory, the reservation); what fails stays recorded for
+    # the next call.
+    cdef int free_memory(self) except -1
+    # The finalizer: unlinked, and what the arena still holds freed.
+    cdef void finalize(self) noexcept
+    # Whether it still holds memory, a reservation or a handle.
+    cdef bint holds(self)
 
 
+# Whether the arena sleeps (its physical memory given back).
+cdef bint sleeping(ArenaState a)
+# Resizes of a reserved arena so far (0 for a plain one).
+cdef uint64_t reshapes(ArenaState a)
 # Every arena alive in the process (new references, in no particular order).
 cdef list live_arenas()
+cdef void link(ArenaState a) noexcept
+cdef void unlink(ArenaState a) noexcept
 # Zero-fill the buffers whose specs ask for it at construction (init_zero), and
 # wait for it.
-cdef int init_zero(BufferArena a) except -1
-
+cdef int init_zero(ArenaState a) except -1
+# All-zero pointers for the arena's set.
+cdef tuple zeros(ArenaState a)

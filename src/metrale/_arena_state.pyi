@@ -1,0 +1,13 @@
+from typing import Iterator
+
+from metrale._arena import BufferArena
+
+ABSENT: object
+
+class ArenaState: ...
+
+def shared_arenas() -> list[BufferArena]: ...
+
+class ArenaPointers:
+    def __iter__(self) -> Iterator[tuple[str, int]]: ...
+    def __getattr__(self, name: str) -> int: ...

@@ -1,0 +1,4 @@
+from typing import final
+
+@final
+class Reservation: ...
