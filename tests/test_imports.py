@@ -23,17 +23,21 @@ def test_no_import_circle():
     assert g.circles(g.graph()) == []
 
 
-def test_the_sizing_layer_imports_nothing_above_it():
+def test_every_module_has_a_layer_and_no_import_runs_up():
     g = _tool()
     edges = g.graph()
-    sizing = {"metrale." + m for m in (
-        "_math", "_record", "_dtypes", "levers", "target", "formulas", "formulas._table",
-        "formulas._language", "formulas._growth", "_reference_table", "_spec", "buffers",
-        "reference", "config", "_fields", "_hf", "_presets", "sizes", "moe", "catalogue")}
-    below = sizing | {"metrale._common", "metrale.errors", "metrale"}
-    for mod in sorted(sizing):
-        assert mod in edges, mod
-        assert edges[mod] <= below, (mod, sorted(edges[mod] - below))
+    up, unplaced = g.upward(edges)
+    assert unplaced == [], "modules with no layer in tools/import_graph.py LAYERS"
+    assert up == []
+    placed = [m for _, _, mods in g.LAYERS for m in mods]
+    assert len(placed) == len(set(placed)) and set(placed) == set(edges)
+
+
+def test_the_architecture_picture_is_the_graph():
+    g = _tool()
+    picture = _TOOL.parents[1] / "docs" / "architecture.svg"
+    assert picture.read_text(encoding="utf-8") == g.svg(g.graph()), \
+        "docs/architecture.svg is stale: python tools/import_graph.py --svg docs/architecture.svg"
 
 
 def test_the_tool_sees_every_kind_of_import(tmp_path):

@@ -69,8 +69,9 @@ cdef class ArenaState:
     Attributes
     ----------
     ptrs : ArenaPointers
-        One attribute per buffer of the set, its device pointer (see
-        `BufferArena`).
+        One attribute per buffer of the set, its device pointer
+        (``arena.ptrs.sampler_ws``): one attribute load; 0 for an empty
+        buffer and, once released, for every buffer.
     """
 
     def __cinit__(self, *args, **kw):
