@@ -152,7 +152,7 @@ LAYERS = (
         "metrale.levers", "metrale.target", "metrale.formulas", "metrale.formulas._table",
         "metrale.formulas._language", "metrale.formulas._growth", "metrale._reference_table",
         "metrale._spec", "metrale.buffers", "metrale.reference", "metrale._hf",
-        "metrale._presets", "metrale.config", "metrale.sizes", "metrale.moe",
+        "metrale._presets", "metrale.config", "metrale.decode_meta", "metrale.sizes", "metrale.moe",
         "metrale.catalogue", "metrale.debug", "metrale._layout")),
     ("backends", "memory and devices: the host and CUDA backends, kernels, mappings, "
                  "pinned staging, host scratch", (

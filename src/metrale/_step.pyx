@@ -26,7 +26,7 @@ from metrale._debug_core cimport MT_GUARD_BYTE
 from metrale._staging cimport _export, _Staging, staging_new
 
 from metrale.errors import MetraleError
-from metrale.sizes import _DECODE_META_OFFSET, _STEP_COUNT_OFFSET, kv_blocks_per_seq
+from metrale.decode_meta import _DECODE_META_OFFSET, _STEP_COUNT_OFFSET, kv_blocks_per_seq
 
 # Private constructor key: step inputs come from BufferArena.step_inputs().
 cdef object _TOKEN = object()
