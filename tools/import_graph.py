@@ -158,7 +158,7 @@ LAYERS = (
                  "pinned staging, host scratch", (
         "metrale._backend", "metrale._host_backend", "metrale._vmm", "metrale._kernels",
         "metrale._cuda", "metrale._faulty_cuda", "metrale.testing", "metrale.cuda",
-        "metrale._mapping", "metrale._staging", "metrale._scratch")),
+        "metrale._mapping", "metrale._staging", "metrale._scratch", "metrale._transfer")),
     ("sharing", "the peers' slabs and the descriptor exchange of tensor parallelism", (
         "metrale._peer_slabs", "metrale._tp_exchange")),
     ("arena", "the arena: its state, each concept's state and methods, its construction", (

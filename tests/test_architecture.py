@@ -1,6 +1,8 @@
-"""Which way metrale's own imports run (tools/import_graph.py reads them from
-the source): no module imports one that imports it back, inside functions
-included."""
+"""The shape of the source, as docs/architecture.md draws it: which way
+metrale's own imports run (tools/import_graph.py reads them from the source:
+no module imports one that imports it back, inside functions included, and
+none imports a layer above its own), and how large a file and the arena's
+class may grow."""
 
 import importlib.util
 import pathlib
@@ -58,3 +60,35 @@ def test_the_tool_sees_every_kind_of_import(tmp_path):
     assert edges["metrale.e"] == {"metrale.sub.c"}
     assert edges["metrale.sub"] == {"metrale.sub.c"}
     assert g.circles(edges) == [["metrale.a", "metrale.b", "metrale.e", "metrale.sub.c"]]
+
+
+_SRC = _TOOL.parents[1] / "src"
+# Generated or data: the PTX of the kernels, and the reference table (the one
+# hand-written file the 600-line rule exempts: one record per buffer).
+_EXEMPT = {"_reference_table.py"}
+_SOURCE = (".py", ".pyx", ".pxd", ".pyx.in", ".pyi", ".pyi.in", ".c", ".h", ".cu")
+
+
+def _lines(path):
+    return len(path.read_text(encoding="utf-8").splitlines())
+
+
+def test_no_source_file_over_600_lines():
+    long = {str(p.relative_to(_SRC)): _lines(p) for p in _SRC.rglob("*")
+            if p.is_file() and p.name.endswith(_SOURCE) and p.name not in _EXEMPT
+            and _lines(p) > 600}
+    assert long == {}
+
+
+def test_the_arena_class_body_is_at_most_400_lines():
+    text = (_SRC / "metrale" / "_arena.pyx.in").read_text(encoding="utf-8").splitlines()
+    start = next(i for i, line in enumerate(text) if line.startswith("cdef class BufferArena("))
+    end = next(i for i, line in enumerate(text) if "# @GENERATED accessors" in line)
+    assert end - start - 1 <= 400            # the generated accessors come after
+    assert all(line.startswith((" ", "#")) or not line for line in text[start + 1:end])
+
+
+def test_the_arena_imports_its_concepts_by_name_nowhere():
+    for name in ("_arena.pyx.in", "_arena_state.pyx", "_construct.pyx"):
+        text = (_SRC / "metrale" / name).read_text(encoding="utf-8")
+        assert "importlib" not in text and "import_module" not in text, name
