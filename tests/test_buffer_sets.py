@@ -23,6 +23,7 @@ from metrale import (REFERENCE, BufferArena, BufferSet, BufferSizes, BufferSpec,
 from metrale.buffers import MAX_BUFFERS, MAX_ZERO_ALL, RESERVED_NAMES
 
 from helpers import FileGroup, live_counts, run_ranks, vm_counts
+from reference_oracle import BYTES, COUNT, NAMES, POINTER, ZERO_ALL
 
 np = pytest.importorskip("numpy")
 
@@ -317,11 +318,12 @@ def test_the_zero_all_and_buffer_count_limits():
     with pytest.raises(ValueError, match="at most 30 buffers may be zero_all.*got 31"):
         BufferSet(zero)
     # REFERENCE has 18: twelve more fit, thirteen do not
-    assert len(REFERENCE.with_(zero[:12]).groups["zero_all"]) == 30
+    fit = MAX_ZERO_ALL - len(ZERO_ALL)
+    assert len(REFERENCE.with_(zero[:fit]).groups["zero_all"]) == 30
     with pytest.raises(ValueError, match="zero_all"):
-        REFERENCE.with_(zero[:13])
+        REFERENCE.with_(zero[:fit + 1])
     with pytest.raises(ValueError, match="zero_all"):
-        REFERENCE.replace("o_latent", zero_all=True).with_(zero[:12])
+        REFERENCE.replace("o_latent", zero_all=True).with_(zero[:fit])
     many = [BufferSpec(f"b{i}", size=1) for i in range(MAX_BUFFERS + 1)]
     assert len(BufferSet(many[:256])) == 256
     with pytest.raises(ValueError, match="at most 256 buffers, got 257"):
@@ -429,8 +431,8 @@ STAGING = BufferSpec("allreduce_staging", "bfloat16", ["max_batch_tokens", "hidd
 def test_without_with_and_replace_make_new_sets():
     drop = ("ffn_act_q8", "fp8_act", "logits")
     s = REFERENCE.without(drop)
-    assert len(REFERENCE) == 46 and len(s) == 43
-    assert s.names == tuple(n for n in REFERENCE.names if n not in drop)
+    assert len(REFERENCE) == COUNT and len(s) == COUNT - 3
+    assert s.names == tuple(n for n in NAMES if n not in drop)
     assert REFERENCE.without("logits") == REFERENCE.without(["logits"]) == \
         REFERENCE.without(iter(["logits"]))
     assert REFERENCE.without(()) == REFERENCE
@@ -445,7 +447,7 @@ def test_without_with_and_replace_make_new_sets():
         REFERENCE.replace(3, size=1)
     t = s.with_([SAMPLER, LSE]).with_(STAGING)
     assert t.names[-3:] == ("sampler_probs", "splitkv_lse", "allreduce_staging")
-    assert t["sampler_probs"] is SAMPLER and t.index("splitkv_lse") == 44
+    assert t["sampler_probs"] is SAMPLER and t.index("splitkv_lse") == COUNT - 3 + 1
     u = t.replace("hidden_states", dtype="float32", size="4*M*H")
     assert u.index("hidden_states") == 0 and u["hidden_states"].formula == "4*M*H"
     assert u["hidden_states"].dtype == "float32"
@@ -480,7 +482,7 @@ def test_sets_compare_hash_pickle_and_refuse_changes():
     with pytest.raises(KeyError):
         a["logits"]
     assert "logits" not in a and 3 not in a and "sampler_probs" in a
-    assert a.groups["zero_all"] == tuple(n for n in REFERENCE.groups["zero_all"] if n != "logits")
+    assert a.groups["zero_all"] == tuple(n for n in ZERO_ALL if n != "logits")
     groups = a.groups
     groups["zero_all"] = ()
     assert a.groups["zero_all"]                     # a copy each time
@@ -739,13 +741,13 @@ def test_the_compiled_accessors_of_dropped_reference_buffers_refuse():
     kept = ("hidden_states", "logits", "scratch")
     buffers = BufferSet([REFERENCE[n] for n in kept]).with_(SAMPLER)
     with _new(buffers) as a:
-        for name in REFERENCE.groups["pointer"]:
+        for name in POINTER:
             if name in kept:
                 assert getattr(a, name)() == a.ptr(name) != 0
             else:
                 with pytest.raises(MetraleError, match=f"{name}: not in this arena's buffer set"):
                     getattr(a, name)()
-        for name in REFERENCE.groups["bytes"]:
+        for name in BYTES:
             if name in kept:
                 assert getattr(a, f"{name}_bytes")() == a.nbytes(name)
             else:
@@ -1163,4 +1165,4 @@ def test_ranks_with_different_sets_fail_alike_naming_the_set(tmp_path, which):
 
 def test_metrale_exports_the_set_types():
     assert metrale.BufferSet is BufferSet and metrale.BufferSpec is BufferSpec
-    assert metrale.REFERENCE is REFERENCE and repr(REFERENCE) == "<BufferSet REFERENCE: 46 buffers>"
+    assert metrale.REFERENCE is REFERENCE and repr(REFERENCE) == f"<BufferSet REFERENCE: {COUNT} buffers>"

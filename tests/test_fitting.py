@@ -17,7 +17,6 @@ from metrale import (ArenaFit, BufferArena, BufferSizes, DebugOptions, HostBacke
 from metrale._layout import plan_layout
 from metrale.cli import main
 from metrale.fitting import FREE_MEMORY_MARGIN, growth, growth_span, parse_size
-from metrale.sizes import BUFFER_NAMES
 
 from helpers import NOENV, SLAB_ORDER, arena_bytes, spec_part
 
@@ -313,8 +312,8 @@ def test_growth_names_the_fastest_growing_buffers():
     assert (lo, hi) == (2048, 4096) and growth_span(1) == (1, 2) and growth_span(3) == (1, 3)
     a, b = sizes_at(LLAMA, lo), sizes_at(LLAMA, hi)
     rows = growth(LLAMA, m, *LIMITS, env=NOENV)
-    expect = sorted((n for n in BUFFER_NAMES if b[n] > a[n]),
-                    key=lambda n: (a[n] - b[n], BUFFER_NAMES.index(n)))
+    names = list(b)                     # every buffer sized, in canonical order
+    expect = sorted((n for n in names if b[n] > a[n]), key=lambda n: (a[n] - b[n], names.index(n)))
     assert [r[0] for r in rows] == expect
     assert rows[0] == ("ffn_act_q8", a.ffn_act_q8, b.ffn_act_q8)
     # 4 M ceil256(max(H, I)) + slack: 4 * 14336 bytes per token
@@ -370,7 +369,7 @@ def test_cli_fit_explain(capsys):
     m = fit(LLAMA, 12 * GIB, *LIMITS).max_batch_tokens
     lo = m // 2
     a, b = sizes_at(LLAMA, lo, env=None), sizes_at(LLAMA, m, env=None)
-    top = max(BUFFER_NAMES, key=lambda n: b[n] - a[n])
+    top = max(b, key=lambda n: b[n] - a[n])
     assert status == 0
     assert f"growth from max_batch_tokens={lo:,} to {m:,}" in out
     assert f"dominant: {top} " in out

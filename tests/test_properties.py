@@ -30,8 +30,9 @@ from metrale.config import FIELDS  # noqa: E402
 from metrale.sizes import BUFFER_NAMES  # noqa: E402
 from metrale.testing import FaultyBackend  # noqa: E402
 
-from helpers import (COMPACT, PRESET, ROWS, ZERO_ALL, AttrStream, Mem, ProtoStream,  # noqa: E402
-                     check_placement, expected_rows_length, live_counts, ptr_of, vm_counts)
+from helpers import (COMPACT, PRESET, AttrStream, Mem, ProtoStream, check_placement,  # noqa: E402
+                     expected_rows_length, live_counts, ptr_of, vm_counts)
+from reference_oracle import NAMES, NOT_IN_TOTAL, ROWS, ZERO_ALL  # noqa: E402
 
 ARG_ERRORS = (TypeError, ValueError)
 
@@ -178,9 +179,9 @@ def test_buffer_sizes_from_config(cfg, lim, target, env):
                                "max_batch_size"), e
         return
     d = s.as_dict()
-    assert list(d) == list(BUFFER_NAMES)
+    assert list(d) == list(NAMES)
     assert all(type(v) is int and 0 <= v < 2**64 for v in d.values())
-    assert s.total_bytes() == sum(d.values()) - d["o_latent"] - d["norm_unit_w"]
+    assert s.total_bytes() == sum(d.values()) - sum(d[n] for n in NOT_IN_TOTAL)
     assert d["hidden_states"] == 2 * int(lim[0]) * cfg.hidden_size      # one formula, checked
 
 
@@ -319,7 +320,7 @@ def test_sizes_never_shrink_as_max_batch_tokens_grows(name, tp, env, lim, m):
 # -- arenas: construction with faults, placement ---------------------------------------------
 
 def small_sizes(max_bytes=20_000):
-    """46 sizes, most small, some 0, a few with awkward remainders."""
+    """One size per buffer, most small, some 0, a few with awkward remainders."""
     one = st.one_of(st.just(0), st.integers(1, max_bytes), st.sampled_from([256, 255, 257, 4096]))
     return st.lists(one, min_size=len(BUFFER_NAMES), max_size=len(BUFFER_NAMES)).map(
         lambda vs: BufferSizes(**dict(zip(BUFFER_NAMES, vs))))
@@ -351,10 +352,10 @@ def test_zero_all_rows_matches_the_byte_model(sizes, m, tokens):
     gpu = HostBackend()
     with BufferArena.from_sizes(PRESET, sizes, m, 8, gpu) as arena:
         mem = Mem(arena, gpu)
-        for name in BUFFER_NAMES:
+        for name in NAMES:
             mem.fill(name, 0xAB)
         arena.zero_all_rows(gpu, 0, tokens)
-        for name in BUFFER_NAMES:
+        for name in NAMES:
             n = getattr(sizes, name)
             if name in ROWS:
                 k = expected_rows_length(n, m, tokens)

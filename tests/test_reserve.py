@@ -14,8 +14,9 @@ from metrale import BufferArena, BufferSizes, MetraleError, OutOfMemoryError
 from metrale.sizes import BUFFER_NAMES
 from metrale.testing import FaultyBackend
 
-from helpers import (COMPACT, NOENV, PREFILL, ZERO_ALL, check_zeroed, fill_all, resident_in,
-                     rows_expectation, slab_base, vm_counts)
+from helpers import (COMPACT, NOENV, check_zeroed, fill_all, resident_in, rows_expectation,
+                     slab_base, vm_counts)
+from reference_oracle import PREFILL, ZERO_ALL
 
 CFG = COMPACT
 LIMITS = (64, 512, 16, 8)
