@@ -1,10 +1,11 @@
 """Helpers shared by the test modules (imported as `helpers`; conftest.py
 holds only fixtures and settings)."""
 
+import ctypes
 import threading
 
 import metrale
-from metrale import BufferArena, BufferSizes, ModelConfig
+from metrale import BufferArena, BufferSet, BufferSizes, BufferSpec, ModelConfig
 
 from reference_oracle import NAMES, NO_POINTER, PREFILL, ROWS, STEP, ZERO_ALL
 
@@ -12,6 +13,38 @@ PRESET = ModelConfig.preset("qwen3-next-80b")
 NOENV = {}
 COMPACT = PRESET.replace(hidden_size=512, num_hidden_layers=4, linear_num_key_heads=4,
                          linear_key_head_dim=64, linear_num_value_heads=8, linear_value_head_dim=64)
+
+
+# -- the buffer-set tests' small Llama and engine specs (test_buffer_spec.py,
+# test_buffer_set.py, test_buffer_set_files.py, test_custom_sets.py) ------------------
+
+# A small Llama: every size below is a few KiB to a few MiB.
+CFG = ModelConfig.preset("llama-3.1-8b").replace(
+    hidden_size=256, intermediate_size=512, vocab_size=1000, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, head_dim=64)
+H, V, HQ, D = 256, 1000, 4, 64
+LIMITS = (50, 256, 16, 8)           # max_batch_tokens, max_seq_len, kv_block_size, max_batch_size
+M, BS = LIMITS[0], LIMITS[3]
+
+SAMPLER = BufferSpec("sampler_probs", "float32", ["max_batch_size", "vocab_size"])
+LSE = BufferSpec("splitkv_lse", "float32", ["max_batch_size", "num_attention_heads", 16],
+                 zero_all=True)
+STAGING = BufferSpec("allreduce_staging", "bfloat16", ["max_batch_tokens", "hidden_size"],
+                     zero_all=True, rows="M", align=4096)
+
+
+def _ceil(x, n):
+    return -(-x // n) * n
+
+
+def _sized(*specs, m=M, config=CFG):
+    return BufferSizes.from_config(config, m, *LIMITS[1:], env=NOENV, buffers=BufferSet(specs))
+
+
+def _host_bytes(ptr, n):
+    """A writable numpy array over n bytes of this process at address ptr."""
+    import numpy as np
+    return np.ctypeslib.as_array((ctypes.c_uint8 * n).from_address(ptr))
 
 
 def new(gpu, cfg=PRESET, m=128, seq=4096, blk=16, bs=32, env=NOENV):
