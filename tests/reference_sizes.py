@@ -5,8 +5,9 @@ The sizes of `REFERENCE` come from the formulas of its specs
 computes them again, written as straight-line Python from the spec's formulas
 (shared/spec/ARENA.md), the way the sizing was written before the buffer table
 became data: `reference_sizes` must give the same values for every config,
-limit, target and lever (tests/test_sizes.py, tests/test_properties.py), one for
-each reference buffer of the oracle (tests/reference_oracle.py).
+limit, target and lever (tests/test_buffer_set_properties.py,
+tests/test_examples.py), one for each reference buffer of the oracle
+(tests/reference_oracle.py).
 """
 
 from metrale._math import ceil_to, cdiv

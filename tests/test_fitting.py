@@ -4,7 +4,7 @@ The expectations come from outside the module under test: the arena's bytes
 from the layout's contract written out in helpers.arena_bytes (itself checked
 here against arenas built on the host backend), the C planner
 (`plan_layout`), size strings worked out by hand.  The property tests over
-presets, levers, tp_size and random budgets are in test_properties.py."""
+presets, levers, tp_size and random budgets are in test_sizing_properties.py."""
 
 import json
 import mmap
