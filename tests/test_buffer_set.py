@@ -224,4 +224,5 @@ def test_the_fingerprint_follows_what_decides_the_layout_only():
 
 def test_metrale_exports_the_set_types():
     assert metrale.BufferSet is BufferSet and metrale.BufferSpec is BufferSpec
-    assert metrale.REFERENCE is REFERENCE and repr(REFERENCE) == f"<BufferSet REFERENCE: {COUNT} buffers>"
+    assert metrale.REFERENCE is REFERENCE
+    assert repr(REFERENCE) == f"<BufferSet REFERENCE: {COUNT} buffers>"
