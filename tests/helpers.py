@@ -47,6 +47,25 @@ def _host_bytes(ptr, n):
     return np.ctypeslib.as_array((ctypes.c_uint8 * n).from_address(ptr))
 
 
+# -- fit (test_fit.py, test_fit_sets.py) ----------------------------------------------------
+
+LLAMA = ModelConfig.preset("llama-3.1-8b")
+FIT_LIMITS = (4096, 16, 32)         # max_seq_len, kv_block_size, max_batch_size
+GIB = 2**30
+
+
+def sizes_at(cfg, m, lim=FIT_LIMITS, env=NOENV, tp=1, target=None):
+    return BufferSizes.from_config(cfg, m, *lim, env=env, tp_size=tp, target=target)
+
+
+def run(capsys, *argv):
+    """`metrale` with argv: (exit status, stdout, stderr)."""
+    from metrale.cli import main
+    status = main(list(argv))
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
 def new(gpu, cfg=PRESET, m=128, seq=4096, blk=16, bs=32, env=NOENV):
     s = BufferSizes.from_config(cfg, m, seq, blk, bs, target=gpu.target(), env=env)
     return BufferArena.from_sizes(cfg, s, m, bs, gpu)
