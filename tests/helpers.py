@@ -66,6 +66,16 @@ def run(capsys, *argv):
     return status, out, err
 
 
+# -- reserved arenas of the lifetime tests (test_release.py, test_collector.py) ------------
+
+RESERVE = (512, 1024, 16, 16)
+
+
+def _reserved(gpu):
+    """An arena of COMPACT at max_batch_tokens 64, reserved at RESERVE."""
+    return BufferArena.new(COMPACT, 64, 512, 16, 8, gpu, reserve=RESERVE)
+
+
 def new(gpu, cfg=PRESET, m=128, seq=4096, blk=16, bs=32, env=NOENV):
     s = BufferSizes.from_config(cfg, m, seq, blk, bs, target=gpu.target(), env=env)
     return BufferArena.from_sizes(cfg, s, m, bs, gpu)
