@@ -82,3 +82,6 @@ FIRST, LAST = "hidden_states", "ssm_rowwise_w_bf16"
 # Live (non-empty) reference buffers of qwen3-next-80b at max_batch_tokens 128,
 # max_seq_len 4096, kv_block_size 16, max_batch_size 32 on the reference target.
 LIVE_QWEN3_NEXT_M128 = 33
+# The bytes of the row-trimmed buffers (ROWS) of qwen3-next-80b at those limits,
+# whole and as zero_all_rows(tokens=1) clears them (ARENA.md §5.2's worked example).
+ROWS_BYTES_QWEN3_NEXT_M128 = (26_132_480, 204_160)
