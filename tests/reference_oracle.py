@@ -45,7 +45,10 @@ ROWS = ("hidden_states", "residual", "norm_output", "qkv_output", "attn_output",
         "gate_logits", "moe_output", "ssm_qkvz", "ssm_ba", "ssm_deinterleaved", "ssm_gates",
         "ssm_conv_out_f32", "expert_gate_out", "expert_up_out", "expert_down_out")
 # debug_buffer_checksum (C).
-CHECKSUM = ROWS + ("splitk_workspace",)
+CHECKSUM = ("hidden_states", "residual", "norm_output", "qkv_output", "attn_output",
+            "gate_logits", "moe_output", "ssm_qkvz", "ssm_ba", "ssm_deinterleaved", "ssm_gates",
+            "ssm_conv_out_f32", "expert_gate_out", "expert_up_out", "expert_down_out",
+            "splitk_workspace")
 # Left out of total_bytes() (T is every other buffer).
 NOT_IN_TOTAL = ("o_latent", "norm_unit_w")
 # The step inputs StepInputs uploads into (token ids, then the metadata).
