@@ -60,7 +60,7 @@ def test_groups_are_the_spec_counts_and_members():
     assert GROUPS == oracle.GROUPS
     assert set(BUFFER_NAMES) - set(GROUPS["total"]) == set(oracle.NOT_IN_TOTAL)
     assert set(BUFFER_NAMES) - set(GROUPS["pointer"]) == set(oracle.NO_POINTER)
-    assert all(REFERENCE[n].rows == "auto" for n in oracle.ROWS)    # ARENA.md §5.2's divisibility rule
+    assert all(REFERENCE[n].rows == "auto" for n in oracle.ROWS)    # ARENA.md §5.2's rule
     assert all(s.align == 256 for s in REFERENCE)
 
 

@@ -409,7 +409,8 @@ def test_plan_text_names_the_set(capsys, engine, tmp_path):
     toml, _ = engine
     assert main([*LLAMA64, "--buffers", str(toml), "--drop", "lora_xa"]) == 0
     out = capsys.readouterr().out
-    assert f"\nbuffers: {COUNT - len(DROPPED) + 2 - 1} (from {toml} without lora_xa), fingerprint " in out
+    n = COUNT - len(DROPPED) + 2 - 1
+    assert f"\nbuffers: {n} (from {toml} without lora_xa), fingerprint " in out
     line = next(ln for ln in out.splitlines() if ln.startswith("staging "))
     assert f"{2 * 64 * H:,}" in line and line.endswith("zero_all,rows")
     assert "all but o_latent, norm_unit_w and sampler_probs)" in out
