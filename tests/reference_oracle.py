@@ -86,5 +86,7 @@ FIRST, LAST = "hidden_states", "ssm_rowwise_w_bf16"
 # max_seq_len 4096, kv_block_size 16, max_batch_size 32 on the reference target.
 LIVE_QWEN3_NEXT_M128 = 33
 # The bytes of the row-trimmed buffers (ROWS) of qwen3-next-80b at those limits,
-# whole and as zero_all_rows(tokens=1) clears them (ARENA.md §5.2's worked example).
+# whole and as zero_all_rows(tokens=1) clears them (ARENA.md §5.2's worked
+# examples), and the same at max_batch_tokens 1000.
 ROWS_BYTES_QWEN3_NEXT_M128 = (26_132_480, 204_160)
+ROWS_BYTES_QWEN3_NEXT_M1000 = (205_224_960, 2_200_960)
