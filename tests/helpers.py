@@ -1,25 +1,79 @@
 """Helpers shared by the test modules (imported as `helpers`; conftest.py
 holds only fixtures and settings)."""
 
+import ctypes
 import threading
 
 import metrale
-from metrale import BufferArena, BufferSizes, ModelConfig
-from metrale.sizes import BUFFER_NAMES
+from metrale import BufferArena, BufferSet, BufferSizes, BufferSpec, ModelConfig
+
+from reference_oracle import NAMES, NO_POINTER, PREFILL, ROWS, STEP, ZERO_ALL
 
 PRESET = ModelConfig.preset("qwen3-next-80b")
 NOENV = {}
-ZERO_ALL = ("hidden_states", "residual", "norm_output", "qkv_output", "attn_output",
-            "gate_logits", "moe_output", "ssm_qkvz", "ssm_ba", "ssm_deinterleaved", "ssm_gates",
-            "ssm_conv_out_f32", "splitk_workspace", "expert_gate_out", "expert_up_out",
-            "expert_down_out", "logits", "scratch")
-PREFILL = ("hidden_states", "residual", "gate_logits", "expert_gate_out", "expert_up_out",
-           "expert_down_out", "moe_output")
-ROWS = ZERO_ALL[:12] + ZERO_ALL[13:16]
-CHECKSUM = ROWS + ("splitk_workspace",)
-POINTER_NAMES = [n for n in BUFFER_NAMES if n not in ("moe_fp8_scratch", "ssm_rowwise_w_bf16")]
 COMPACT = PRESET.replace(hidden_size=512, num_hidden_layers=4, linear_num_key_heads=4,
                          linear_key_head_dim=64, linear_num_value_heads=8, linear_value_head_dim=64)
+
+
+# -- the buffer-set tests' small Llama and engine specs (test_buffer_spec.py,
+# test_buffer_set.py, test_buffer_set_files.py, test_custom_sets.py) ------------------
+
+# A small Llama: every size below is a few KiB to a few MiB.
+CFG = ModelConfig.preset("llama-3.1-8b").replace(
+    hidden_size=256, intermediate_size=512, vocab_size=1000, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, head_dim=64)
+H, V, HQ, D = 256, 1000, 4, 64
+LIMITS = (50, 256, 16, 8)           # max_batch_tokens, max_seq_len, kv_block_size, max_batch_size
+M, BS = LIMITS[0], LIMITS[3]
+
+SAMPLER = BufferSpec("sampler_probs", "float32", ["max_batch_size", "vocab_size"])
+LSE = BufferSpec("splitkv_lse", "float32", ["max_batch_size", "num_attention_heads", 16],
+                 zero_all=True)
+STAGING = BufferSpec("allreduce_staging", "bfloat16", ["max_batch_tokens", "hidden_size"],
+                     zero_all=True, rows="M", align=4096)
+
+
+def _ceil(x, n):
+    return -(-x // n) * n
+
+
+def _sized(*specs, m=M, config=CFG):
+    return BufferSizes.from_config(config, m, *LIMITS[1:], env=NOENV, buffers=BufferSet(specs))
+
+
+def _host_bytes(ptr, n):
+    """A writable numpy array over n bytes of this process at address ptr."""
+    import numpy as np
+    return np.ctypeslib.as_array((ctypes.c_uint8 * n).from_address(ptr))
+
+
+# -- fit (test_fit.py, test_fit_sets.py) ----------------------------------------------------
+
+LLAMA = ModelConfig.preset("llama-3.1-8b")
+FIT_LIMITS = (4096, 16, 32)         # max_seq_len, kv_block_size, max_batch_size
+GIB = 2**30
+
+
+def sizes_at(cfg, m, lim=FIT_LIMITS, env=NOENV, tp=1, target=None):
+    return BufferSizes.from_config(cfg, m, *lim, env=env, tp_size=tp, target=target)
+
+
+def run(capsys, *argv):
+    """`metrale` with argv: (exit status, stdout, stderr)."""
+    from metrale.cli import main
+    status = main(list(argv))
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+# -- reserved arenas of the lifetime tests (test_release.py, test_collector.py) ------------
+
+RESERVE = (512, 1024, 16, 16)
+
+
+def _reserved(gpu):
+    """An arena of COMPACT at max_batch_tokens 64, reserved at RESERVE."""
+    return BufferArena.new(COMPACT, 64, 512, 16, 8, gpu, reserve=RESERVE)
 
 
 def new(gpu, cfg=PRESET, m=128, seq=4096, blk=16, bs=32, env=NOENV):
@@ -156,9 +210,8 @@ class Mem:
 # inputs zero_all does not cover, then the others (scratch), then the
 # zero_prefill_essentials buffers, the other row-trimmed ones, the rest of
 # zero_all, everything else; each part in canonical order.  Written out here
-# from the contract, apart from the C core, as the oracle of the arena's bytes.
-STEP = ("scratch", "token_ids")
-
+# from the contract and the groups of tests/reference_oracle.py, apart from the
+# C core, as the oracle of the arena's bytes.
 
 def _slab_part(name):
     if name in STEP:
@@ -169,7 +222,13 @@ def _slab_part(name):
     return 5
 
 
-SLAB_ORDER = tuple(sorted(BUFFER_NAMES, key=lambda n: (_slab_part(n), BUFFER_NAMES.index(n))))
+def _slab_key(name):
+    # a buffer the oracle does not list (tests/test_buffers.py fails on it) counts
+    # among "everything else", after the listed ones
+    return _slab_part(name), NAMES.index(name) if name in NAMES else len(NAMES)
+
+
+SLAB_ORDER = tuple(sorted(NAMES, key=_slab_key))
 
 
 def spec_part(spec):
@@ -197,7 +256,7 @@ def arena_bytes(sizes, guard=0, granularity=None):
     guard) ends on a granule, token_ids' on the next 256 bytes (scratch
     shares its granule); every granule of it is mapped."""
     cur = 0
-    for name in SLAB_ORDER:
+    for name in sorted(sizes, key=_slab_key):
         n = sizes[name]
         if n == 0:
             continue
@@ -211,27 +270,27 @@ def arena_bytes(sizes, guard=0, granularity=None):
 
 
 def ptr_of(arena, name):
-    """The pointer of any of the 46 entries (the two without an accessor via a view)."""
-    if name in ("moe_fp8_scratch", "ssm_rowwise_w_bf16"):
+    """The pointer of any reference buffer (the two without an accessor via a view)."""
+    if name in NO_POINTER:
         return arena.view(name, "uint8").ptr if getattr(arena.sizes(), name) else 0
     return getattr(arena, name)()
 
 
 def slab_base(arena):
     """Where the slab starts: its lowest buffer (the layout puts one at offset 0)."""
-    return min(p for p in (ptr_of(arena, n) for n in BUFFER_NAMES) if p)
+    return min(p for p in (ptr_of(arena, n) for n in NAMES) if p)
 
 
 def fill_all(arena, gpu, value=0xAB):
     m = Mem(arena, gpu)
-    for name in BUFFER_NAMES:
+    for name in NAMES:
         m.fill(name, value)
     return m
 
 
 def rows_expectation(sizes, m_tokens, tokens):
-    """name -> bytes zero_all_rows(tokens) must clear: the 18 whole, the 15
-    token-major ones trimmed by expected_rows_length."""
+    """name -> bytes zero_all_rows(tokens) must clear: the zero_all buffers
+    whole, the token-major ones (ROWS) trimmed by expected_rows_length."""
     expect = {n: getattr(sizes, n) for n in ZERO_ALL}
     for n in ROWS:
         expect[n] = expected_rows_length(getattr(sizes, n), m_tokens, tokens)
@@ -242,9 +301,10 @@ def check_zeroed(arena, m, expect, spared=(), got=None):
     """`expect`: name -> bytes from the start that must now be zero; every other
     byte of every buffer must still hold the sentinel.  `spared`: (name, start,
     end) byte ranges the caller checks instead; `got`: name -> bytes already
-    read (else read through the Mem `m`)."""
+    read (else read through the Mem `m`).  Every reference buffer of the oracle
+    is checked."""
     sizes = arena.sizes()
-    for name in BUFFER_NAMES:
+    for name in NAMES:
         n = getattr(sizes, name)
         if n == 0:
             continue
@@ -283,7 +343,7 @@ def check_placement(arena, gpu):
     whose size lies between the sum of the sizes and the sum of their ceil256."""
     sizes = arena.sizes()
     spans = []
-    for name in BUFFER_NAMES:
+    for name in sizes:              # every buffer the arena holds
         n, p = getattr(sizes, name), ptr_of(arena, name)
         if n:
             assert p % 256 == 0, name

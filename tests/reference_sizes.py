@@ -4,17 +4,19 @@ The sizes of `REFERENCE` come from the formulas of its specs
 (metrale/_reference_table.py, evaluated by `BufferSizes.from_config`).  This module
 computes them again, written as straight-line Python from the spec's formulas
 (shared/spec/ARENA.md), the way the sizing was written before the buffer table
-became data: `reference_sizes` must give the same 46 values for every config,
-limit, target and lever (tests/test_sizes.py, tests/test_properties.py).
+became data: `reference_sizes` must give the same values for every config,
+limit, target and lever (tests/test_buffer_set_properties.py,
+tests/test_examples.py), one for each reference buffer of the oracle
+(tests/reference_oracle.py).
 """
 
 from metrale._math import ceil_to, cdiv
 from metrale.levers import lever_on
-from metrale.reference import REFERENCE
 from metrale.sizes import (DECODE_META_MIN_ROWS, GATEUP_FUSED_MAX_M, Q12_SIZING_STREAMS,
                            VERIFY_ROW_CAP, kv_blocks_per_seq, resolve_splitk, sizing_inputs)
 
-BUFFER_NAMES = REFERENCE.names
+from reference_oracle import NAMES
+
 _DECODE_META_OFFSET = 32_768
 _SCRATCH_FLOOR = 65_536
 _FLOOR = 256
@@ -25,7 +27,8 @@ _SPLITK_TARGET_WAVES = 2
 
 def reference_sizes(config, max_batch_tokens, max_seq_len, kv_block_size, max_batch_size,
                     target=None, env=None, tp_size=1):
-    """The 46 sizes of `REFERENCE`, in its order (a tuple)."""
+    """The sizes of the oracle's reference buffers, in canonical order (a
+    tuple, one per name of reference_oracle.NAMES)."""
     M, S, kb, bs, target, env = sizing_inputs(config, max_batch_tokens, max_seq_len,
                                               kv_block_size, max_batch_size, target, env)
     return _compute(config.shard(tp_size), M, S, kb, bs, target, env)
@@ -210,7 +213,7 @@ def _compute(c, M, max_seq_len, kv_block_size, max_batch_size, target, env):
                       if lever_on("METRALE_GGUF_NATIVE_Q2_MMQ", env, c) else 0)
     s["ssm_rowwise_w_bf16"] = (c.num_ssm_layers() * (2 * QKVZ * H + 2 * H * Vd)
                                if lever_on("METRALE_FP8_ROWWISE", env, c) else 0)
-    return tuple(s[n] for n in BUFFER_NAMES)
+    return tuple(s[n] for n in NAMES)
 
 
 def moe_fp8_bytes(c, rows):

@@ -40,6 +40,7 @@ from metrale._layout import plan_layout, plan_reserved  # noqa: E402
 from metrale.debug import DebugOptions  # noqa: E402
 
 from helpers import cuda_backend, live_counts, spec_part, vm_counts  # noqa: E402
+from reference_oracle import NAMES  # noqa: E402
 from reference_sizes import reference_sizes  # noqa: E402
 
 NOENV = {}
@@ -195,7 +196,7 @@ def new_specs(draw, i):
 @st.composite
 def reference_part(draw, most=12):
     """Some REFERENCE specs, in a random order, some with other helpers."""
-    names = draw(st.lists(st.sampled_from(REFERENCE.names), unique=True, max_size=most))
+    names = draw(st.lists(st.sampled_from(NAMES), unique=True, max_size=most))
     specs = []
     for name in names:
         s = REFERENCE[name]
@@ -229,7 +230,7 @@ def buffer_sets(draw, most_new=24):
 
 
 def expected_sizes(buffers, oracle, cfg, lim, target=None):
-    ref = dict(zip(REFERENCE.names, reference_sizes(cfg, *lim, target=target, env=NOENV)))
+    ref = dict(zip(NAMES, reference_sizes(cfg, *lim, target=target, env=NOENV)))
     v = symbol_values(cfg, *lim)
     return {s.name: ref[s.name] if oracle[s.name] is None else oracle[s.name](v)
             for s in buffers}

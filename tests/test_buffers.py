@@ -1,7 +1,11 @@
 """The reference buffer set is written once (metrale/_reference_table.py): its specs
-pass the public constructor's checks, and the C core's table, BufferSizes, the
-arena's compiled accessors, PeerBuffers and the generated stubs all follow it,
-with the counts and members of shared/spec/ARENA.md."""
+pass the public constructor's checks, its names, groups and counts are those
+of shared/spec/ARENA.md (the oracle, tests/reference_oracle.py), and the C
+core's table, BufferSizes, the arena's compiled accessors, PeerBuffers and the
+generated stubs all follow it.
+
+The tests here that compare the table with the oracle are the ones a new
+reference buffer fails until the oracle lists it (docs/buffer-sets.md)."""
 
 import ast
 import pathlib
@@ -12,7 +16,7 @@ from metrale._layout import FLAG_BITS, buffer_table
 from metrale.buffers import BufferSpec
 from metrale.reference import REFERENCE
 
-from helpers import CHECKSUM, PREFILL, ROWS, ZERO_ALL
+import reference_oracle as oracle
 
 STUBS = pathlib.Path(metrale.__file__).parent
 BUFFER_NAMES, GROUPS = REFERENCE.names, REFERENCE.groups
@@ -30,21 +34,33 @@ def test_reference_specs_pass_the_constructor():
         again = BufferSpec(spec.name, **{k: v for k, v in spec._arguments().items()
                                          if k != "name"})
         assert again == spec, spec.name
-    assert len(BUFFER_NAMES) == 46 and len(set(BUFFER_NAMES)) == 46
+
+
+def test_the_oracle_is_consistent():
+    # the hand-written tables agree with each other before anything is checked
+    # against them
+    names = oracle.NAMES
+    assert len(names) == oracle.COUNT == len(set(names))
+    assert (names[0], names[-1]) == (oracle.FIRST, oracle.LAST)
+    for group, members in oracle.GROUPS.items():
+        assert len(set(members)) == len(members) and set(members) <= set(names), group
+        assert list(members) == sorted(members, key=names.index), group
+    assert set(oracle.PREFILL) <= set(oracle.ROWS) <= set(oracle.ZERO_ALL)
+    assert {g: len(m) for g, m in oracle.GROUPS.items()} == oracle.GROUP_COUNTS
+    assert oracle.COUNT - len(oracle.NOT_IN_TOTAL) == oracle.GROUP_COUNTS["total"]
 
 
 def test_groups_are_the_spec_counts_and_members():
-    # ARENA.md §2.1: 18 Z, 15 W, 7 P, 16 C, 44 T; 44 pointer and 24 byte accessors (§8.5)
-    assert {g: len(m) for g, m in GROUPS.items()} == {
-        "zero_all": 18, "rows": 15, "prefill": 7, "checksum": 16, "total": 44,
-        "pointer": 44, "bytes": 24, "step": 2, "init_zero": 1}
-    assert set(GROUPS["zero_all"]) == set(ZERO_ALL) and set(GROUPS["prefill"]) == set(PREFILL)
-    assert GROUPS["rows"] == ROWS and GROUPS["checksum"] == CHECKSUM
-    assert GROUPS["step"] == ("scratch", "token_ids")     # what StepInputs uploads into
-    assert GROUPS["init_zero"] == ("norm_unit_w",)
-    assert set(BUFFER_NAMES) - set(GROUPS["total"]) == {"o_latent", "norm_unit_w"}
-    assert set(BUFFER_NAMES) - set(GROUPS["pointer"]) == {"moe_fp8_scratch", "ssm_rowwise_w_bf16"}
-    assert all(REFERENCE[n].rows == "auto" for n in ROWS)    # ARENA.md §5.2's divisibility rule
+    # The one test of the table against the oracle: its names in canonical
+    # order, then ARENA.md §2.1: 18 Z, 15 W, 7 P, 16 C, 44 T; 44 pointer and
+    # 24 byte accessors (§8.5)
+    assert BUFFER_NAMES == oracle.NAMES and len(REFERENCE) == oracle.COUNT
+    assert {g: len(m) for g, m in GROUPS.items()} == oracle.GROUP_COUNTS
+    # each group in canonical order; step is what StepInputs uploads into
+    assert GROUPS == oracle.GROUPS
+    assert set(BUFFER_NAMES) - set(GROUPS["total"]) == set(oracle.NOT_IN_TOTAL)
+    assert set(BUFFER_NAMES) - set(GROUPS["pointer"]) == set(oracle.NO_POINTER)
+    assert all(REFERENCE[n].rows == "auto" for n in oracle.ROWS)    # ARENA.md §5.2's rule
     assert all(s.align == 256 for s in REFERENCE)
 
 

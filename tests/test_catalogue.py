@@ -17,13 +17,13 @@ from contextlib import redirect_stdout
 import pytest
 
 from metrale import BufferSizes, ModelConfig, Target
-from metrale.reference import REFERENCE
-GROUPS = REFERENCE.groups
 from metrale.catalogue import (CATALOGUE, SYMBOLS, TERMS, dependencies, evaluate, explain,
                                levers_of, membership, symbols, terms_of)
 from metrale.config import FIELDS
 from metrale.levers import LEVER_NAMES, LEVERS
 from metrale.sizes import BUFFER_NAMES
+
+from reference_oracle import GROUPS, NAMES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GEN_DOCS = os.path.join(ROOT, "tools", "gen_docs.py")
@@ -82,7 +82,7 @@ def grid():
 
 
 def test_keys_are_the_buffer_names():
-    assert tuple(CATALOGUE) == BUFFER_NAMES
+    assert tuple(CATALOGUE) == NAMES
     assert all(e.name == n for n, e in CATALOGUE.items())
 
 
@@ -208,7 +208,7 @@ def test_levers_agree_with_the_formulas():
 
 
 def test_membership_is_the_buffer_table():
-    for name in BUFFER_NAMES:
+    for name in NAMES:
         m = membership(name)
         assert m["zero_all"] == (name in GROUPS["zero_all"])
         assert m["zero_prefill_essentials"] == (name in GROUPS["prefill"])
@@ -268,14 +268,14 @@ def test_docs_membership_table_is_the_buffer_table():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         name = re.search(r"`(\w+)`", cells[1]).group(1)
         rows[name] = dict(zip(cols, cells))
-    assert list(rows) == list(BUFFER_NAMES)
+    assert list(rows) == list(NAMES)
     for group, col in (("zero_all", "zero_all"), ("prefill", "zero_prefill_essentials"),
                        ("checksum", "checksum"), ("total", "total_bytes()")):
-        assert tuple(n for n in BUFFER_NAMES if rows[n][col] == "yes") == GROUPS[group], col
-    assert tuple(n for n in BUFFER_NAMES if rows[n]["zero_all_rows"] == "trimmed") == GROUPS["rows"]
-    assert tuple(n for n in BUFFER_NAMES if rows[n]["zero_all_rows"] != "-") == GROUPS["zero_all"]
+        assert tuple(n for n in NAMES if rows[n][col] == "yes") == GROUPS[group], col
+    assert tuple(n for n in NAMES if rows[n]["zero_all_rows"] == "trimmed") == GROUPS["rows"]
+    assert tuple(n for n in NAMES if rows[n]["zero_all_rows"] != "-") == GROUPS["zero_all"]
     # One anchored section per buffer, in canonical order.
-    assert re.findall(r'<a id="(\w+)"></a>\n\n### \d+\. `\w+`', text) == list(BUFFER_NAMES)
+    assert re.findall(r'<a id="(\w+)"></a>\n\n### \d+\. `\w+`', text) == list(NAMES)
 
 
 def _flat(text):

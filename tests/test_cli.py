@@ -11,6 +11,8 @@ import pytest
 import metrale
 from metrale.cli import main
 
+from reference_oracle import COUNT, NAMES, PREFILL, ROWS, ZERO_ALL
+
 
 def test_plan_text(capsys):
     assert main(["plan", "--preset", "qwen3-next-80b", "--max-batch-tokens", "128"]) == 0
@@ -25,7 +27,7 @@ def test_plan_json_and_allocate(capsys, tmp_path):
     assert main(["plan", "--preset", "gemma-4-dense", "--max-batch-tokens", "64", "--json",
                  "--allocate"]) == 0
     r = json.loads(capsys.readouterr().out)
-    assert len(r["buffers"]) == 46 and r["null_buffers"]
+    assert len(r["buffers"]) == COUNT and r["null_buffers"]
     assert "moe_fp8_scratch" in r["null_buffers"]
     assert r["allocated"]["allocations"] == 1 and r["allocated"]["zero_all_operations"] == 1
     offs = [b["offset"] for b in r["buffers"] if not b["null"]]
@@ -249,13 +251,11 @@ def test_plan_lists_config_keys_not_understood(capsys, tmp_path):
 
 
 def test_plan_groups_say_what_zero_all_rows_clears(capsys):
-    from metrale.reference import REFERENCE
-    GROUPS = REFERENCE.groups
     assert main(["plan", "--preset", "qwen3-next-80b", "--json"]) == 0
     groups = {b["buffer"]: b["groups"] for b in json.loads(capsys.readouterr().out)["buffers"]}
-    for name in GROUPS["zero_all"]:           # zero_all_rows covers every zero_all buffer
+    for name in ZERO_ALL:           # zero_all_rows covers every zero_all buffer
         rows = [g for g in groups[name] if g.startswith("rows")]
-        assert rows == (["rows"] if name in GROUPS["rows"] else ["rows:whole"]), name
+        assert rows == (["rows"] if name in ROWS else ["rows:whole"]), name
     assert groups["scratch"][:2] == ["zero_all", "rows:whole"]
     for name in ("logits", "splitk_workspace"):
         assert "rows:whole" in groups[name]
@@ -321,14 +321,13 @@ def _plan_json(capsys, *argv):
 
 
 def test_plan_buffers_file_sizes_by_hand(capsys, engine, monkeypatch):
-    from helpers import PREFILL, ROWS
     monkeypatch.delenv("METRALE_FP8_ROWWISE", raising=False)
     toml, js = engine
     r = _plan_json(capsys, *LLAMA64, "--buffers", str(toml))
     got = {b["buffer"]: b for b in r["buffers"]}
-    names = [n for n in metrale.REFERENCE.names if n not in DROPPED] + ["sampler_probs", "staging"]
+    names = [n for n in NAMES if n not in DROPPED] + ["sampler_probs", "staging"]
     assert r["buffer_set"]["names"] == names and set(got) == set(names)
-    assert r["buffer_set"]["reference"] is False and r["buffer_set"]["count"] == 45
+    assert r["buffer_set"]["reference"] is False and r["buffer_set"]["count"] == len(names)
     assert got["sampler_probs"]["bytes"] == 4 * 32 * V
     assert got["staging"]["bytes"] == 2 * 64 * H
     assert got["logits"]["bytes"] == 4 * 64 * V          # Lr = min(64, max(160, 33))
@@ -390,8 +389,7 @@ def test_plan_drop_from_the_reference(capsys):
     assert r["buffer_set"] == {
         "reference": False, "file": None, "dropped": ["ffn_act_q8", "fp8_act"],
         "fingerprint": metrale.REFERENCE.without(["ffn_act_q8", "fp8_act"]).fingerprint(),
-        "count": 44, "names": [n for n in metrale.REFERENCE.names
-                               if n not in ("ffn_act_q8", "fp8_act")]}
+        "count": COUNT - 2, "names": [n for n in NAMES if n not in ("ffn_act_q8", "fp8_act")]}
     full = _plan_json(capsys, *LLAMA64)
     assert full["buffer_set"]["reference"] is True and full["buffer_set"]["dropped"] == []
     assert full["buffer_set"]["fingerprint"] == metrale.REFERENCE.fingerprint()
@@ -402,7 +400,7 @@ def test_plan_drop_from_the_reference(capsys):
         _ceil(b["bytes"]) for b in full["buffers"] if b["buffer"] in ("ffn_act_q8", "fp8_act"))
     assert main([*LLAMA64, "--drop", "ffn_act_q8", "--drop", "fp8_act"]) == 0
     out = capsys.readouterr().out
-    assert f"buffers: 44 (REFERENCE without ffn_act_q8, fp8_act), fingerprint " \
+    assert f"buffers: {COUNT - 2} (REFERENCE without ffn_act_q8, fp8_act), fingerprint " \
         f"{r['buffer_set']['fingerprint']}\n" in out
     assert "\nffn_act_q8 " not in out
 
@@ -411,7 +409,8 @@ def test_plan_text_names_the_set(capsys, engine, tmp_path):
     toml, _ = engine
     assert main([*LLAMA64, "--buffers", str(toml), "--drop", "lora_xa"]) == 0
     out = capsys.readouterr().out
-    assert f"\nbuffers: 44 (from {toml} without lora_xa), fingerprint " in out
+    n = COUNT - len(DROPPED) + 2 - 1
+    assert f"\nbuffers: {n} (from {toml} without lora_xa), fingerprint " in out
     line = next(ln for ln in out.splitlines() if ln.startswith("staging "))
     assert f"{2 * 64 * H:,}" in line and line.endswith("zero_all,rows")
     assert "all but o_latent, norm_unit_w and sampler_probs)" in out
@@ -429,7 +428,8 @@ def test_plan_buffers_explain_allocate_tp(capsys, engine):
     toml, _ = engine
     assert main([*LLAMA64, "--buffers", str(toml), "--explain", "staging"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("staging  (buffer 45 of 45; an engine's own set)")
+    n = COUNT - len(DROPPED) + 2              # staging is the last of the engine's set
+    assert out.startswith(f"staging  (buffer {n} of {n}; an engine's own set)")
     assert "alignment:    1048576 bytes" in out and f"= {2 * 64 * H:,} bytes" in out
     _one_line_error(capsys, [*LLAMA64, "--buffers", str(toml), "--explain", "ffn_act_q8"], 2,
                     "--explain", "'ffn_act_q8'", "did you mean")

@@ -8,8 +8,9 @@ import pytest
 import metrale
 from metrale import BufferArena, BufferSizes, MetraleError, OutOfMemoryError
 
-from helpers import (COMPACT, PREFILL, PRESET, ZERO_ALL, Mem, check_zeroed, cuda_backend,
-                     expected_rows_length, fill_all, new, ptr_of, rows_expectation, slab_base)
+from helpers import (COMPACT, PRESET, Mem, check_zeroed, cuda_backend, expected_rows_length,
+                     fill_all, new, ptr_of, rows_expectation, slab_base)
+from reference_oracle import PREFILL, ZERO_ALL
 
 
 def test_unavailable_is_a_clear_error():

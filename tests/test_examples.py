@@ -32,7 +32,8 @@ def _ceil256(n):
 
 
 def test_llama_set_against_the_formulas():
-    from metrale import REFERENCE, ModelConfig
+    from metrale import ModelConfig
+    from reference_oracle import NAMES
     from reference_sizes import reference_sizes
     ex = runpy.run_path(str(EXAMPLES / "llama31_8b.py"), run_name="example")
     sizes, plan, ref_sizes, ref_plan = ex["main"]([])
@@ -44,8 +45,8 @@ def test_llama_set_against_the_formulas():
     assert sizes["splitkv_lse"] == 4 * bs * Hq * 16
     # every reference buffer it keeps has the reference size (the second
     # implementation of the formulas), the dropped ones are gone
-    ref = dict(zip(REFERENCE.names, reference_sizes(c, *lim.values(), env={})))
-    kept = [n for n in REFERENCE.names if n not in ex["QUANTIZED"]]
+    ref = dict(zip(NAMES, reference_sizes(c, *lim.values(), env={})))
+    kept = [n for n in NAMES if n not in ex["QUANTIZED"]]
     assert [n for n in sizes if n in ref] == kept
     assert all(sizes[n] == ref[n] for n in kept)
     assert not set(ex["QUANTIZED"]) & set(sizes)

@@ -84,12 +84,13 @@ def test_skips_for_another_reason():
 
 @pytest.fixture(scope="module")
 def synthetic(tmp_path_factory):
-    """A tests/ folder with this suite's conftest.py and helpers.py and the
-    module above, and a runner of pytest over it."""
+    """A tests/ folder with this suite's conftest.py and helpers.py (and the
+    oracle helpers.py imports) and the module above, and a runner of pytest
+    over it."""
     root = tmp_path_factory.mktemp("markers")
     tests = root / "tests"
     tests.mkdir()
-    for name in ("conftest.py", "helpers.py"):
+    for name in ("conftest.py", "helpers.py", "reference_oracle.py"):
         shutil.copy(HERE / name, tests / name)
     (tests / "test_synthetic.py").write_text(textwrap.dedent(_SYNTHETIC), encoding="utf-8")
 

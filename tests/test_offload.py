@@ -20,7 +20,8 @@ from metrale._summary import Pin
 from metrale.sizes import BUFFER_NAMES
 from metrale.testing import FaultyBackend
 
-from helpers import COMPACT, ZERO_ALL, Mem, vm_counts
+from helpers import COMPACT, Mem, vm_counts
+from reference_oracle import ZERO_ALL
 
 LIMITS = (64, 512, 16, 8)
 TOP = (512, 1024, 16, 16)

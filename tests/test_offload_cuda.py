@@ -11,7 +11,8 @@ import pytest
 from metrale import BufferArena
 from metrale.sizes import BUFFER_NAMES
 
-from helpers import COMPACT, ZERO_ALL, Mem
+from helpers import COMPACT, Mem
+from reference_oracle import ZERO_ALL
 
 pytestmark = pytest.mark.gpu
 

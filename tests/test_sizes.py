@@ -5,6 +5,7 @@ import pytest
 from metrale import (BufferSizes, DecodeMetaLayout, ModelConfig, Target, DECODE_META_MAX_ROWS,
                      DECODE_META_MIN_ROWS, GATEUP_FUSED_MAX_M, Q12_SIZING_STREAMS, VERIFY_ROW_CAP)
 from metrale.sizes import BUFFER_NAMES
+from reference_oracle import COUNT, NAMES
 from reference_sizes import scratch_terms
 
 PRESET = ModelConfig.preset("qwen3-next-80b")
@@ -23,8 +24,8 @@ def test_constants():
 
 def test_names_order_and_dict():
     s = sizes()
-    assert len(BUFFER_NAMES) == 46 and len(set(BUFFER_NAMES)) == 46
-    assert list(s.as_dict()) == list(BUFFER_NAMES)
+    assert tuple(BUFFER_NAMES) == NAMES and len(set(BUFFER_NAMES)) == COUNT
+    assert list(s.as_dict()) == list(NAMES)
     assert BUFFER_NAMES[0] == "hidden_states" and BUFFER_NAMES[-1] == "ssm_rowwise_w_bf16"
     assert repr(s).startswith("BufferSizes(hidden_states=4096, residual=4096")
 
@@ -277,7 +278,7 @@ def test_kv_block_zero_gives_256_blocks():
 def test_mapping_behaviour():
     from collections.abc import Mapping
     s = BufferSizes.from_config(PRESET, 128, 4096, 16, 32, env={})
-    assert isinstance(s, Mapping) and len(s) == 46 and list(s) == list(BUFFER_NAMES)
+    assert isinstance(s, Mapping) and len(s) == COUNT and list(s) == list(NAMES)
     assert s["logits"] == s.logits and "logits" in s and "nope" not in s and 1 not in s
     assert dict(s) == s.as_dict() and list(s.values()) == list(s.as_tuple())
     assert s.get("nope", -1) == -1

@@ -17,9 +17,9 @@ from metrale.errors import MetraleError, OutOfMemoryError
 from metrale.sizes import BUFFER_NAMES
 from metrale.testing import FaultyBackend
 
-from helpers import (COMPACT, NOENV, PRESET, ROWS, ZERO_ALL, Mem, check_zeroed,
-                     expected_rows_length, fill_all, live_counts, new, ptr_of, rows_expectation,
-                     slab_base)
+from helpers import (COMPACT, NOENV, PRESET, Mem, check_zeroed, expected_rows_length, fill_all,
+                     live_counts, new, ptr_of, rows_expectation, slab_base)
+from reference_oracle import NAMES, ROWS, ZERO_ALL
 
 SENTINEL = 0xAB             # what helpers.fill_all writes
 META_AT = 32_768            # ARENA.md §4.1: the decode metadata at scratch + 32,768
@@ -28,7 +28,7 @@ COUNT_AT = META_AT - 16     # where StepInputs keeps the count (docs/step-inputs
 
 def read_all(arena, gpu):
     m = Mem(arena, gpu)
-    return {name: m.read(name) for name in BUFFER_NAMES}
+    return {name: m.read(name) for name in NAMES}
 
 
 def check_rows(arena, got, tokens, spared=()):

@@ -14,12 +14,12 @@ import pytest
 import metrale
 from metrale import BufferArena, MetraleError, OutOfMemoryError
 from metrale._summary import Pin
-from metrale.reference import REFERENCE
-BUFFER_NAMES, GROUPS = REFERENCE.names, REFERENCE.groups
+from metrale.sizes import BUFFER_NAMES
 from metrale.testing import FaultyBackend
 from metrale.tp import PeerBuffers, PeerGroup
 
 from helpers import COMPACT, FileGroup, process_resources, run_ranks, under_asan, vm_counts
+from reference_oracle import POINTER
 
 CFG = COMPACT
 LIMITS = (64, 512, 16, 8)
@@ -65,7 +65,7 @@ def rank_share(rank, size, path):
             a.sleep()
         except MetraleError as e:
             out["refusal"] = str(e)
-        own = {name: getattr(a, name)() for name in GROUPS["pointer"]}
+        own = {name: getattr(a, name)() for name in POINTER}
         same = True
         for r in range(size):
             pb = a.peer(r)
@@ -498,10 +498,10 @@ def test_a_failed_solo_build_leaves_nothing():
 def test_peer_accessors_follow_the_buffer_table():
     import ast
     accessors = {n for n in vars(PeerBuffers) if n in BUFFER_NAMES}
-    assert accessors == set(GROUPS["pointer"])
-    for n in GROUPS["pointer"]:
+    assert accessors == set(POINTER)
+    for n in POINTER:
         assert callable(getattr(BufferArena, n))
     stub = ast.parse((pathlib.Path(metrale.__file__).parent / "tp.pyi").read_text())
     cls = next(c for c in stub.body if isinstance(c, ast.ClassDef) and c.name == "PeerBuffers")
     assert {f.name for f in cls.body if isinstance(f, ast.FunctionDef)} - {"__init__", "ptr"} \
-        == set(GROUPS["pointer"])
+        == set(POINTER)

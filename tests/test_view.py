@@ -1,5 +1,5 @@
 """ArenaView on the host: zero-copy numpy and DLPack views, shapes checked
-when a view is made.  (Lifetimes: test_lifetime.py; GPU consumers: test_cuda.py.)"""
+when a view is made.  (Lifetimes: test_view_lifetime.py; GPU consumers: test_cuda.py.)"""
 
 import pytest
 
