@@ -16,7 +16,7 @@ A module is a file of src/metrale (``.py``, ``.pyx``, ``.pxd``, the
     python tools/import_graph.py --svg FILE  # the layers drawn (docs/architecture.svg)
 
 `LAYERS` places every module in one layer, bottom first; an import may reach
-its own layer or one below, never one above.  tests/test_imports.py checks
+its own layer or one below, never one above.  tests/test_architecture.py checks
 that there is no circle, that every module has a layer and that no import
 runs up, and that docs/architecture.svg is this drawing.
 """

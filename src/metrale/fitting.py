@@ -271,7 +271,7 @@ def _largest_fitting(arena, first, budget):
     non-decreasing in max_batch_tokens (`first_shrinking` proves it first), and
     the layout places the buffers in a fixed order, each at the running end
     rounded up to its alignment, ending on 256 bytes or a granule
-    (tests/test_fitting.py checks both).  So the m that fit are 1 ... M: a bracket lo (fits) <
+    (tests/test_fit.py checks both).  So the m that fit are 1 ... M: a bracket lo (fits) <
     hi (does not) holds M, and a probe at any m moves one end of it.
 
     The arena grows about linearly with m, but in steps (GEMM tiles of 16
