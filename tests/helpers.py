@@ -78,7 +78,7 @@ def _reserved(gpu):
 
 def new(gpu, cfg=PRESET, m=128, seq=4096, blk=16, bs=32, env=NOENV):
     s = BufferSizes.from_config(cfg, m, seq, blk, bs, target=gpu.target(), env=env)
-    return BufferArena.from_sizes(cfg, s, m, bs, gpu)
+    return BufferArena.from_sizes(s, gpu)
 
 
 def expected_rows_length(n, m, tokens):
