@@ -4,7 +4,9 @@ from metrale._arena import BufferArena
 
 ABSENT: object
 
-class ArenaState: ...
+class ArenaState:
+    @property
+    def ptrs(self) -> ArenaPointers: ...
 
 def shared_arenas() -> list[BufferArena]: ...
 

@@ -15,6 +15,9 @@ from ._reference_table import RECORDS
 from ._dtypes import ITEMSIZE
 from ._math import U64_MAX
 
+__all__ = ["BufferSpec", "ROW_RULES", "ACCESSORS", "MAX_BUFFERS", "MAX_ZERO_ALL", "STEP_IDS",
+           "STEP_META", "RESERVED_NAMES", "check_spec", "dims_of"]
+
 # zero_all_rows rules: "whole" (cleared whole), "M" (rows of max_batch_tokens),
 # "Mp" (rows of ceil16(max_batch_tokens): GEMM-tiled buffers), "auto" (either,
 # told apart by the size's divisibility: ARENA.md 5.2, the reference rule).

@@ -2,6 +2,9 @@ from typing import Any, Sequence
 
 from metrale._record import Record
 
+__all__ = ["BufferSpec", "ROW_RULES", "ACCESSORS", "MAX_BUFFERS", "MAX_ZERO_ALL", "STEP_IDS",
+           "STEP_META", "RESERVED_NAMES", "check_spec", "dims_of"]
+
 ROW_RULES: tuple[str, ...]
 ACCESSORS: tuple[str, ...]
 MAX_BUFFERS: int

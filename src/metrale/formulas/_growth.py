@@ -8,6 +8,8 @@ import ast
 from ._language import names_of, parsed
 from ._table import ALIASES, HELPER_FUNCTIONS, TERMS
 
+__all__ = ["Growth", "first_shrinking"]
+
 # -- monotonicity: what makes the search exact ------------------------------------------------
 #
 # fit's search needs every size non-decreasing in max_batch_tokens (the layout
@@ -107,13 +109,13 @@ class Growth:
         v = self.memo.get(expr, self)
         if v is self:
             try:
-                v = self.node(parsed(expr))
+                v = self._node(parsed(expr))
             except (ArithmeticError, KeyError, TypeError, ValueError, RecursionError):
                 v = None        # a constant part that fails: the sizing says why
             self.memo[expr] = v
         return v
 
-    def node(self, n):
+    def _node(self, n):
         if isinstance(n, ast.Constant):
             return _const(n.value)
         if isinstance(n, ast.Name):
@@ -124,14 +126,14 @@ class Growth:
                 return self.of(self.terms[name])
             return _const(self.symbols[name])
         if isinstance(n, ast.IfExp):
-            test = self.node(n.test)
+            test = self._node(n.test)
             if test is None or test[0] != "c":
                 return None
-            return self.node(n.body if test[1] else n.orelse)
+            return self._node(n.body if test[1] else n.orelse)
         if isinstance(n, ast.BinOp):
-            return self.binary(type(n.op), self.node(n.left), self.node(n.right))
+            return self._binary(type(n.op), self._node(n.left), self._node(n.right))
         if isinstance(n, ast.UnaryOp):
-            a = self.node(n.operand)
+            a = self._node(n.operand)
             if a is None:
                 return None
             if isinstance(n.op, ast.USub):
@@ -140,7 +142,7 @@ class Growth:
                 return a
             return _const(not a[1]) if a[0] == "c" else None
         if isinstance(n, ast.Call):
-            args = [self.node(x) for x in n.args]
+            args = [self._node(x) for x in n.args]
             if any(a is None for a in args):
                 return None
             name = n.func.id
@@ -150,16 +152,16 @@ class Growth:
                 nn = [_dir(a)[1] for a in args]
                 return _joined(args, any(nn) if name == "max" else all(nn))
             if name == "cdiv":
-                return self.binary(ast.FloorDiv, *args)
+                return self._binary(ast.FloorDiv, *args)
             return _joined(args, _dir(args[0])[1])          # ceilN
         if isinstance(n, ast.Compare):
-            parts = [self.node(n.left)] + [self.node(x) for x in n.comparators]
+            parts = [self._node(n.left)] + [self._node(x) for x in n.comparators]
             if any(a is None or a[0] != "c" for a in parts):
                 return None
             return _const(all(_COMPARE[type(op)](parts[i][1], parts[i + 1][1])
                               for i, op in enumerate(n.ops)))
         if isinstance(n, ast.BoolOp):
-            parts = [self.node(x) for x in n.values]
+            parts = [self._node(x) for x in n.values]
             if any(a is None or a[0] != "c" for a in parts):
                 return None
             v = parts[0][1]
@@ -170,7 +172,7 @@ class Growth:
             return _const(v)
         return None
 
-    def binary(self, op, a, b):
+    def _binary(self, op, a, b):
         if op is ast.Mult and ("c", 0) in (a, b):
             return _const(0)                # whatever the other factor does
         if a is None or b is None:
@@ -180,7 +182,7 @@ class Growth:
         if op is ast.Add:
             return _joined([a, b], _dir(a)[1] and _dir(b)[1])
         if op is ast.Sub:
-            return self.binary(ast.Add, a, _flip(b))
+            return self._binary(ast.Add, a, _flip(b))
         if op is ast.Mult:
             if b[0] == "c":
                 a, b = b, a

@@ -3,6 +3,8 @@ from typing import Any, Mapping
 from metrale._spec import BufferSpec
 from metrale.buffers import BufferSet
 
+__all__ = ["Growth", "first_shrinking"]
+
 class Growth:
     def __init__(self, symbols: Mapping[str, Any]) -> None: ...
     def of(self, expr: str) -> tuple[Any, ...] | None: ...

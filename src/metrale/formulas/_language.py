@@ -10,6 +10,9 @@ import keyword
 from ..levers import lever_on
 from ._table import (ALIASES, CALLABLE, HELPERS, SWITCHES, SYMBOLS, TERMS, USABLE)
 
+__all__ = ["check", "parsed", "compiled", "names_of", "values", "evaluation_namespace",
+           "namespace", "evaluate", "is_name", "term_values", "sizes_of"]
+
 _MAX_EXPR = 2000            # characters of one expression
 # Brackets one expression may nest: the sizing compiles a set's formulas into
 # one expression, a shape's dimension a few brackets deeper than it is written,

@@ -6,6 +6,9 @@ from metrale.buffers import BufferSet
 from metrale.config import ModelConfig
 from metrale.target import Target
 
+__all__ = ["check", "parsed", "compiled", "names_of", "values", "evaluation_namespace",
+           "namespace", "evaluate", "is_name", "term_values", "sizes_of"]
+
 def check(expr: str, where: str) -> frozenset[str]: ...
 def parsed(expr: str) -> ast.expr: ...
 def compiled(exprs: Iterable[str]) -> CodeType: ...

@@ -7,6 +7,9 @@ the growth analysis both read.
 from .._math import cdiv, ceil_to
 from .._record import Record
 
+__all__ = ["Symbol", "Term", "SYMBOLS", "TERMS", "ALIASES", "HELPERS", "HELPER_FUNCTIONS",
+           "CALLABLE", "SWITCHES", "NOT_INTEGER", "USABLE"]
+
 class Symbol(Record):
     """An input symbol: taken from a config field, a limit, the target or a lever.
 

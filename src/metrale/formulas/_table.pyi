@@ -2,6 +2,9 @@ from typing import Any, Callable
 
 from metrale._record import Record
 
+__all__ = ["Symbol", "Term", "SYMBOLS", "TERMS", "ALIASES", "HELPERS", "HELPER_FUNCTIONS",
+           "CALLABLE", "SWITCHES", "NOT_INTEGER", "USABLE"]
+
 class Symbol(Record):
     name: str
     meaning: str
