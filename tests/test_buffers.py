@@ -107,8 +107,8 @@ def test_stubs_follow_the_table():
     sizes = _stub_class("sizes.pyi", "BufferSizes")
     fields = tuple(f.name for f in sizes.body if isinstance(f, ast.FunctionDef)
                    and any(getattr(d, "id", None) == "property" for d in f.decorator_list))
-    # one property per buffer, in canonical order, then `buffers` and `limits`
-    assert fields == BUFFER_NAMES + ("buffers", "limits")
+    # one property per buffer, in canonical order, then `buffers`, `limits`, `config`, `target`
+    assert fields == BUFFER_NAMES + ("buffers", "limits", "config", "target")
     peer = _stub_class("tp.pyi", "PeerBuffers")
     assert {f.name for f in peer.body if isinstance(f, ast.FunctionDef)} == \
         set(GROUPS["pointer"]) | {"__init__", "ptr"}
