@@ -493,20 +493,29 @@ def process_resources():
     A reservation is what a host arena reserves: an anonymous PROT_NONE
     mapping of at least 1 MiB (the interpreter's own mappings, which come and
     go with its allocator, are read-write, and thread-stack guards are one
-    page).  Under AddressSanitizer (.ci/run preloads it) the sanitizer keeps
-    PROT_NONE shadow regions of its own, so they are reported as 0 there;
-    descriptors and metrale's memfd mappings still count."""
+    page).  Not the tail of a heap glibc's malloc makes for a thread: a
+    64 MiB-aligned block of 64 MiB, read-write up to where it has grown, then
+    PROT_NONE (a thread of an earlier test allocating for the first time
+    makes one, at any moment).  Under AddressSanitizer (.ci/run preloads it)
+    the sanitizer keeps PROT_NONE shadow regions of its own, so they are
+    reported as 0 there; descriptors and metrale's memfd mappings still count."""
     import os
     fds = len(os.listdir("/proc/self/fd"))
     with open("/proc/self/maps") as f:
         maps = f.read().splitlines()
     reserved = 0
     if not under_asan():
+        heap = 64 << 20                 # glibc's HEAP_MAX_SIZE on 64-bit
+        prev = None
         for line in maps:
             parts = line.split()
             lo, hi = (int(x, 16) for x in parts[0].split("-"))
-            if parts[1] == "---p" and len(parts) < 6 and hi - lo >= 1 << 20:
-                reserved += 1
+            anon = len(parts) < 6
+            if parts[1] == "---p" and anon and hi - lo >= 1 << 20:
+                thread_heap = prev is not None and prev[1] == lo and prev[2] and \
+                    prev[0] % heap == 0 and hi - prev[0] == heap
+                reserved += not thread_heap
+            prev = (lo, hi, parts[1] == "rw-p" and anon)
     return fds, reserved, sum("memfd:metrale" in m for m in maps)
 
 
