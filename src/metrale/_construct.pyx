@@ -62,7 +62,7 @@ cdef tuple sizes_args(tuple args):
             warnings.warn("from_sizes(config, sizes, max_batch_tokens, max_batch_size, gpu) "
                           "is deprecated for sizes made by BufferSizes.from_config, which "
                           "carry their shape and limits: write BufferArena.from_sizes(sizes, "
-                          "gpu)", DeprecationWarning, stacklevel=2)
+                          "gpu)", DeprecationWarning, stacklevel=1)   # the caller (this is C)
     else:
         raise TypeError(f"from_sizes() takes (sizes, gpu), or (config, sizes, max_batch_tokens, "
                         f"max_batch_size, gpu) for sizes built by hand; got {len(args)} "

@@ -291,7 +291,8 @@ def plan_layout(sizes, max_batch_tokens=None, *, guard_bytes=0):
         max_batch_tokens = limit_arg(None, "max_batch_tokens", 1, lim, "plan_layout")
     elif lim is not None:           # as before: planned for the max_batch_tokens given
         warnings.warn("plan_layout(sizes, max_batch_tokens) is deprecated: the sizes carry "
-                      "their limits; write plan_layout(sizes)", DeprecationWarning, stacklevel=2)
+                      "their limits; write plan_layout(sizes)", DeprecationWarning,
+                      stacklevel=1)        # the caller: this function has no Python frame
     plan_into(&plan.L, sizes, max_batch_tokens, u64_arg(guard_bytes, "guard_bytes"))
     plan.buffer_set = sizes.buffers
     plan._sizes = sizes
