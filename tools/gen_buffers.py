@@ -17,10 +17,8 @@ so only the pure-Python modules it imports (buffers, formulas, _dtypes,
 _record, _math) load: nothing compiled is needed.
 """
 
-import ast
 import importlib
 import os
-import re
 import sys
 import types
 
