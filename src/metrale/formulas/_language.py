@@ -144,12 +144,7 @@ def parsed(expr):
     ast.expr
         Its tree (shared: not to be changed).
     """
-    tree = _tree_cache.get(expr)
-    if tree is None:
-        if len(_tree_cache) > 4096:     # an engine's formulas are a few hundred
-            _tree_cache.clear()
-        tree = _tree_cache[expr] = ast.parse(expr.strip(), mode="eval").body
-    return tree
+    return _cached(_tree_cache, expr, lambda e: ast.parse(e.strip(), mode="eval").body)
 
 
 def compiled(exprs):
@@ -171,12 +166,26 @@ def compiled(exprs):
 
 def _code(expr):
     # Compiled once per expression, from its parsed form.
-    code = _code_cache.get(expr)
-    if code is None:
-        if len(_code_cache) > 4096:
-            _code_cache.clear()
-        code = _code_cache[expr] = compile(ast.Expression(parsed(expr)), "<formula>", "eval")
-    return code
+    return _cached(_code_cache, expr,
+                   lambda e: compile(ast.Expression(parsed(e)), "<formula>", "eval"))
+
+
+def _cached(cache, key, make):
+    """cache[key], made by make(key) the first time; the cache starts again
+    past 4096 entries (an engine's formulas are a few hundred)."""
+    v = cache.get(key)
+    if v is None:
+        if len(cache) > 4096:
+            cache.clear()
+        v = cache[key] = make(key)
+    return v
+
+
+def _assignments(terms):
+    """One code object assigning each of `terms` in order, from their parsed forms."""
+    return compile(ast.fix_missing_locations(ast.Module(
+        [ast.Assign([ast.Name(t.name, ast.Store())], parsed(t.expr)) for t in terms], [])),
+        "<terms>", "exec")
 
 
 def names_of(expr):
@@ -199,11 +208,8 @@ def names_of(expr):
     return out
 
 
-# All of TERMS as one block of assignments (from their parsed forms), run once
-# per evaluation.
-_TERMS_CODE = compile(ast.fix_missing_locations(ast.Module(
-    [ast.Assign([ast.Name(t.name, ast.Store())], parsed(t.expr)) for t in TERMS], [])),
-    "<terms>", "exec")
+# All of TERMS as one block of assignments, run once per evaluation.
+_TERMS_CODE = _assignments(TERMS)
 
 
 def values(config, M, max_seq_len, kv_block_size, max_batch_size, target, env):
@@ -260,8 +266,7 @@ def evaluation_namespace(config, M, max_seq_len, kv_block_size, max_batch_size, 
     policy, pinned = resolve_splitk(target, env)
     v = {"M": M, "max_seq_len": max_seq_len, "kv_block_size": kv_block_size,
          "max_batch_size": max_batch_size}
-    for s in _FIELD_SYMBOLS:
-        v[s.name] = getattr(config, s.fields[0])
+    v.update(_config_symbols(config))
     v["sm_count"] = target.sm_count
     v["splitk_policy"], v["splitk_n"] = policy, pinned
     for lever, name in SWITCHES:
@@ -273,6 +278,11 @@ def evaluation_namespace(config, M, max_seq_len, kv_block_size, max_batch_size, 
 
 # The input symbols read from one config field each.
 _FIELD_SYMBOLS = tuple(s for s in SYMBOLS if len(s.fields) == 1 and not s.levers)
+
+
+def _config_symbols(config):
+    """The input symbols `config` gives, one field each."""
+    return {s.name: getattr(config, s.fields[0]) for s in _FIELD_SYMBOLS}
 
 
 def term_values(config, M, names):
@@ -302,11 +312,9 @@ def term_values(config, M, names):
     KeyError
         A term reads a limit, the target or a lever.
     """
-    ns = dict(CALLABLE)
-    ns["__builtins__"] = {}
-    ns["M"] = M
-    for s in _FIELD_SYMBOLS:
-        ns[s.name] = getattr(config, s.fields[0])
+    v = _config_symbols(config)
+    v["M"] = M
+    ns = namespace(v)
     want = frozenset(names)
     code = _terms_code_for(want)
     try:
@@ -334,9 +342,7 @@ def _terms_code_for(want):
             if n in by_name and n not in need:
                 need.add(n)
                 todo.extend(names_of(by_name[n].expr))
-        code = _terms_codes[want] = compile(ast.fix_missing_locations(ast.Module(
-            [ast.Assign([ast.Name(t.name, ast.Store())], parsed(t.expr))
-             for t in TERMS if t.name in need], [])), "<terms>", "exec")
+        code = _terms_codes[want] = _assignments([t for t in TERMS if t.name in need])
     return code
 
 
