@@ -103,7 +103,6 @@ def drv(monkeypatch):
     d = FakeDriver(PIDS)
     monkeypatch.setattr(ckdriver, "_driver", lambda: d)
     monkeypatch.setattr(ckdriver, "_AFTER_TIMEOUT", 0.5)
-    monkeypatch.setattr(ckpt, "_AFTER_TIMEOUT", 0.5)
     return d
 
 

@@ -32,7 +32,8 @@ import time
 
 # The driver's calls on one pid, and the constants, are metrale._checkpoint_driver's;
 # the public ones are this module's API too (__all__).
-from metrale._checkpoint_driver import (_AFTER_TIMEOUT, CHECKPOINTED, DEFAULT_LOCK_TIMEOUT,
+from metrale import _checkpoint_driver as _driver
+from metrale._checkpoint_driver import (CHECKPOINTED, DEFAULT_LOCK_TIMEOUT,
                                         DEFAULT_TIMEOUT, FAILED, LOCKED, QUERY_TIMEOUT, RUNNING,
                                         STATES, _gpu_pairs, _pid, _state_now, checkpoint,
                                         driver_info, lock, restore, restore_thread_id, state,
@@ -84,13 +85,13 @@ def _settle(pids, skip):
             out.append(f"{p}: left as it is (its call did not return)")
             continue
         try:
-            s = state(p, timeout=_AFTER_TIMEOUT)
+            s = state(p, timeout=_driver._AFTER_TIMEOUT)
             if s == CHECKPOINTED:
                 restore(p)
                 s = LOCKED
             if s == LOCKED:
                 unlock(p)
-            out.append(f"{p}: {state(p, timeout=_AFTER_TIMEOUT)}")
+            out.append(f"{p}: {state(p, timeout=_driver._AFTER_TIMEOUT)}")
         except MetraleError as e:
             out.append(f"{p}: {e}")
     return "; ".join(out)
@@ -245,7 +246,7 @@ def _check_running(arenas, what):
     if not _uses_cuda(arenas):
         return
     try:
-        s = state(os.getpid(), timeout=_AFTER_TIMEOUT)
+        s = state(os.getpid(), timeout=_driver._AFTER_TIMEOUT)
     except MetraleError:
         return              # no checkpoint support here: the process cannot be locked
     if s != RUNNING:

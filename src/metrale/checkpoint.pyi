@@ -1,6 +1,6 @@
 """Stubs of metrale.checkpoint (process checkpoints of an engine)."""
 
-from typing import Final, Iterable, Literal, Mapping, SupportsIndex, TypedDict
+from typing import Iterable, Mapping, SupportsIndex
 
 from metrale._arena import BufferArena
 
@@ -8,30 +8,16 @@ __all__ = ["RUNNING", "LOCKED", "CHECKPOINTED", "FAILED", "STATES", "DEFAULT_LOC
            "DEFAULT_TIMEOUT", "QUERY_TIMEOUT", "driver_info", "state", "restore_thread_id", "lock",
            "checkpoint", "restore", "unlock", "suspend", "resume", "prepare", "finish"]
 
-_State = Literal["running", "locked", "checkpointed", "failed"]
+from metrale._checkpoint_driver import (CHECKPOINTED as CHECKPOINTED,
+                                        DEFAULT_LOCK_TIMEOUT as DEFAULT_LOCK_TIMEOUT,
+                                        DEFAULT_TIMEOUT as DEFAULT_TIMEOUT, FAILED as FAILED,
+                                        LOCKED as LOCKED, QUERY_TIMEOUT as QUERY_TIMEOUT,
+                                        RUNNING as RUNNING, STATES as STATES,
+                                        checkpoint as checkpoint, driver_info as driver_info,
+                                        lock as lock, restore as restore,
+                                        restore_thread_id as restore_thread_id, state as state,
+                                        unlock as unlock)
 
-RUNNING: Final = "running"
-LOCKED: Final = "locked"
-CHECKPOINTED: Final = "checkpointed"
-FAILED: Final = "failed"
-STATES: tuple[str, str, str, str]
-DEFAULT_LOCK_TIMEOUT: float
-DEFAULT_TIMEOUT: float
-QUERY_TIMEOUT: float
-
-class _DriverInfo(TypedDict):
-    driver: str | None
-    cuda: int
-    gpu_map: bool
-
-def driver_info() -> _DriverInfo: ...
-def state(pid: SupportsIndex, *, timeout: float = ...) -> _State: ...
-def restore_thread_id(pid: SupportsIndex, *, timeout: float = ...) -> int: ...
-def lock(pid: SupportsIndex, *, timeout: float = ...) -> None: ...
-def checkpoint(pid: SupportsIndex, *, timeout: float = ...) -> None: ...
-def restore(pid: SupportsIndex, *, timeout: float = ...,
-            gpu_map: Mapping[str | bytes, str | bytes] | None = None) -> None: ...
-def unlock(pid: SupportsIndex, *, timeout: float = ...) -> None: ...
 def suspend(pids: SupportsIndex | Iterable[SupportsIndex], *, lock_timeout: float = ...,
             timeout: float = ...) -> dict[str, float]: ...
 def resume(pids: SupportsIndex | Iterable[SupportsIndex], *, timeout: float = ...,
