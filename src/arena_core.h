@@ -21,9 +21,12 @@ enum {
     MT_IN_ROWS     = 1 << 1,   /* trimmed to the live rows by zero_all_rows */
     MT_IN_PREFILL  = 1 << 2,   /* zeroed by zero_prefill_essentials (also MT_IN_ZERO_ALL) */
     MT_IN_CHECKSUM = 1 << 3,   /* probed by debug_buffer_checksum */
-    MT_ROWS_BY_M   = 1 << 4,   /* MT_IN_ROWS by rows of max_batch_tokens only */
-    MT_ROWS_BY_M16 = 1 << 5,   /* MT_IN_ROWS by rows of ceil16(max_batch_tokens) only
-                                  (neither: by divisibility, ARENA.md 5.2) */
+    MT_ROWS_BY_M   = 1 << 4,   /* MT_IN_ROWS: rows of max_batch_tokens */
+    MT_ROWS_BY_M16 = 1 << 5,   /* MT_IN_ROWS: rows of ceil16(max_batch_tokens); with
+                                  MT_ROWS_BY_M both (a size that is the larger of
+                                  layouts in either): the live part of each.  An
+                                  MT_IN_ROWS buffer names one at least: nothing is
+                                  guessed from its size. */
     MT_STEP_IDS    = 1 << 6,   /* the step's token ids (StepInputs): placed first */
     MT_STEP_META   = 1 << 7    /* the step's scratch: placed right after them */
 };
@@ -157,7 +160,8 @@ uint64_t mt_rows_length(const mt_layout *L, int buf, uint64_t tokens);
 
 /* The bytes of one token row of buffer `buf` as zero_all_rows counts them
  * (its size over max_batch_tokens or over ceil16 of it, as its rule says), or
- * 0 when it is cleared whole (not row-trimmed, or the rows do not divide). */
+ * 0 when it has no one row width: cleared whole (not row-trimmed, or the rows
+ * do not divide), or trimmed by both row counts. */
 uint64_t mt_rows_stride(const mt_layout *L, int buf);
 
 /* Sum, sum of squares and sum of |x| over the finite little-endian binary32

@@ -85,8 +85,11 @@ int mt_layout_table(mt_layout *L, int n, const unsigned *flags, const uint64_t *
 {
     memset(L, 0, sizeof(*L));
     if (n < 0 || n > MT_MAX_BUFFERS) return MT_ERR_LIMIT;
-    for (int b = 0; b < n; b++)
+    for (int b = 0; b < n; b++) {
         if (!good_granularity(align[b])) return MT_ERR_LIMIT;
+        if ((flags[b] & MT_IN_ROWS) && !(flags[b] & (MT_ROWS_BY_M | MT_ROWS_BY_M16)))
+            return MT_ERR_LIMIT;
+    }
     L->n = n;
     if (n > 0) {
         memcpy(L->flags, flags, (size_t)n * sizeof *flags);
@@ -141,11 +144,10 @@ int mt_layout_plan(mt_layout *L, const uint64_t *sizes, uint64_t max_batch_token
 
 static uint64_t ceil16(uint64_t x) { return (x + 15) / 16 * 16; }
 
-/* One entry per zero_all buffer; a row-trimmed one gets the kind its rule and
- * size say: rows of max_batch_tokens, or rows of ceil16(max_batch_tokens)
- * (the GEMM-tiled buffers), when they divide its size, else whole.  Without
- * a rule of its own (MT_ROWS_BY_M, MT_ROWS_BY_M16) the first that divides
- * (ARENA.md 5.2, the reference rule). */
+/* One entry per zero_all buffer; a row-trimmed one gets the kind its rule
+ * says: rows of max_batch_tokens, or rows of ceil16(max_batch_tokens) (the
+ * GEMM-tiled buffers), when they divide its size, else whole; by both rules,
+ * rows of each rounded up (its live part in either layout is inside). */
 static void rows_entry(const mt_layout *L, int b, uint64_t m, mt_rows_entry *e)
 {
     uint64_t size = L->size[b], m16 = ceil16(m);
@@ -156,9 +158,17 @@ static void rows_entry(const mt_layout *L, int b, uint64_t m, mt_rows_entry *e)
     e->hi = size;
     e->pad_to = e->offset + size;
     e->kind = MT_ROWS_WHOLE;
-    if (f & MT_IN_ROWS) {
-        if (!(f & MT_ROWS_BY_M16) && size % m == 0) { e->kind = MT_ROWS_M; e->row = size / m; }
-        else if (!(f & MT_ROWS_BY_M) && size % m16 == 0) { e->kind = MT_ROWS_M16; e->row = size / m16; }
+    if (!(f & MT_IN_ROWS)) return;
+    if ((f & MT_ROWS_BY_M) && (f & MT_ROWS_BY_M16)) {
+        e->kind = MT_ROWS_BOTH;
+        e->row = size / m + (size % m != 0);
+        e->row16 = size / m16 + (size % m16 != 0);
+    } else if ((f & MT_ROWS_BY_M) && size % m == 0) {
+        e->kind = MT_ROWS_M;
+        e->row = size / m;
+    } else if ((f & MT_ROWS_BY_M16) && size % m16 == 0) {
+        e->kind = MT_ROWS_M16;
+        e->row = size / m16;
     }
 }
 
@@ -240,7 +250,7 @@ uint64_t mt_rows_stride(const mt_layout *L, int buf)
 {
     mt_rows_entry e;
     rows_entry(L, buf, L->max_batch_tokens ? L->max_batch_tokens : 1, &e);
-    return e.row;
+    return e.kind == MT_ROWS_BOTH ? 0 : e.row;
 }
 
 void mt_checksum_f32(const void *data, size_t n, double out[3])

@@ -7,7 +7,7 @@ import threading
 import metrale
 from metrale import BufferArena, BufferSet, BufferSizes, BufferSpec, ModelConfig
 
-from reference_oracle import NAMES, NO_POINTER, PREFILL, ROWS, STEP, ZERO_ALL
+from reference_oracle import NAMES, NO_POINTER, PREFILL, ROW_RULES, ROWS, STEP, ZERO_ALL
 
 PRESET = ModelConfig.preset("qwen3-next-80b")
 NOENV = {}
@@ -81,17 +81,30 @@ def new(gpu, cfg=PRESET, m=128, seq=4096, blk=16, bs=32, env=NOENV):
     return BufferArena.from_sizes(s, gpu)
 
 
-def expected_rows_length(n, m, tokens):
-    """ARENA.md §5.2, written out again independently of the C core."""
+def rows_live(rule, n, m, tokens):
+    """Bytes from its start that zero_all_rows(tokens) clears of an n-byte
+    zero_all buffer with row rule `rule` (docs/buffer-sets.md), written out
+    again independently of the C core: "M" tokens rows of n / m when m
+    divides n, "Mp" min(ceil16(tokens), m16) rows of n / m16 when m16 =
+    ceil16(m) divides n, "M|Mp" (and the deprecated "auto") the larger of
+    those two with the rows rounded up, at most n; n otherwise."""
     m = max(m, 1)
-    if tokens >= m:
+    if rule == "whole" or tokens >= m:
         return n
-    if n % m == 0:
-        return n // m * tokens
     m16 = -(-m // 16) * 16
-    if n % m16 == 0:
-        return n // m16 * min(-(-tokens // 16) * 16, m16)
+    t16 = min(-(-tokens // 16) * 16, m16)
+    if rule in ("M|Mp", "auto"):
+        return min(n, max(-(-n // m) * tokens, -(-n // m16) * t16))
+    if rule == "M" and n % m == 0:
+        return n // m * tokens
+    if rule == "Mp" and n % m16 == 0:
+        return n // m16 * t16
     return n
+
+
+def expected_rows_length(name, n, m, tokens):
+    """rows_live of reference buffer `name` by the oracle's row rule."""
+    return rows_live(ROW_RULES[name], n, m, tokens)
 
 
 # The markers of the tests that need devices (registered in pyproject.toml,
@@ -293,7 +306,7 @@ def rows_expectation(sizes, m_tokens, tokens):
     whole, the token-major ones (ROWS) trimmed by expected_rows_length."""
     expect = {n: getattr(sizes, n) for n in ZERO_ALL}
     for n in ROWS:
-        expect[n] = expected_rows_length(getattr(sizes, n), m_tokens, tokens)
+        expect[n] = expected_rows_length(n, getattr(sizes, n), m_tokens, tokens)
     return expect
 
 

@@ -40,10 +40,16 @@ ZERO_ALL = ("hidden_states", "residual", "norm_output", "qkv_output", "attn_outp
 # zero_prefill_essentials (P).
 PREFILL = ("hidden_states", "residual", "gate_logits", "moe_output", "expert_gate_out",
            "expert_up_out", "expert_down_out")
-# Row-trimmed by zero_all_rows (W): token-major, the §5.2 divisibility rule ("auto").
+# Row-trimmed by zero_all_rows (W): token-major, each with its rows (docs/buffers.md).
 ROWS = ("hidden_states", "residual", "norm_output", "qkv_output", "attn_output",
         "gate_logits", "moe_output", "ssm_qkvz", "ssm_ba", "ssm_deinterleaved", "ssm_gates",
         "ssm_conv_out_f32", "expert_gate_out", "expert_up_out", "expert_down_out")
+# Their row rules: rows of max_batch_tokens, except the GEMM-tiled buffers (rows of
+# ceil16(max_batch_tokens)) and the two SSM scratches whose size is the larger of a
+# layout in either (both; ARENA.md §2.1 rows 11 and 13).
+ROW_RULES = dict.fromkeys(ROWS, "M") | {
+    "qkv_output": "Mp", "moe_output": "Mp", "expert_gate_out": "Mp", "expert_up_out": "Mp",
+    "expert_down_out": "Mp", "ssm_qkvz": "M|Mp", "ssm_deinterleaved": "M|Mp"}
 # debug_buffer_checksum (C).
 CHECKSUM = ("hidden_states", "residual", "norm_output", "qkv_output", "attn_output",
             "gate_logits", "moe_output", "ssm_qkvz", "ssm_ba", "ssm_deinterleaved", "ssm_gates",
@@ -86,7 +92,12 @@ FIRST, LAST = "hidden_states", "ssm_rowwise_w_bf16"
 # max_seq_len 4096, kv_block_size 16, max_batch_size 32 on the reference target.
 LIVE_QWEN3_NEXT_M128 = 33
 # The bytes of the row-trimmed buffers (ROWS) of qwen3-next-80b at those limits,
-# whole and as zero_all_rows(tokens=1) clears them (ARENA.md §5.2's worked
-# examples), and the same at max_batch_tokens 1000.
-ROWS_BYTES_QWEN3_NEXT_M128 = (26_132_480, 204_160)
+# whole and as zero_all_rows(tokens=1) clears them, and the same at
+# max_batch_tokens 1000.  One row of each is 204,160 bytes (ARENA.md §5.2's worked
+# example); the GEMM-tiled and both-rule buffers (qkv_output 18,432 a row,
+# moe_output 4,096, ssm_qkvz and ssm_deinterleaved 24,576 each, expert_gate_out and
+# expert_up_out 10,240 each, expert_down_out 40,960: 133,120) clear ceil16(1) = 16
+# rows, so 204,160 + 15 * 133,120.  ARENA.md §5.2 cleared 1 row of them when M is a
+# multiple of 16 (its divisibility guess); their rows are now named, and always 16.
+ROWS_BYTES_QWEN3_NEXT_M128 = (26_132_480, 204_160 + 15 * 133_120)
 ROWS_BYTES_QWEN3_NEXT_M1000 = (205_224_960, 2_200_960)

@@ -207,7 +207,7 @@ class ArenaMachine(RuleBasedStateMachine):
         from helpers import expected_rows_length
         for name in ROWS[:3]:
             n = self.arena.buffers[name].nbytes
-            k = expected_rows_length(n, self.m, tokens)
+            k = expected_rows_length(name, n, self.m, tokens)
             if k and not self.pending:
                 v = self.arena.view(name, "uint8", (k,))
                 assert not np.asarray(v).any(), name

@@ -67,7 +67,7 @@ def test_zero_all_rows_matches_the_byte_model(sizes, m, tokens):
         for name in NAMES:
             n = getattr(sizes, name)
             if name in ROWS:
-                k = expected_rows_length(n, m, tokens)
+                k = expected_rows_length(name, n, m, tokens)
             else:
                 k = n if name in ZERO_ALL else 0
             data = mem.read(name)

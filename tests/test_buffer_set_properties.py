@@ -39,7 +39,7 @@ from metrale import (REFERENCE, BufferArena, BufferSet, BufferSizes, BufferSpec,
 from metrale._layout import plan_layout, plan_reserved  # noqa: E402
 from metrale.debug import DebugOptions  # noqa: E402
 
-from helpers import cuda_backend, live_counts, spec_part, vm_counts  # noqa: E402
+from helpers import cuda_backend, live_counts, rows_live, spec_part, vm_counts  # noqa: E402
 from reference_oracle import NAMES  # noqa: E402
 from reference_sizes import reference_sizes  # noqa: E402
 
@@ -188,7 +188,7 @@ def new_specs(draw, i):
         size = f[1]
         kw.update(dtype=draw(st.sampled_from([None, "float32", "bfloat16"])), size=f[0])
     if zero_all and reads_m:
-        kw["rows"] = draw(st.sampled_from(["whole", "M", "Mp", "auto"]))
+        kw["rows"] = draw(st.sampled_from(["whole", "M", "Mp", "M|Mp"]))
     kw["prefill"] = zero_all and draw(st.booleans())
     return BufferSpec(f"b{i}", **kw), size
 
@@ -205,7 +205,7 @@ def reference_part(draw, most=12):
             if draw(st.booleans()):
                 z = draw(st.booleans())
                 changes.update(zero_all=z, prefill=z and draw(st.booleans()),
-                               rows=draw(st.sampled_from(["whole", "M", "Mp", "auto"]))
+                               rows=draw(st.sampled_from(["whole", "M", "Mp", "M|Mp"]))
                                if z else "whole")
             try:
                 s = s.replace(**changes)
@@ -302,21 +302,10 @@ def reserved_layout(buffers, top, gran, guard=0):
     return out, cur + (base - gran if cur else 0)
 
 
-def rows_live(spec, n, m, tokens):
-    """Bytes from its start that zero_all_rows(tokens) clears (ARENA.md §5.2,
-    restricted by the spec's row rule: "M" only the first branch, "Mp" only
-    the second, "auto" both)."""
-    m = max(m, 1)
-    if not spec.zero_all:
-        return 0
-    if spec.rows == "whole" or tokens >= m:
-        return n
-    m16 = _ceil(m, 16)
-    if spec.rows in ("M", "auto") and n % m == 0:
-        return n // m * tokens
-    if spec.rows in ("Mp", "auto") and n % m16 == 0:
-        return n // m16 * min(_ceil(tokens, 16), m16)
-    return n
+def spec_rows_live(spec, n, m, tokens):
+    """Bytes from its start that zero_all_rows(tokens) clears (by the spec's
+    row rule, helpers.rows_live; nothing when it is not zero_all)."""
+    return rows_live(spec.rows, n, m, tokens) if spec.zero_all else 0
 
 
 def _merge(ranges):
@@ -415,7 +404,7 @@ def test_the_plan_is_the_placement_rule(case, guard, data):
     for tokens in {0, 1, m - 1, m, m + 1, data.draw(st.integers(0, 2 * m + 20))}:
         if tokens < 0:
             continue
-        live = {n: rows_live(buffers[n], sizes[n], m, tokens) for n in buffers.names}
+        live = {n: spec_rows_live(buffers[n], sizes[n], m, tokens) for n in buffers.names}
         for n in buffers.names:
             want = sizes[n] if not buffers[n].zero_all else live[n]
             assert plan.rows_length(n, tokens) == want, (n, tokens)
@@ -460,7 +449,7 @@ def test_a_reserved_plan_is_the_placement_rule(case, gran, guard, data):
         need.append((_floor(lo, gran), _ceil(lo + n, gran)))
     assert plan.committed_bytes == sum(hi - lo for lo, hi in _merge(need))
     for tokens in {0, 1, m, data.draw(st.integers(0, 2 * m))}:
-        live = {n: rows_live(buffers[n], sizes[n], m, tokens) for n in buffers.names}
+        live = {n: spec_rows_live(buffers[n], sizes[n], m, tokens) for n in buffers.names}
         want = cleared(buffers, sizes, offsets, live, contiguous=False)
         assert [(lo, lo + n) for lo, n in plan.rows_ranges(tokens)] == want, tokens
 
@@ -550,7 +539,7 @@ def run_sentinels(arena, gpu, sizes, offsets, m, contiguous, slab, data):
     for tokens in {0, 1, m, data.draw(st.integers(0, 2 * m), label="tokens")}:
         slab.fill(SENTINEL)
         arena.zero_all_rows(tokens=tokens)
-        live = {n: rows_live(buffers[n], sizes[n], m, tokens) for n in buffers.names}
+        live = {n: spec_rows_live(buffers[n], sizes[n], m, tokens) for n in buffers.names}
         check_bytes(slab, cleared(buffers, sizes, offsets, live, contiguous))
     # zero_all_rows(tokens_at=...): the count read where it lies, inside a buffer
     roomy = [n for n in spans if sizes[n] >= 4]
@@ -563,7 +552,7 @@ def run_sentinels(arena, gpu, sizes, offsets, m, contiguous, slab, data):
         slab.write(at, raw)
         arena.zero_all_rows(tokens_at=slab.base + at)
         t = m if count < 0 or count >= m else count
-        live = {n: rows_live(buffers[n], sizes[n], m, t) for n in buffers.names}
+        live = {n: spec_rows_live(buffers[n], sizes[n], m, t) for n in buffers.names}
         check_bytes(slab, cleared(buffers, sizes, offsets, live, contiguous, hole=at),
                     spared=[(at, raw)])
 

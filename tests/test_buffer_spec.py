@@ -193,7 +193,7 @@ def test_out_of_range_fields_are_named(kwargs, fields):
 
 @pytest.mark.parametrize("kwargs,fields", [
     (dict(dtype="float32", shape=["H"], zero_all=True, rows="M"), ("rows", "token dimension")),
-    (dict(dtype="float32", shape=["H", "V"], zero_all=True, rows="auto"),
+    (dict(dtype="float32", shape=["H", "V"], zero_all=True, rows="M|Mp"),
      ("rows", "token dimension")),
     (dict(size=4096, zero_all=True, rows="Mp"), ("rows", "token dimension")),
     (dict(size="4 * R", zero_all=True, rows="M"), ("rows", "token dimension")),   # R: batch rows
@@ -209,7 +209,7 @@ def test_a_helper_flag_the_buffer_cannot_have_is_refused(kwargs, fields):
 def test_row_rules_follow_the_token_dimension_through_derived_symbols():
     # Mp = ceil16(M), Lr = min(M, ...), qT = 8 * cdiv(M, 8): each reads M.
     for size in ["2 * Mp * H", "2 * Lr * V", "qT * 4", "max(M, 256)", "4 * max_batch_tokens"]:
-        assert BufferSpec("probe", size=size, zero_all=True, rows="auto").rows == "auto"
+        assert BufferSpec("probe", size=size, zero_all=True, rows="M|Mp").rows == "M|Mp"
     assert BufferSpec("probe", "bfloat16", ["Lr", "V"], zero_all=True, rows="M").rows == "M"
 
 

@@ -60,7 +60,7 @@ def test_groups_are_the_spec_counts_and_members():
     assert GROUPS == oracle.GROUPS
     assert set(BUFFER_NAMES) - set(GROUPS["total"]) == set(oracle.NOT_IN_TOTAL)
     assert set(BUFFER_NAMES) - set(GROUPS["pointer"]) == set(oracle.NO_POINTER)
-    assert all(REFERENCE[n].rows == "auto" for n in oracle.ROWS)    # ARENA.md §5.2's rule
+    assert {n: REFERENCE[n].rows for n in oracle.ROWS} == oracle.ROW_RULES
     assert all(s.align == 256 for s in REFERENCE)
 
 
@@ -74,7 +74,8 @@ def test_c_table_follows_the_specs():
         assert bool(flags & bit["prefill"]) == s.prefill
         assert bool(flags & bit["checksum"]) == s.checksum
         assert bool(flags & bit["rows"]) == (s.rows != "whole")
-        assert not flags & (bit["rows_by_m"] | bit["rows_by_m16"])     # "auto": neither
+        assert bool(flags & bit["rows_by_m"]) == (s.rows in ("M", "M|Mp"))
+        assert bool(flags & bit["rows_by_m16"]) == (s.rows in ("Mp", "M|Mp"))
         assert bool(flags & bit["step_ids"]) == (name == "token_ids")
         assert bool(flags & bit["step_meta"]) == (name == "scratch")
         assert align == 256

@@ -233,7 +233,7 @@ def test_real_library_streams(gpu):
             arena.zero_all_rows(gpu, stream, 1)
             sync(stream)
             assert not mem.read("logits").any(), name
-            n = expected_rows_length(arena.sizes().hidden_states, 16, 1)
+            n = expected_rows_length("hidden_states", arena.sizes().hidden_states, 16, 1)
             hs = mem.read("hidden_states")
             assert not hs[:n].any() and (hs[n:] == 0xAB).all(), name
 

@@ -28,17 +28,17 @@ STEP_SPECS = (REFERENCE["token_ids"], REFERENCE["scratch"])
 CUSTOM = BufferSet([
     STAGING,                                                            # rows "M", align 4096
     BufferSpec("tiled", "bfloat16", ["Mp", "hidden_size"], zero_all=True, rows="Mp", prefill=True),
-    BufferSpec("auto_rows", "float32", ["M", 3], zero_all=True, rows="auto", checksum=True),
+    BufferSpec("rows_m3", "float32", ["M", 3], zero_all=True, rows="M", checksum=True),
     SAMPLER,                                                            # not zeroed
     LSE,                                                                # zeroed whole
     BufferSpec("flags", "int32", [7], init_zero=True),
-    BufferSpec("raw", size="M * 3 + 5", zero_all=True, rows="auto"),    # rows do not divide
+    BufferSpec("raw", size="M * 3 + 5", zero_all=True, rows="M"),       # rows do not divide
     BufferSpec("nothing", "float32", ["M", "E"]),                       # E = 0: empty
     BufferSpec("idx", "int32", ["M", 2], zero_all=True, rows="M"),
 ])
 # Each size, written out from the config: product of the dims times the element size.
 CUSTOM_SIZES = {"allreduce_staging": 2 * M * H, "tiled": 2 * _ceil(M, 16) * H,
-                "auto_rows": 4 * M * 3, "sampler_probs": 4 * BS * V,
+                "rows_m3": 4 * M * 3, "sampler_probs": 4 * BS * V,
                 "splitkv_lse": 4 * BS * HQ * 16,
                 "flags": 28, "raw": 3 * M + 5, "nothing": 0, "idx": 8 * M}
 
@@ -195,7 +195,7 @@ def test_step_inputs_work_over_a_custom_set():
 
 def test_views_take_the_spec_dtype_and_exact_shape():
     shapes = {"allreduce_staging": ("bfloat16", (M, H)), "tiled": ("bfloat16", (_ceil(M, 16), H)),
-              "auto_rows": ("float32", (M, 3)), "sampler_probs": ("float32", (BS, V)),
+              "rows_m3": ("float32", (M, 3)), "sampler_probs": ("float32", (BS, V)),
               "splitkv_lse": ("float32", (BS, HQ, 16)), "flags": ("int32", (7,)),
               "idx": ("int32", (M, 2))}
     with _new() as a:
@@ -251,7 +251,7 @@ def _zeroed_prefix(a, name):
 
 
 # zero_all_rows(tokens=3) over CUSTOM at M = 50: the rule of each buffer, by hand
-ROWS3 = {"allreduce_staging": 3 * 2 * H, "tiled": 16 * 2 * H, "auto_rows": 3 * 12,
+ROWS3 = {"allreduce_staging": 3 * 2 * H, "tiled": 16 * 2 * H, "rows_m3": 3 * 12,
          "splitkv_lse": 4 * BS * HQ * 16, "raw": 3 * M + 5, "idx": 3 * 8}
 
 
@@ -276,7 +276,7 @@ def test_thirty_zero_all_buffers_and_a_count_read_inside_one():
     # 30 zero_all buffers (scratch and 29 more), the most one zero_all_rows
     # launch holds, plus the entry the count's hole splits off: every layout
     specs = [BufferSpec(f"z{i}", "float32", ["M", i % 5 + 1], zero_all=True,
-                        rows=("M", "Mp", "auto", "whole")[i % 4], prefill=i % 7 == 0)
+                        rows=("M", "Mp", "M|Mp", "whole")[i % 4], prefill=i % 7 == 0)
              for i in range(29)]
     buffers = BufferSet(specs + list(STEP_SPECS))
     assert len(buffers.groups["zero_all"]) == 30
@@ -290,7 +290,9 @@ def test_thirty_zero_all_buffers_and_a_count_read_inside_one():
                 n = a.nbytes(spec.name)
                 data = _host_bytes(a.ptr(spec.name), n).copy()
                 # 4 * k * 50 bytes: rows of M = 50 divide them, rows of 64 never
-                live = n if spec.rows in ("whole", "Mp") else 7 * (n // M)
+                # "M|Mp": the larger of 7 rows of 50 and 16 rows of 64, rounded up
+                live = n if spec.rows in ("whole", "Mp") else 7 * (n // M) \
+                    if spec.rows == "M" else min(n, max(7 * -(-n // M), 16 * -(-n // 64)))
                 if spec.name == "z13":              # "Mp": cleared whole, but the count
                     assert list(data[hole:hole + 4].view(np.int32)) == [7]
                     data[hole:hole + 4] = 0
@@ -395,7 +397,7 @@ def test_a_debug_arena_over_a_custom_set():
         # poison: past the live rows of each row-trimmed buffer, in its dtype
         _fill(a, 0xAB)
         a.poison_rows(tokens=3)
-        live = {"allreduce_staging": 3 * 2 * H, "tiled": 16 * 2 * H, "auto_rows": 3 * 12,
+        live = {"allreduce_staging": 3 * 2 * H, "tiled": 16 * 2 * H, "rows_m3": 3 * 12,
                 "idx": 3 * 8, "raw": 3 * M + 5}
         for name in CUSTOM.groups["rows"]:
             data = _host_bytes(a.ptr(name), a.nbytes(name)).tobytes()
@@ -414,7 +416,7 @@ def test_a_debug_arena_over_a_custom_set():
         assert a.find_nonfinite(tokens=3) == []
         staging = _host_bytes(a.ptr("allreduce_staging"), a.nbytes("allreduce_staging"))
         staging[2 * (2 * H + 5):2 * (2 * H + 5) + 2] = [0x80, 0x7F]      # bf16 +Inf, row 2
-        rows = _host_bytes(a.ptr("auto_rows"), a.nbytes("auto_rows")).view(np.float32)
+        rows = _host_bytes(a.ptr("rows_m3"), a.nbytes("rows_m3")).view(np.float32)
         rows[4 * 3 + 1] = np.nan                                          # row 4: not live at 3
         _host_bytes(a.ptr("idx"), 4).view(np.int32)[0] = -1               # an int: never scanned
         found = a.find_nonfinite(tokens=3)
@@ -422,18 +424,18 @@ def test_a_debug_arena_over_a_custom_set():
             [("allreduce_staging", 0, 1, 2 * (2 * H + 5), 2)]
         found = a.find_nonfinite(tokens=M)
         assert [(f.buffer, f.nan, f.first_row) for f in found] == \
-            [("allreduce_staging", 0, 2), ("auto_rows", 1, 4)]
+            [("allreduce_staging", 0, 2), ("rows_m3", 1, 4)]
 
 
 def test_the_checksum_probes_the_checksum_specs(caplog):
     with _new() as a:
         _fill(a, 0)
-        values = np.arange(1, 3 * M + 1, dtype=np.float32)          # auto_rows: [M, 3] float32
-        _host_bytes(a.ptr("auto_rows"), a.nbytes("auto_rows")).view(np.float32)[:] = values
+        values = np.arange(1, 3 * M + 1, dtype=np.float32)          # rows_m3: [M, 3] float32
+        _host_bytes(a.ptr("rows_m3"), a.nbytes("rows_m3")).view(np.float32)[:] = values
         with caplog.at_level("DEBUG", logger="metrale"):
             a.debug_buffer_checksum(tag="t7", level=10)
         lines = [r.getMessage() for r in caplog.records if "METRALE_BUF_CKSUM" in r.getMessage()]
-        assert len(lines) == 1 and lines[0].startswith("METRALE_BUF_CKSUM[t7] auto_rows ")
+        assert len(lines) == 1 and lines[0].startswith("METRALE_BUF_CKSUM[t7] rows_m3 ")
         n = 3 * M
         assert f"bytes={4 * n} " in lines[0]
         fields = dict(kv.split("=") for kv in lines[0].split()[2:])

@@ -291,7 +291,8 @@ def test_reserved_debug_arena_keeps_its_guards():
 
 # -- poison and NaN scans -----------------------------------------------------------
 def live_bytes_of(arena, name, tokens):
-    return expected_rows_length(getattr(arena.sizes(), name), arena.max_batch_tokens(), tokens)
+    return expected_rows_length(name, getattr(arena.sizes(), name), arena.max_batch_tokens(),
+                                tokens)
 
 
 @pytest.mark.parametrize("debug", [False, True])
@@ -549,7 +550,7 @@ def test_poison_rows_in_a_cuda_graph(gpu):
         torch.cuda.synchronize()
         for n in ROWS:
             data = m.read(n).tobytes()
-            k = expected_rows_length(getattr(arena.sizes(), n), m_tokens, tokens)
+            k = expected_rows_length(n, getattr(arena.sizes(), n), m_tokens, tokens)
             pat = POISON[CATALOGUE[n].dtype]
             assert data[:k] == bytes(k) and data[k:] == pat * ((len(data) - k) // len(pat)), n
         assert arena.check_guards() == []

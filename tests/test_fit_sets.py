@@ -89,10 +89,10 @@ def _random_set(rng, i):
         zero_all += z
         if rng.random() < 0.6:
             shape = rng.choice(shapes)
-            rows = rng.choice(["whole", "M", "Mp", "auto"]) if z and shape[0] in (
+            rows = rng.choice(["whole", "M", "Mp", "M|Mp"]) if z and shape[0] in (
                 "M", "Mp", "max_batch_tokens") else "whole"
             if rows == "Mp" and shape[0] != "Mp":
-                rows = "auto"
+                rows = "M|Mp"
             specs.append(metrale.BufferSpec(f"own{j}", rng.choice(["bfloat16", "float32", "int8"]),
                                             shape, zero_all=z, rows=rows, align=align,
                                             prefill=z and rng.random() < 0.3))

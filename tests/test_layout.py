@@ -47,10 +47,10 @@ def test_every_preset_one_slab(preset, m):
 def test_zero_all_rows_worked_m128():
     s = BufferSizes.from_config(PRESET, 128, 4096, 16, 32, env=NOENV)
     full = sum(getattr(s, n) for n in ROWS)
-    trimmed = sum(expected_rows_length(getattr(s, n), 128, 1) for n in ROWS)
+    trimmed = sum(expected_rows_length(n, getattr(s, n), 128, 1) for n in ROWS)
     assert (full, trimmed) == ROWS_BYTES_QWEN3_NEXT_M128
-    assert expected_rows_length(s.hidden_states, 128, 1) == 4096 and s.hidden_states == 524_288
-    assert expected_rows_length(s.ssm_ba, 128, 1) == 128 and s.ssm_ba == 16_384
+    assert expected_rows_length("hidden_states", s.hidden_states, 128, 1) == 4096 and s.hidden_states == 524_288
+    assert expected_rows_length("ssm_ba", s.ssm_ba, 128, 1) == 128 and s.ssm_ba == 16_384
     # the C core clears the same number of bytes (the whole ones, splitk_workspace,
     # logits and scratch, merge into one range)
     whole = sum(getattr(s, n) for n in ZERO_ALL if n not in ROWS)
@@ -61,7 +61,7 @@ def test_zero_all_rows_worked_m128():
 
 def test_zero_all_rows_worked_m1000():
     s = BufferSizes.from_config(PRESET, 1000, 4096, 16, 32, env=NOENV)
-    L = {n: expected_rows_length(getattr(s, n), 1000, 1) for n in ROWS}
+    L = {n: expected_rows_length(n, getattr(s, n), 1000, 1) for n in ROWS}
     assert (sum(getattr(s, n) for n in ROWS), sum(L.values())) == ROWS_BYTES_QWEN3_NEXT_M1000
     assert (s.hidden_states, L["hidden_states"]) == (4_096_000, 4_096)
     assert (s.qkv_output, L["qkv_output"]) == (18_579_456, 294_912)
@@ -72,17 +72,29 @@ def test_zero_all_rows_worked_m1000():
     assert (s.expert_down_out, L["expert_down_out"]) == (41_287_680, 655_360)
 
 
-@pytest.mark.parametrize("n, m, tokens, length", [
-    (8193 * 32768, 8193, 1, 32768),
-    (8208 * 32768, 8193, 1, 16 * 32768),
-    (8208 * 32768, 8193, 17, 32 * 32768),
-    (8208 * 32768, 8193, 8193, 8208 * 32768),
-    (1_000_003, 8193, 1, 1_000_003),
-    (4096 * 32768, 4096, 1, 32768),
+# ARENA.md §5.2's worked examples (M = 8193, m16 = 8208, w = 32,768), each in a
+# buffer of the row rule it shows: hidden_states rows of M, qkv_output (GEMM-tiled)
+# rows of ceil16(M), ssm_qkvz the larger of both.
+@pytest.mark.parametrize("name, n, m, tokens, length", [
+    ("hidden_states", 8193 * 32768, 8193, 1, 32768),
+    ("qkv_output", 8208 * 32768, 8193, 1, 16 * 32768),
+    ("qkv_output", 8208 * 32768, 8193, 17, 32 * 32768),
+    ("qkv_output", 8208 * 32768, 8193, 8193, 8208 * 32768),
+    ("hidden_states", 8208 * 32768, 8193, 1, 8208 * 32768),    # rows of M do not divide
+    ("hidden_states", 1_000_003, 8193, 1, 1_000_003),
+    ("qkv_output", 1_000_003, 8193, 1, 1_000_003),
+    ("hidden_states", 4096 * 32768, 4096, 1, 32768),
+    ("qkv_output", 4096 * 32768, 4096, 1, 16 * 32768),         # M = Mp: still 16 rows
+    # both: a row of M is ceil(n / 8193) = 32,828 bytes, one of Mp 32,768; the larger
+    # of tokens rows of the one and ceil16(tokens) of the other
+    ("ssm_qkvz", 8208 * 32768, 8193, 1, 16 * 32768),
+    ("ssm_qkvz", 8208 * 32768, 8193, 8000, 8000 * 32828),
+    # ceil(1,000,003 / 8193) = 123, ceil(1,000,003 / 8208) = 122: 17 * 123 < 32 * 122
+    ("ssm_qkvz", 1_000_003, 8193, 17, 32 * 122),
 ])
-def test_zero_rows_length_rule_in_core(n, m, tokens, length):
+def test_zero_rows_length_rule_in_core(name, n, m, tokens, length):
     zero = BufferSizes(**dict.fromkeys(BUFFER_NAMES, 0))
-    s = zero.replace(hidden_states=n)
+    s = zero.replace(**{name: n})
     assert zero_rows_ranges(s, m, tokens) == [(0, length)]
 
 
@@ -126,7 +138,7 @@ def test_rows_length_is_the_row_rule_per_buffer():
         for tokens in (0, 1, 15, 17, m - 1, m, m + 3):
             for name in NAMES:
                 n = getattr(sizes, name)
-                want = expected_rows_length(n, m, tokens) if name in ROWS else n
+                want = expected_rows_length(name, n, m, tokens) if name in ROWS else n
                 assert plan.rows_length(name, tokens) == want, (m, tokens, name)
     with pytest.raises(KeyError):
         plan.rows_length("nope", 1)

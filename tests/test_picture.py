@@ -210,7 +210,7 @@ def test_zero_columns_follow_arena_rules():
             name, n = b["buffer"], b["bytes"]
             if b["null"] or name not in oracle.NAMES:
                 continue
-            rows = (helpers.expected_rows_length(n, m, tokens) if name in oracle.ROWS
+            rows = (helpers.expected_rows_length(name, n, m, tokens) if name in oracle.ROWS
                     else n if name in oracle.ZERO_ALL else 0)
             expect = {"zero_all": n if name in oracle.ZERO_ALL else 0,
                       "zero_prefill": n if name in oracle.PREFILL else 0,

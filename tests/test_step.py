@@ -455,9 +455,10 @@ def test_threads_uploading_while_one_releases_never_crash():
 
 def test_expected_rows_rule_is_the_one_the_views_assume():
     # the helper used above agrees with ARENA §5.2's worked example (M = 8193)
+    # for a GEMM-tiled buffer ("Mp") and one its rows do not divide
     w = 32_768
-    assert expected_rows_length(8208 * w, 8193, 17) == 32 * w
-    assert expected_rows_length(1_000_003, 8193, 1) == 1_000_003
+    assert expected_rows_length("qkv_output", 8208 * w, 8193, 17) == 32 * w
+    assert expected_rows_length("hidden_states", 1_000_003, 8193, 1) == 1_000_003
 
 
 # -- one CUDA graph for every batch size (needs a GPU and torch) ------------------------

@@ -193,7 +193,9 @@ declares its own. `metrale plan --explain NAME` prints one entry, evaluated for 
         zeroed = []
         if m["zero_all"]:
             zeroed.append("`zero_all`")
-            zeroed.append(f"`zero_all_rows` ({m['zero_all_rows']})")
+            rows = {"M": "trimmed to `tokens` rows of M", "Mp": "trimmed to ceil16(`tokens`) rows of Mp",
+                    "M|Mp": "trimmed to the larger of `tokens` rows of M and ceil16(`tokens`) of Mp"}
+            zeroed.append(f"`zero_all_rows` ({rows.get(e.rows, m['zero_all_rows'])})")
         if m["zero_prefill_essentials"]:
             zeroed.append("`zero_prefill_essentials`")
         w(f"| zeroed by | {', '.join(zeroed) or 'never'} |\n")

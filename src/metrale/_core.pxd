@@ -134,6 +134,7 @@ cdef extern from "metrale/kernels/zero_ranges.h" nogil:
         unsigned long long offset
         unsigned long long size
         unsigned long long row
+        unsigned long long row16
         unsigned long long lo
         unsigned long long hi
         unsigned long long pad_to

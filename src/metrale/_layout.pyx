@@ -23,8 +23,12 @@ from metrale.sizes import BufferSizes
 # Private constructor key: plans come from plan_layout().
 cdef object _TOKEN = object()
 # The C flags of each row rule (metrale/buffers.py ROW_RULES).
+# Every row-trimmed buffer says its row count; "auto", deprecated, is trimmed
+# as "M|Mp" (a superset of what its old divisibility guess cleared).
 cdef dict _ROW_FLAGS = {"whole": 0, "M": MT_IN_ROWS | MT_ROWS_BY_M,
-                        "Mp": MT_IN_ROWS | MT_ROWS_BY_M16, "auto": MT_IN_ROWS}
+                        "Mp": MT_IN_ROWS | MT_ROWS_BY_M16,
+                        "M|Mp": MT_IN_ROWS | MT_ROWS_BY_M | MT_ROWS_BY_M16,
+                        "auto": MT_IN_ROWS | MT_ROWS_BY_M | MT_ROWS_BY_M16}
 
 # The sets metrale.buffers checks against the core's fixed tables.
 assert MAX_BUFFERS == MT_MAX_BUFFERS and MAX_ZERO_ALL == MT_MAX_ROWS_ENTRIES - 1

@@ -50,12 +50,12 @@ RECORDS = (
           "The residual-stream activations that enter and leave every layer: one BF16 row of H "
           "values per token of the pass.",
           "bfloat16", "[M, H]", "2*M*H", "M rows of H BF16 values.",
-          zero_all=True, rows="auto", prefill=True, checksum=True, accessors=("pointer",)),
+          zero_all=True, rows="M", prefill=True, checksum=True, accessors=("pointer",)),
     _spec("residual",
           "The running residual sum each layer adds its output to (the skip connection), kept "
           "beside hidden_states in the same [M, H] BF16 form.",
           "bfloat16", "[M, H]", "2*M*H", "M rows of H BF16 values.",
-          zero_all=True, rows="auto", prefill=True, checksum=True, accessors=("pointer",)),
+          zero_all=True, rows="M", prefill=True, checksum=True, accessors=("pointer",)),
     _spec("norm_output",
           "RMS-norm output, the input of the projections that follow. It is max(H, Di) wide "
           "because a Mamba-2 layer normalizes d_inner-wide rows, which can exceed the model "
@@ -63,7 +63,7 @@ RECORDS = (
           "checks its ceil16(M) rows against.",
           "bfloat16", "[M, max(H, Di)]", "2*M*max(H, Di)", "M rows of max(H, Di) BF16 values.",
           families="every model; wider for Mamba-2 hybrids whose d_inner exceeds H",
-          zero_all=True, rows="auto", checksum=True, accessors=("pointer", "bytes")),
+          zero_all=True, rows="M", checksum=True, accessors=("pointer", "bytes")),
     _spec("qkv_output",
           "The fused Q/K/V projection output: per token the query heads (each followed by its "
           "output gate when the attention is gated), then K, then V. It has Mp = ceil16(M) rows "
@@ -72,7 +72,7 @@ RECORDS = (
           "bfloat16", "[Mp, (g*Hq + 2*Hkv)*D]", "2*Mp*(g*Hq + 2*Hkv)*D",
           "Mp rows of g*Hq + 2*Hkv heads of D BF16 values.",
           families="every model; g = 2 for gated attention (Qwen3-Next)",
-          zero_all=True, rows="auto", checksum=True, accessors=("pointer", "bytes")),
+          zero_all=True, rows="Mp", checksum=True, accessors=("pointer", "bytes")),
     _spec("attn_output",
           "Attention output before o_proj. Mamba-2 layers put their d_inner rows here and "
           "absorbed-MLA layers their [M, Hq, KVr + r] latent result, so it is as wide as the "
@@ -81,7 +81,7 @@ RECORDS = (
           "2*M*max(Hq*D, Di, Hq*(KVr + r) if KVr > 0 else 0)",
           "M rows of BF16, as wide as the widest of Hq*D, Di and (MLA only) Hq*(KVr + r).",
           families="every model; widened by Mamba-2 (Di) and MLA (Hq*(KVr + r))",
-          zero_all=True, rows="auto", checksum=True, accessors=("pointer", "bytes")),
+          zero_all=True, rows="M", checksum=True, accessors=("pointer", "bytes")),
     _spec("gate_logits",
           "BF16 router scores: per token one column per routed expert plus one per zero expert "
           "(an expert with no FFN that the router may still pick). zero_prefill_essentials clears "
@@ -91,7 +91,7 @@ RECORDS = (
           "MoE: M rows of E + Ez BF16 scores; dense: a 256-byte placeholder.",
           when="E > 0", families="MoE models; a placeholder for " + _DENSE_NOTE,
           empty=_PLACEHOLDER_DENSE,
-          zero_all=True, rows="auto", prefill=True, checksum=True, accessors=("pointer", "bytes")),
+          zero_all=True, rows="M", prefill=True, checksum=True, accessors=("pointer", "bytes")),
     _spec("gate_logits_f32",
           "FP32 router scores for the FP32-gate path, where top-k is taken on unrounded logits. "
           "Every MoE model gets it; the lever that selects the path belongs to the engine, not "
@@ -113,7 +113,7 @@ RECORDS = (
           "Output of the MoE block, or of the dense FFN, before it joins the residual. Mp rows "
           "because the cuBLASLt dense-FFN down projection writes padded rows here.",
           "bfloat16", "[Mp, H]", "2*Mp*H", "Mp rows of H BF16 values.",
-          zero_all=True, rows="auto", prefill=True, checksum=True, accessors=("pointer", "bytes")),
+          zero_all=True, rows="Mp", prefill=True, checksum=True, accessors=("pointer", "bytes")),
     _spec("logits",
           "Output of the final vocabulary projection. It has Lr rows, not M: enough for a "
           "batched speculative verify (VERIFY_ROW_CAP = 160 rows) or a mixed decode step (R "
@@ -134,7 +134,7 @@ RECORDS = (
           families="every model; sized by GDN hybrids (QKVZ), Mamba-2 (Dip), attention (Hkv*D) "
                    "and shared experts (Is)",
           empty=_FLOOR_EMPTY,
-          zero_all=True, rows="auto", checksum=True, accessors=("pointer", "bytes")),
+          zero_all=True, rows="M|Mp", checksum=True, accessors=("pointer", "bytes")),
     _spec("ssm_ba",
           "Multi-use BF16 scratch: the GDN b and a values (2*nv per token), the LatentMoE latent "
           "rows [M, Lm] and, on MLA models, the q latent [M, Qr] and later the K rope rows "
@@ -147,7 +147,7 @@ RECORDS = (
                                            "elsewhere",
           empty="The 256-byte floor when the model has no GDN, LatentMoE or MLA layer (and "
                 "whenever those uses are smaller).",
-          zero_all=True, rows="auto", checksum=True, accessors=("pointer",)),
+          zero_all=True, rows="M", checksum=True, accessors=("pointer",)),
     _spec("ssm_deinterleaved",
           "Multi-use BF16 scratch: the GDN [Q|K|V|Z] rows after deinterleaving (also the QKVZ "
           "destination of models whose projection is already sequential, Mp rows), the Mamba-2 "
@@ -160,14 +160,14 @@ RECORDS = (
           exact=False, floor=256, families="every model (query heads); GDN, Mamba-2 and MLA "
                                            "widen it",
           empty=_FLOOR_EMPTY,
-          zero_all=True, rows="auto", checksum=True, accessors=("pointer", "bytes")),
+          zero_all=True, rows="M|Mp", checksum=True, accessors=("pointer", "bytes")),
     _spec("ssm_gates",
           "FP32 GDN gates: per token nv gate values followed by nv beta values.",
           "float32", "[M, 2*nv]", "max(8*M*nv, 256)",
           "M rows of 2*nv FP32 values, at least 256 bytes.",
           floor=256, families="GDN hybrids (Qwen3-Next, GLM-5.3); the floor elsewhere",
           empty="The 256-byte floor when the model has no GDN layer (nv = 0).",
-          zero_all=True, rows="auto", checksum=True, accessors=("pointer",)),
+          zero_all=True, rows="M", checksum=True, accessors=("pointer",)),
     _spec("ssm_conv_out_f32",
           "FP32 output of the GDN causal conv1d, QKVZ wide. MLA models borrow it for their BF16 "
           "query rope rows [M, Hq*r].",
@@ -177,7 +177,7 @@ RECORDS = (
           note="MLA models write BF16 rope rows into it", when="KVr == 0", floor=256,
           families="GDN hybrids and MLA models; the floor elsewhere",
           empty="The 256-byte floor when the model has neither GDN layers nor MLA rope rows.",
-          zero_all=True, rows="auto", checksum=True, accessors=("pointer",)),
+          zero_all=True, rows="M", checksum=True, accessors=("pointer",)),
     _spec("scratch",
           "Byte scratch shared by users that never run at the same moment, each uploading its "
           "own layout first: the MoE top-k indices and weights followed by the prefill chunk "
@@ -200,7 +200,7 @@ RECORDS = (
           "2*Kx*(I if E == 0 else max(k*Im, I))",
           "Kx rows of BF16, w wide: w = max(k*Im, I) for MoE, I for a dense model.",
           families="every model: MoE experts and the dense FFN",
-          zero_all=True, rows="auto", prefill=True, checksum=True, accessors=("pointer", "bytes")),
+          zero_all=True, rows="Mp", prefill=True, checksum=True, accessors=("pointer", "bytes")),
     _spec("expert_up_out",
           "Up projection output, the partner of expert_gate_out: the same shape in a separate "
           "buffer, because the activation reads gate and up together. Dense models use it for "
@@ -209,7 +209,7 @@ RECORDS = (
           "2*Kx*(I if E == 0 else max(k*Im, I))",
           "The same as expert_gate_out: Kx rows of max(k*Im, I) (MoE) or I (dense) BF16 values.",
           families="every model: MoE experts and the dense FFN",
-          zero_all=True, rows="auto", prefill=True, checksum=True, accessors=("pointer",)),
+          zero_all=True, rows="Mp", prefill=True, checksum=True, accessors=("pointer",)),
     _spec("expert_down_out",
           "Down projection output of the top-k experts, one Hin-wide slice per routed expert "
           "(Hin is the LatentMoE latent width when the model has one, else H), or the dense "
@@ -217,7 +217,7 @@ RECORDS = (
           "bfloat16", "[Kx, H if E == 0 else k*Hin]", "2*Kx*H if E == 0 else 2*Kx*k*Hin",
           "Kx rows of BF16: k*Hin wide for MoE, H wide for a dense model.",
           families="every model: MoE experts (LatentMoE narrows Hin) and the dense FFN",
-          zero_all=True, rows="auto", prefill=True, checksum=True, accessors=("pointer", "bytes")),
+          zero_all=True, rows="Mp", prefill=True, checksum=True, accessors=("pointer", "bytes")),
     _spec("splitk_workspace",
           "Partial results of the split-K paged-decode attention: one slot per (sequence, "
           "q-head, split) holding D partial outputs, the running max and the running sum. Sized "

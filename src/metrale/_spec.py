@@ -8,6 +8,7 @@ compiled accessors).
 
 
 import ast
+import warnings
 
 from . import formulas
 from ._record import Record
@@ -19,9 +20,10 @@ __all__ = ["BufferSpec", "ROW_RULES", "ACCESSORS", "MAX_BUFFERS", "MAX_ZERO_ALL"
            "STEP_META", "RESERVED_NAMES", "check_spec", "dims_of"]
 
 # zero_all_rows rules: "whole" (cleared whole), "M" (rows of max_batch_tokens),
-# "Mp" (rows of ceil16(max_batch_tokens): GEMM-tiled buffers), "auto" (either,
-# told apart by the size's divisibility: ARENA.md 5.2, the reference rule).
-ROW_RULES = ("whole", "M", "Mp", "auto")
+# "Mp" (rows of ceil16(max_batch_tokens): GEMM-tiled buffers), "M|Mp" (a size
+# that is the larger of layouts in either: the live part of each), "auto" (the
+# old divisibility guess, deprecated: trimmed as "M|Mp").
+ROW_RULES = ("whole", "M", "Mp", "M|Mp", "auto")
 # The accessors the arena class has compiled in, for the reference buffers.
 ACCESSORS = ("pointer", "bytes")
 # The C core's limits (arena_core.h MT_MAX_BUFFERS; kernels/zero_ranges.h
@@ -244,6 +246,11 @@ def check_spec(name, dtype, shape, size, itemsize, floor, zero_all, prefill, row
         raise TypeError(f"{where}: rows must be a str, got {type(rows).__name__}")
     if rows not in ROW_RULES:
         raise ValueError(f"{where}: rows must be one of {', '.join(ROW_RULES)}, got {rows!r}")
+    if rows == "auto":
+        warnings.warn(f"{where}: rows='auto' is deprecated: it guessed the row count from the "
+                      "size; write rows='M' (rows of max_batch_tokens), 'Mp' (rows of "
+                      "ceil16(max_batch_tokens)) or 'M|Mp' (a size that is the larger of "
+                      "both; 'auto' is now trimmed so)", DeprecationWarning, stacklevel=3)
     if rows != "whole":
         if not zero_all:
             raise ValueError(f"{where}: rows={rows!r}: zero_all_rows trims only zero_all "
@@ -318,10 +325,13 @@ class BufferSpec(Record):
     rows : str, optional
         How ``zero_all_rows`` trims it: ``"whole"`` (default), ``"M"`` (the
         first `tokens` rows of max_batch_tokens), ``"Mp"`` (the first
-        ceil16(`tokens`) rows of ceil16(max_batch_tokens), GEMM-tiled) or
-        ``"auto"`` (either, by the size's divisibility, the reference rule);
-        a size that the rows do not divide is cleared whole.  Only for a
-        `zero_all` buffer whose size reads max_batch_tokens.
+        ceil16(`tokens`) rows of ceil16(max_batch_tokens), GEMM-tiled; for
+        either, a size the rows do not divide is cleared whole) or ``"M|Mp"``
+        (a size that is the larger of layouts in both, such as
+        ``max(2*Mp*X, 2*M*Y)``: the larger live part, rows rounded up).
+        ``"auto"``, the old divisibility guess, is deprecated: it warns and
+        is trimmed as ``"M|Mp"``.  Only for a `zero_all` buffer whose size
+        reads max_batch_tokens.
     total : bool, optional
         Counted by ``BufferSizes.total_bytes()`` (default True).
     align : int, optional

@@ -24,7 +24,7 @@ typedef struct mt_zero_args {
 /* ---- zero_all_rows with the token count read on the device -------------------
  * The ranges of zero_all_rows(n) depend on n only through each buffer's
  * kind: rows of max_batch_tokens (n rows), rows of ceil16(max_batch_tokens)
- * (ceil16(n) rows) or whole.  So the host builds this table once (layout.c,
+ * (ceil16(n) rows), the larger of the two (both) or whole.  So the host builds this table once (layout.c,
  * mt_rows_args_init) and whoever knows n (the kernel metrale_zero_rows_at,
  * reading an int32 in device memory when it runs; the host backend; the
  * host-count zero_all_rows) evaluates it with mt_rows_segment below: one
@@ -35,12 +35,13 @@ typedef struct mt_zero_args {
  * it is the kernel's parameter block (the PTX is built for it). */
 #define MT_MAX_ROWS_ENTRIES 31
 
-enum { MT_ROWS_M = 0, MT_ROWS_M16 = 1, MT_ROWS_WHOLE = 2 };
+enum { MT_ROWS_M = 0, MT_ROWS_M16 = 1, MT_ROWS_WHOLE = 2, MT_ROWS_BOTH = 3 };
 
 typedef struct mt_rows_entry {
     unsigned long long offset;   /* the buffer's start, from the slab base */
     unsigned long long size;     /* its whole bytes */
-    unsigned long long row;      /* bytes of one row (kinds M and M16) */
+    unsigned long long row;      /* bytes of one row (kinds M and M16; BOTH: of M) */
+    unsigned long long row16;    /* BOTH: bytes of one row of ceil16(max_batch_tokens) */
     unsigned long long lo, hi;   /* only bytes [lo, hi) of the buffer are cleared */
     unsigned long long pad_to;   /* the next entry's offset when it follows after
                                     alignment padding, else offset + size */
@@ -83,13 +84,21 @@ MT_HD unsigned long long mt_rows_count(const mt_rows_args *a, long long t)
     return (t < 0 || (unsigned long long)t >= a->m) ? a->m : (unsigned long long)t;
 }
 
-/* Live bytes of entry i for t rows (ARENA §5.2): (n / m)·t, (n / m16)·min(ceil16(t), m16), or n. */
+/* Live bytes of entry i for t rows (ARENA §5.2): (n / m)·t, (n / m16)·min(ceil16(t), m16),
+ * the larger of those two (rows rounded up; mt_rows_segment caps it at n), or n. */
 MT_HD unsigned long long mt_rows_live(const mt_rows_entry *e, unsigned long long m16,
                                       unsigned long long t)
 {
     unsigned long long t16 = (t + 15) & ~15ULL;
     if (e->kind == MT_ROWS_M) return e->row * t;
     if (e->kind == MT_ROWS_M16) return e->row * (t16 < m16 ? t16 : m16);
+    if (e->kind == MT_ROWS_BOTH) {
+        /* Rounded-up rows may pass the size (capped there): no product wraps. */
+        unsigned long long r = t16 < m16 ? t16 : m16;
+        unsigned long long a = (t && e->row > e->size / t) ? e->size : e->row * t;
+        unsigned long long b = (r && e->row16 > e->size / r) ? e->size : e->row16 * r;
+        return a > b ? a : b;
+    }
     return e->size;
 }
 
