@@ -19,6 +19,10 @@ from helpers import (COMPACT, NOENV, PRESET, AttrStream, Mem, ProtoStream, check
 from reference_oracle import (CHECKSUM, COUNT, LIVE_QWEN3_NEXT_M128, NAMES, POINTER, PREFILL,
                               ZERO_ALL)
 
+# The older BufferArena.from_sizes(config, sizes, max_batch_tokens, max_batch_size, gpu):
+# deprecated for sizes made by BufferSizes.from_config; the tests of that form expect it to say so.
+OLD = r"from_sizes\(config, sizes, max_batch_tokens, max_batch_size, gpu\) is deprecated"
+
 # -- construction ----------------------------------------------------------------------
 
 def test_arena_sanity_golden(backend):
@@ -47,7 +51,7 @@ def test_zero_size_entries_are_null(backend):
     gpu = backend
     s = BufferSizes.from_config(PRESET, 16, 4096, 16, 32, env=NOENV).replace(
         hidden_states=0, logits=0, o_latent=0)
-    with BufferArena.from_sizes(PRESET, s, 16, 32, gpu) as arena:
+    with BufferArena.from_sizes(s, gpu) as arena:
         assert arena.hidden_states() == 0 and arena.logits() == 0 and arena.o_latent() == 0
         assert arena.residual() != 0
         check_placement(arena, gpu)
@@ -167,7 +171,7 @@ def test_buffers_mapping(backend):
     assert "logits" in b and "nope" not in b and 3 not in b and [] not in b
     with pytest.raises(KeyError):
         b["nope"]
-    plan = plan_layout(arena.sizes(), 64)
+    plan = plan_layout(arena.sizes())
     base = arena.hidden_states() - plan.offsets["hidden_states"]
     for name, info in b.items():
         assert info.name == name and info.nbytes == getattr(arena.sizes(), name)
@@ -184,9 +188,9 @@ def test_summary(backend):
     gpu = backend
     sizes = BufferSizes.from_config(COMPACT, 32, 4096, 16, 32, target=gpu.target(),
                                     env={"METRALE_FP8_ROWWISE": "1"})
-    arena = BufferArena.from_sizes(COMPACT, sizes, 32, 32, gpu)
+    arena = BufferArena.from_sizes(sizes, gpu)
     s = arena.summary()
-    plan = plan_layout(sizes, 32)
+    plan = plan_layout(sizes)
     assert s.slab_bytes == plan.slab_bytes == arena.slab_bytes()
     assert s.total_bytes == sizes.total_bytes() and s.max_batch_tokens == 32
     assert s.null_buffers == tuple(n for n in NAMES if getattr(sizes, n) == 0)
@@ -268,7 +272,7 @@ def test_checksum_partial_lane_and_failed_copy(caplog):
 
 def _rowwise_arena(gpu, slab):
     s = BufferSizes.from_config(COMPACT, 64, 4096, 16, 32, env=NOENV)
-    return BufferArena.from_sizes(COMPACT, s.replace(ssm_rowwise_w_bf16=slab), 64, 32, gpu)
+    return BufferArena.from_sizes(s.replace(ssm_rowwise_w_bf16=slab), gpu)
 
 
 def test_rowwise_carves(backend):
@@ -467,7 +471,7 @@ def test_construction_fault_leaves_nothing(op):
     with pytest.raises(exc) as info:
         new(gpu, m=16)
     if op == "alloc":
-        slab = plan_layout(BufferSizes.from_config(PRESET, 16, 4096, 16, 32, env=NOENV), 16).slab_bytes
+        slab = plan_layout(BufferSizes.from_config(PRESET, 16, 4096, 16, 32, env=NOENV)).slab_bytes
         assert "slab" in str(info.value) and str(slab) in str(info.value)
         assert isinstance(info.value, MemoryError)
     assert (gpu.live_alloc_count, gpu.live_bytes) == (0, 0)
@@ -510,9 +514,11 @@ def test_from_sizes_bad_inputs():
     s = BufferSizes.from_config(PRESET, 4, 4096, 16, 32, env=NOENV)
     with pytest.raises(TypeError, match="sizes"):
         BufferArena.from_sizes(PRESET, s.as_dict(), 4, 32, gpu)
-    with pytest.raises(TypeError, match="gpu"):
+    # the older positional form, deprecated for sizes that carry their limits: still checked
+    with pytest.raises(TypeError, match="gpu"), pytest.warns(DeprecationWarning, match=OLD):
         BufferArena.from_sizes(PRESET, s, 4, 32, object())
-    with pytest.raises(ValueError, match="max_batch_tokens"):
+    with pytest.raises(ValueError, match="max_batch_tokens"), \
+            pytest.warns(DeprecationWarning, match=OLD):
         BufferArena.from_sizes(PRESET, s, 0, 32, gpu)
     with pytest.raises(TypeError):
         BufferArena()
@@ -528,7 +534,7 @@ def test_info_log(caplog):
         with new(gpu, m=128):
             pass
     msg = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO][0]
-    slab = plan_layout(BufferSizes.from_config(PRESET, 128, 4096, 16, 32, env=NOENV), 128).slab_bytes
+    slab = plan_layout(BufferSizes.from_config(PRESET, 128, 4096, 16, 32, env=NOENV)).slab_bytes
     assert msg.startswith(f"buffer arena for max_batch_tokens=128: {slab / 2**20:.1f} MiB in "
                           "one slab (total_bytes() ") and "kv_lora_rank 0)" in msg
 
@@ -546,12 +552,17 @@ def test_from_sizes_refuses_limits_the_sizes_were_not_computed_for():
     sizes record their limits, so a disagreement is refused, naming both."""
     gpu = HostBackend()
     s = BufferSizes.from_config(PRESET, 512, 4096, 16, 32, env=NOENV)
-    with pytest.raises(ValueError, match="max_batch_tokens=1024 .*max_batch_tokens=512"):
+    # the limits can only be given in the older form, deprecated for these sizes
+    with pytest.raises(ValueError, match="max_batch_tokens=1024 .*max_batch_tokens=512"), \
+            pytest.warns(DeprecationWarning, match=OLD):
         BufferArena.from_sizes(PRESET, s, 1024, 32, gpu)
-    with pytest.raises(ValueError, match="max_batch_size=8 .*max_batch_size=32"):
+    with pytest.raises(ValueError, match="max_batch_size=8 .*max_batch_size=32"), \
+            pytest.warns(DeprecationWarning, match=OLD):
         BufferArena.from_sizes(PRESET, s, 512, 8, gpu)
     assert gpu.alloc_count == 0
-    with BufferArena.from_sizes(PRESET, s, None, None, gpu) as a:
+    with pytest.warns(DeprecationWarning, match=OLD):
+        a = BufferArena.from_sizes(PRESET, s, None, None, gpu)
+    with a:
         assert (a.max_batch_tokens(), a.max_seq_len(), a.kv_block_size(), a.max_batch_size(),
                 a.tp_size()) == (512, 4096, 16, 32, 1)
     by_hand = BufferSizes(**s.as_dict())                # records no limits

@@ -86,7 +86,7 @@ def _shared_arena():
         cfg = ModelConfig.preset("qwen3-next-80b")
         s = BufferSizes.from_config(cfg, 16, 512, 16, 32, env={})
         _HOST["gpu"], _HOST["cfg"] = gpu, cfg
-        _HOST["arena"] = BufferArena.from_sizes(cfg, s, 16, 32, gpu)
+        _HOST["arena"] = BufferArena.from_sizes(s, gpu)
     return _HOST["arena"], _HOST["gpu"], _HOST["cfg"]
 
 
@@ -135,7 +135,7 @@ def test_rowwise_carve_sequences(requests):
     gpu = HostBackend()
     slab = 6_291_456
     s = BufferSizes.from_config(COMPACT, 64, 4096, 16, 32, env={}).replace(ssm_rowwise_w_bf16=slab)
-    with BufferArena.from_sizes(COMPACT, s, 64, 32, gpu) as arena:
+    with BufferArena.from_sizes(s, gpu) as arena:
         base = ptr_of(arena, "ssm_rowwise_w_bf16")
         cursor, spans = 0, []
         for n in requests:

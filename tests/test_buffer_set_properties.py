@@ -378,7 +378,8 @@ def test_sets_round_trip_through_their_files(case):
 def test_the_plan_is_the_placement_rule(case, guard, data):
     sizes, m, _, _ = case
     buffers = sizes.buffers
-    plan = plan_layout(sizes, m, guard_bytes=guard)
+    # sizes by hand carry no limits: only those are given max_batch_tokens
+    plan = plan_layout(sizes, m if sizes.limits is None else None, guard_bytes=guard)
     offsets, slab = plain_layout(buffers, sizes, guard)
     assert plan.offsets == offsets and plan.slab_bytes == slab
     assert plan.slab_order == tuple(buffers.names[i] for i in slab_order(buffers))
@@ -584,7 +585,9 @@ def sentinel_plain(gpu, case, debug, data):
     guard = debug.guard_bytes if debug else 0
     offsets, slab_bytes = plain_layout(sizes.buffers, sizes, guard)
     before = live_counts(gpu)
-    with BufferArena.from_sizes(cfg, sizes, m, bs, gpu, debug=debug) as arena:
+    # sizes by hand carry no shape or limits: only those are given them (the older form)
+    args = (sizes,) if sizes.limits is not None else (cfg, sizes, m, bs)
+    with BufferArena.from_sizes(*args, gpu, debug=debug) as arena:
         assert arena.slab_bytes() == slab_bytes
         base = _base_of(arena, offsets)
         if base is None:

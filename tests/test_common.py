@@ -43,7 +43,7 @@ def _arena():
         gpu = HostBackend()
         sizes = BufferSizes.from_config(COMPACT, 64, 4096, 16, 32, env={"METRALE_FP8_ROWWISE": "1"})
         _ARENA["gpu"] = gpu
-        _ARENA["a"] = BufferArena.from_sizes(COMPACT, sizes, 64, 32, gpu)
+        _ARENA["a"] = BufferArena.from_sizes(sizes, gpu)
     return _ARENA["a"], _ARENA["gpu"]
 
 

@@ -32,7 +32,7 @@ def sizes_of(gpu, cfg=COMPACT, m=13):
 
 def debug_arena(gpu, cfg=COMPACT, m=13, guard=None):
     debug = True if guard is None else DebugOptions(guard_bytes=guard)
-    return BufferArena.from_sizes(cfg, sizes_of(gpu, cfg, m), m, 8, gpu, debug=debug)
+    return BufferArena.from_sizes(sizes_of(gpu, cfg, m), gpu, debug=debug)
 
 
 def live_names(arena):
@@ -298,7 +298,7 @@ def live_bytes_of(arena, name, tokens):
 @pytest.mark.parametrize("debug", [False, True])
 @pytest.mark.parametrize("tokens", [0, 1, 3, 12, 13, 20])
 def test_poison_fills_exactly_the_padding_rows(backend, tokens, debug):
-    arena = BufferArena.from_sizes(COMPACT, sizes_of(backend), 13, 8, backend, debug=debug)
+    arena = BufferArena.from_sizes(sizes_of(backend), backend, debug=debug)
     m = fill_all(arena, backend)
     arena.poison_rows(tokens=tokens)
     for n in live_reference_names(arena):
@@ -443,7 +443,7 @@ def test_fingerprint_names_and_changes(backend):
 
 def test_fingerprint_without_debug_mode():
     gpu = HostBackend()
-    with BufferArena.from_sizes(COMPACT, sizes_of(gpu), 13, 8, gpu) as arena:
+    with BufferArena.from_sizes(sizes_of(gpu), gpu) as arena:
         _, data = random_fill(arena, gpu)
         assert arena.fingerprint(names=ZERO_ALL) == {
             n: py_fingerprint(data[n].tobytes()) for n in ZERO_ALL}

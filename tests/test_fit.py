@@ -25,7 +25,7 @@ from helpers import GIB, LLAMA, NOENV, SLAB_ORDER, arena_bytes, run, sizes_at
 
 def test_slab_order_oracle_is_the_planners_order():
     sizes = sizes_at(ModelConfig.preset("qwen3-next-80b"), 64)
-    assert plan_layout(sizes, 64).slab_order == SLAB_ORDER
+    assert plan_layout(sizes).slab_order == SLAB_ORDER
 
 
 @pytest.mark.parametrize("name", ModelConfig.presets())
@@ -69,8 +69,8 @@ def test_fit_is_exact_against_the_planner():
         r = fit(LLAMA, budget, *LIMITS, env=NOENV)
         m = r.max_batch_tokens
         assert r.limited_by == "budget"
-        assert plan_layout(sizes_at(LLAMA, m), m).slab_bytes == r.arena_bytes <= budget
-        assert plan_layout(sizes_at(LLAMA, m + 1), m + 1).slab_bytes == r.next_arena_bytes > budget
+        assert plan_layout(sizes_at(LLAMA, m)).slab_bytes == r.arena_bytes <= budget
+        assert plan_layout(sizes_at(LLAMA, m + 1)).slab_bytes == r.next_arena_bytes > budget
         assert r.left_bytes == r.headroom_bytes == budget - r.arena_bytes
         assert r.kv_bytes_per_token is None and r.kv_tokens == r.kv_bytes == 0
         assert r.evaluations <= 24
@@ -118,18 +118,17 @@ def test_the_formulas_limit():
     r = fit(LLAMA, 2**64 - 1, *LIMITS, env=NOENV)
     m = r.max_batch_tokens
     assert r.limited_by == "formulas" and r.next_arena_bytes is None
-    assert plan_layout(sizes_at(LLAMA, m), m).slab_bytes == r.arena_bytes
+    assert plan_layout(sizes_at(LLAMA, m)).slab_bytes == r.arena_bytes
     with pytest.raises(ValueError):         # one more token: past 2**64 - 1 bytes
-        plan_layout(sizes_at(LLAMA, m + 1), m + 1)
+        plan_layout(sizes_at(LLAMA, m + 1))
     assert "formulas allow" in str(r)
 
 
 def test_budget_of_exactly_the_smallest_arena():
-    smallest = plan_layout(sizes_at(LLAMA, 1), 1).slab_bytes
+    smallest = plan_layout(sizes_at(LLAMA, 1)).slab_bytes
     r = fit(LLAMA, smallest, *LIMITS, env=NOENV)
     assert r.max_batch_tokens >= 1 and r.arena_bytes <= smallest
-    assert plan_layout(sizes_at(LLAMA, r.max_batch_tokens + 1), r.max_batch_tokens + 1) \
-        .slab_bytes > smallest
+    assert plan_layout(sizes_at(LLAMA, r.max_batch_tokens + 1)).slab_bytes > smallest
 
 
 # -- the KV question ---------------------------------------------------------------------
@@ -137,7 +136,7 @@ def test_budget_of_exactly_the_smallest_arena():
 def test_kv_tokens_in_what_the_arena_leaves():
     k = 2 * 8 * 128 * 2 * 32                     # Llama-3.1-8B, BF16: 128 KiB per token
     r = fit(LLAMA, 64 * GIB, *LIMITS, env=NOENV, max_batch_tokens=8192, kv_bytes_per_token=k)
-    slab = plan_layout(sizes_at(LLAMA, 8192), 8192).slab_bytes
+    slab = plan_layout(sizes_at(LLAMA, 8192)).slab_bytes
     assert (r.limited_by, r.max_batch_tokens, r.arena_bytes) == ("given", 8192, slab)
     assert r.kv_tokens == (64 * GIB - slab) // k and r.kv_bytes == r.kv_tokens * k
     assert r.arena_bytes + r.kv_bytes + r.headroom_bytes == 64 * GIB
@@ -245,7 +244,7 @@ def test_size_ints():
 
 
 def test_bad_arguments_are_named():
-    smallest = plan_layout(sizes_at(LLAMA, 1), 1).slab_bytes
+    smallest = plan_layout(sizes_at(LLAMA, 1)).slab_bytes
     with pytest.raises(ValueError, match=f"budget: .* smallest arena .*{smallest:,} bytes"):
         fit(LLAMA, smallest - 1, *LIMITS, env=NOENV)
     with pytest.raises(ValueError, match="budget"):
@@ -359,7 +358,7 @@ def test_cli_fit_explain(capsys):
     assert status == 0
     assert f"growth from max_batch_tokens={lo:,} to {m:,}" in out
     assert f"dominant: {top} " in out
-    arena = (plan_layout(b, m).slab_bytes - plan_layout(a, lo).slab_bytes) / (m - lo)
+    arena = (plan_layout(b).slab_bytes - plan_layout(a).slab_bytes) / (m - lo)
     assert f"the arena {arena:,.1f} bytes per token" in out
     status, out, _ = run(capsys, "fit", "--preset", "llama-3.1-8b", "--budget", "12GiB",
                          "--explain", "--json")

@@ -123,7 +123,7 @@ def test_set_oracle_matches_the_planner_and_built_arenas():
         for m in (1, 37, 300):
             sizes = set_sizes(cfg, m, buffers, (512, 16, 8))
             for guard in (0, 4096):
-                assert plan_layout(sizes, m, guard_bytes=guard).slab_bytes == \
+                assert plan_layout(sizes, guard_bytes=guard).slab_bytes == \
                     set_arena_bytes(sizes, guard)
                 for gran in (page, 2**21):
                     assert plan_reserved(sizes, sizes, m, gran, guard_bytes=guard) \

@@ -23,7 +23,7 @@ def test_every_preset_one_slab(preset, m):
     assert gpu.live_bytes == arena.slab_bytes()
     check_placement(arena, gpu)
     # zero_all and zero_prefill_essentials are each one contiguous range.
-    layout = plan_layout(arena.sizes(), m)
+    layout = plan_layout(arena.sizes())
     za_lo, za_len = layout.zero_all
     zp_lo, zp_len = layout.zero_prefill
     offs = layout.offsets
@@ -99,7 +99,7 @@ def test_zero_rows_length_rule_in_core(name, n, m, tokens, length):
 
 
 def test_core_helper_lists_match_the_spec():
-    g = plan_layout(BufferSizes.from_config(PRESET, 8, 4096, 16, 32, env=NOENV), 8).groups
+    g = plan_layout(BufferSizes.from_config(PRESET, 8, 4096, 16, 32, env=NOENV)).groups
     # zero_all and zero_prefill_essentials are one merged operation each, so only
     # their membership is observable; the checksum's order is its log order.
     assert set(g["zero_all"]) == set(ZERO_ALL) and len(g["zero_all"]) == len(ZERO_ALL)
@@ -109,7 +109,7 @@ def test_core_helper_lists_match_the_spec():
 
 def test_slab_plan_object():
     sizes = BufferSizes.from_config(PRESET, 128, 4096, 16, 32, env=NOENV)
-    plan = plan_layout(sizes, 128)
+    plan = plan_layout(sizes)
     offsets = plan.offsets
     assert set(offsets) == set(sizes) and plan.max_batch_tokens == 128     # every buffer sized
     assert sorted(plan.slab_order) == sorted(sizes)
@@ -125,7 +125,9 @@ def test_slab_plan_object():
     assert plan.rows_ranges(128) == [za] and plan.rows_ranges(1) == zero_rows_ranges(sizes, 128, 1)
     with pytest.raises(TypeError, match="sizes"):
         plan_layout({}, 128)
-    with pytest.raises(ValueError, match="max_batch_tokens"):
+    # the older plan_layout(sizes, max_batch_tokens), deprecated for these sizes: still checked
+    with pytest.raises(ValueError, match="max_batch_tokens"), \
+            pytest.warns(DeprecationWarning, match=r"write plan_layout\(sizes\)"):
         plan_layout(sizes, 0)
     with pytest.raises(TypeError):
         SlabPlan()
@@ -134,7 +136,7 @@ def test_slab_plan_object():
 def test_rows_length_is_the_row_rule_per_buffer():
     for m in (1, 100, 128, 1000):
         sizes = BufferSizes.from_config(PRESET, m, 4096, 16, 32, env=NOENV)
-        plan = plan_layout(sizes, m)
+        plan = plan_layout(sizes)
         for tokens in (0, 1, 15, 17, m - 1, m, m + 3):
             for name in NAMES:
                 n = getattr(sizes, name)
@@ -158,12 +160,12 @@ def test_plans_of_debug_and_reserved_arenas_are_the_arenas_own():
     assert gpu.allocation_granularity() == page
     sizes = BufferSizes.from_config(COMPACT, 64, 512, 16, 8, env=NOENV)
     top = BufferSizes.from_config(COMPACT, 256, 1024, 16, 8, env=NOENV)
-    with BufferArena.from_sizes(COMPACT, sizes, None, None, gpu, debug=True) as a:
-        plan = plan_layout(sizes, 64, guard_bytes=a.debug_options().guard_bytes)
+    with BufferArena.from_sizes(sizes, gpu, debug=True) as a:
+        plan = plan_layout(sizes, guard_bytes=a.debug_options().guard_bytes)
         assert plan.slab_bytes == a.slab_bytes() and not plan.reserved
         assert {n: i.offset for n, i in a.buffers.items()} == plan.offsets
     for guard in (0, 4096):
-        with BufferArena.from_sizes(COMPACT, sizes, None, None, gpu, reserve_sizes=top,
+        with BufferArena.from_sizes(sizes, gpu, reserve_sizes=top,
                                     debug=DebugOptions(guard_bytes=guard) if guard else None) as a:
             plan = plan_reserved(sizes, top, 64, page, guard_bytes=guard)
             assert plan.reserved and plan.slab_bytes == a.slab_bytes()

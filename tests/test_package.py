@@ -59,7 +59,7 @@ def test_every_repr_says_what_it_is():
     objects = [gpu, HostBackend(), arena, view, arena.buffers, arena.buffers["logits"],
                arena.summary(), arena.sizes(), arena.decode_meta(), Target.reference(),
                ModelConfig(hidden_size=4), manager, manager.get_scratch(), manager.stats(),
-               plan_layout(arena.sizes(), 16), arena.moe_fp8_scratch(PRESET, 16)]
+               plan_layout(arena.sizes()), arena.moe_fp8_scratch(PRESET, 16)]
     for obj in objects:
         assert repr(obj).lstrip("<").startswith(type(obj).__name__), repr(obj)[:80]
     assert "logits" in repr(view) and "float32" in repr(view)

@@ -198,8 +198,8 @@ def test_from_sizes_with_reserve_sizes(backend):
     s = BufferSizes.from_config(CFG, *LIMITS, target=t, env=NOENV)
     top = BufferSizes.from_config(CFG, *TOP, target=t, env=NOENV)
     with pytest.raises(ValueError, match="exceed its reserved"):
-        BufferArena.from_sizes(CFG, top, 512, 16, backend, reserve_sizes=s)
-    with BufferArena.from_sizes(CFG, s, 64, 8, backend, reserve_sizes=top) as a:
+        BufferArena.from_sizes(top, backend, reserve_sizes=s)
+    with BufferArena.from_sizes(s, backend, reserve_sizes=top) as a:
         ptrs = pointers(a)
         with pytest.raises(MetraleError, match="pass sizes="):
             a.resize(max_batch_tokens=128)

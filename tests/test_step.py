@@ -389,7 +389,7 @@ def test_reserved_arena_uploads_into_committed_memory(backend):
 def test_from_sizes_arenas_name_their_block_count():
     gpu = metrale.HostBackend()
     s = BufferSizes.from_config(COMPACT, 64, 512, 16, 32, env=NOENV)
-    with BufferArena.from_sizes(COMPACT, s, 64, 32, gpu) as arena, arena.step_inputs() as st:
+    with BufferArena.from_sizes(s, gpu) as arena, arena.step_inputs() as st:
         assert st.max_blocks == 512 // 16 + 1         # from the limits the sizes record
     by_hand = BufferSizes(**s.as_dict())
     with BufferArena.from_sizes(COMPACT, by_hand, 64, 32, gpu) as arena:
