@@ -150,7 +150,8 @@ LAYERS = (
     ("sizing", "configs, the formula language, buffer sets, the reference table, sizes, the "
                "slab plan", (
         "metrale.levers", "metrale.target", "metrale.formulas", "metrale.formulas._table",
-        "metrale.formulas._language", "metrale.formulas._growth", "metrale._reference_table",
+        "metrale.formulas._language", "metrale.formulas._growth", "metrale.formulas._explain",
+        "metrale._reference_table",
         "metrale._spec", "metrale.buffers", "metrale.reference", "metrale._hf",
         "metrale._presets", "metrale.config", "metrale.decode_meta", "metrale.sizes", "metrale.moe",
         "metrale.catalogue", "metrale.debug", "metrale._layout")),

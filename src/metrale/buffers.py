@@ -9,14 +9,14 @@ is an ordered, immutable collection of specs; `REFERENCE` is the reference
 engine's 46 (metrale/_reference_table.py, the one place they are written), and an
 engine derives its own from it (`BufferSet.without`, `BufferSet.with_`,
 `BufferSet.replace`) or builds one from scratch.  (``metrale.REFERENCE``
-is ``metrale.reference.REFERENCE``, the set `reference_set` makes from the
-table in metrale/_reference_table.py.)  docs/buffer-sets.md has a worked
-example.
+is ``metrale.reference.REFERENCE``, made there from the table in
+metrale/_reference_table.py; this layer knows it only as the base a buffers
+file names, `register_base`.)  docs/buffer-sets.md has a worked example.
 
 Every spec is checked when it is made and every set when it is built, so a
 bad declaration raises ``ValueError`` naming the spec and the field before
 anything is sized or allocated.  Pure Python: it loads the spec module
-(`metrale._spec`) and the reference table, nothing that sizes or allocates.
+(`metrale._spec`), nothing that sizes or allocates.
 """
 
 import hashlib
@@ -25,7 +25,6 @@ import json
 __all__ = ["BufferSpec", "BufferSet", "ROW_RULES", "ACCESSORS", "MAX_BUFFERS",
            "MAX_ZERO_ALL", "RESERVED_NAMES"]
 
-from ._reference_table import RECORDS
 from ._spec import (ACCESSORS, MAX_BUFFERS, MAX_ZERO_ALL, RESERVED_NAMES, ROW_RULES, STEP_IDS,
                     STEP_META, BufferSpec)
 
@@ -298,8 +297,9 @@ class BufferSet:
         return (BufferSet._trusted, (self._specs,))
 
     def __repr__(self):
-        if self is _REFERENCE:
-            return f"<BufferSet REFERENCE: {len(self)} buffers>"
+        for name, base in _BASES.items():
+            if self is base:
+                return f"<BufferSet {name.upper()}: {len(self)} buffers>"
         return f"<BufferSet of {len(self)} buffers: {', '.join(self.names[:6])}" + \
             (", ...>" if len(self) > 6 else ">")
 
@@ -378,20 +378,27 @@ class BufferSet:
 
 
 
-# The reference engine's set, made once from its table (metrale/_reference_table.py)
-# and published as metrale.REFERENCE (metrale/reference.py).  The set layer
-# needs it for the files' "reference" base, and a set's repr names it.
-_REFERENCE = BufferSet._trusted([BufferSpec._trusted(**r) for r in RECORDS])
+# The sets a buffers file names as its base, by name.  The set layer knows no
+# engine's buffers: metrale.reference registers "reference" (REFERENCE) when the
+# package is imported; a set's repr names the base it is.
+_BASES = {}
 
 
-def reference_set():
-    """The reference engine's set (``metrale.REFERENCE``), made once.
+def register_base(name, buffers):
+    """Make `buffers` the base a buffers file names as ``base = "NAME"``.
 
-    Returns
-    -------
-    BufferSet
+    Parameters
+    ----------
+    name : str
+        The name files use (``"reference"``); ``"empty"`` is always the empty set.
+    buffers : BufferSet
+        The set.
     """
-    return _REFERENCE
+    if not isinstance(buffers, BufferSet):
+        raise TypeError(f"buffers must be a BufferSet, got {type(buffers).__name__}")
+    if not isinstance(name, str) or name == "empty" or name in _BASES:
+        raise ValueError(f"base {name!r} is taken or not a name")
+    _BASES[name] = buffers
 
 
 # -- files: the plain-data form of a set (TOML or JSON) that ``metrale plan
@@ -419,9 +426,10 @@ def _from_dict(data, where):
         raise ValueError(f"{where}: unknown key {sorted(unknown)[0]!r}; the keys are base, "
                          "drop, replace, buffer")
     base = data.get("base", "reference")
-    if base not in ("reference", "empty"):
-        raise ValueError(f"{where}: base must be 'reference' or 'empty', got {base!r}")
-    out = _REFERENCE if base == "reference" else BufferSet()
+    if base != "empty" and (not isinstance(base, str) or base not in _BASES):
+        names = " or ".join(repr(b) for b in (*_BASES, "empty"))
+        raise ValueError(f"{where}: base must be {names}, got {base!r}")
+    out = _BASES[base] if base != "empty" else BufferSet()
     try:
         drop = data.get("drop", [])
         if not isinstance(drop, list) or not all(isinstance(n, str) for n in drop):
@@ -494,7 +502,7 @@ def _to_dict(self, base):
     -------
     dict
     """
-    ref = _REFERENCE
+    ref = _BASES["reference"]
     # REFERENCE as the base only when the set is its buffers in its order
     # (some dropped or replaced), then new ones: the form from_dict rebuilds
     kept = [s.name for s in self._specs if s.name in ref]

@@ -17,12 +17,10 @@ Importing this module is cheap: it loads the buffer table and the lever table
 only; the sizing modules load on first use.
 """
 
-import re
-
 from .buffers import BufferSpec
 from .reference import REFERENCE, buffer_set_arg
 from .formulas import (ALIASES, SYMBOLS, TERMS, Symbol, Term, evaluate as _evaluate,
-                       names_of as _names, values)
+                       explanation, names_of as _names, terms_used, values)
 from ._record import Record
 from .levers import LEVERS
 
@@ -168,18 +166,6 @@ def shape_of(name, values, *, buffers=None):
     return tuple(int(d) for d in _evaluate(entry.shape, values))
 
 
-def _terms_used(expr):
-    """The derived symbols an expression reads, directly or through other
-    derived symbols, in `TERMS` order."""
-    seen, todo = set(), [expr]
-    while todo:
-        for n in _names(todo.pop()):
-            if n in _TERM_BY_NAME and n not in seen:
-                seen.add(n)
-                todo.append(_TERM_BY_NAME[n].expr)
-    return tuple(t.name for t in TERMS if t.name in seen)
-
-
 def terms_of(name, *, buffers=None):
     """The derived symbols a buffer's formula reads, directly or indirectly.
 
@@ -200,7 +186,7 @@ def terms_of(name, *, buffers=None):
     ValueError
         If `name` is not a buffer of the set.
     """
-    return _terms_used(_entry(name, buffers).formula)
+    return terms_used(_entry(name, buffers).formula)
 
 
 def dependencies(name, *, buffers=None):
@@ -225,7 +211,7 @@ def dependencies(name, *, buffers=None):
         If `name` is not a buffer of the set.
     """
     entry = _entry(name, buffers)
-    exprs = [entry.formula] + [_TERM_BY_NAME[t].expr for t in _terms_used(entry.formula)]
+    exprs = [entry.formula] + [_TERM_BY_NAME[t].expr for t in terms_used(entry.formula)]
     read = set()
     for e in exprs:
         read |= {ALIASES.get(n, n) for n in _names(e)}
@@ -302,20 +288,6 @@ def levers_of(name, *, buffers=None):
     return tuple(lv.name for lv in LEVERS if lv.name in read)
 
 
-_NAME = re.compile(r"[A-Za-z_]\w*")
-
-
-def _substitute(expr, values):
-    # Shows a formula with the numbers put in: ints, bools and strs only
-    # (layer_types stays a name).
-    def put(m):
-        x = values.get(m.group(0), _NAME)
-        if x is _NAME or not isinstance(x, (int, str)):
-            return m.group(0)
-        return repr(x)
-    return _NAME.sub(put, expr)
-
-
 def _wrap(label, text, width=88):
     import textwrap
     pad = " " * 16
@@ -380,13 +352,18 @@ def explain(name, sizes=None, config=None, *, max_batch_tokens=None, max_seq_len
               + (f"  (when {e.shape_when})" if e.shape_when else "")))
     if e.words:
         add(_wrap("size:", e.words))
-    add(_wrap("formula:", e.formula))
-    used = _terms_used(e.formula)
-    for j, t in enumerate(used):
-        add(_wrap("" if j else "where:", f"{t} = {_TERM_BY_NAME[t].expr}"))
+    vals = lim = None
+    if config is not None:
+        lim = tuple(DEFAULT_LIMITS[j] if x is None else x for j, x in enumerate(
+            (max_batch_tokens, max_seq_len, kv_block_size, max_batch_size)))
+        vals = symbols(config, *lim, target=target, env=env)
+    formula, evaluated = explanation(e.formula, vals)
+    lines.extend(_wrap(label, text) for label, text in formula)
     m = membership(name, buffers=buffers)
     zeroed = [h for h, on in (("zero_all", m["zero_all"]),
-                              (f"zero_all_rows ({m['zero_all_rows']})", m["zero_all_rows"]),
+                              (f"zero_all_rows ({m['zero_all_rows']}"
+                               + (f", rows={e.rows!r})" if e.rows != "whole" else ")"),
+                               m["zero_all_rows"]),
                               ("zero_prefill_essentials", m["zero_prefill_essentials"])) if on]
     add(_wrap("zeroed by:", ", ".join(zeroed) or "never (no helper writes it)"))
     add(_wrap("checksum:", "probed by debug_buffer_checksum" if m["checksum"] else "not probed"))
@@ -404,24 +381,16 @@ def explain(name, sizes=None, config=None, *, max_batch_tokens=None, max_seq_len
     if buffers is REFERENCE or e.empty:
         add(_wrap("can be empty:", e.empty or "no, not for a real model"))
     if config is not None:
-        dflt = DEFAULT_LIMITS
-        lim = tuple(dflt[j] if x is None else x for j, x in enumerate(
-            (max_batch_tokens, max_seq_len, kv_block_size, max_batch_size)))
-        values = symbols(config, *lim, target=target, env=env)
-        got = evaluate(name, values, buffers=buffers)
         add(f"  evaluated for max_batch_tokens={lim[0]} max_seq_len={lim[1]} "
             f"kv_block_size={lim[2]} max_batch_size={lim[3]}:")
-        for t in used:
-            add(_wrap("", f"{t} = {_substitute(_TERM_BY_NAME[t].expr, values)} = {values[t]:,}"
-                      if not isinstance(values[t], bool) else f"{t} = {values[t]}"))
-        add(_wrap("", f"{_substitute(e.formula, values)} = {got:,} bytes"))
+        lines.extend(_wrap("", text) for text in evaluated)
         if sizes is None:
             sizes = BufferSizes.from_config(config, *lim, target=target, env=env, buffers=buffers)
             add(_wrap("from_config:", f"{sizes[name]:,} bytes"))
         else:
             actual = sizes[name]
             add(_wrap("in sizes:", f"{actual:,} bytes" + (
-                "" if actual == got else "  (differs: the sizes were built for other limits, "
+                "" if actual == evaluate(name, vals, buffers=buffers) else "  (differs: the sizes were built for other limits, "
                 "target or levers, or replaced)")))
     elif sizes is not None:
         add(_wrap("in sizes:", f"{sizes[name]:,} bytes"))

@@ -17,8 +17,9 @@ evaluating one runs no code but that arithmetic and always ends.
 
 The language has one home, this package: its vocabulary and the one helper
 table (`_table`), its grammar, parser and evaluator (`_language`: each text
-parsed once, a whole set compiled into one code object, `sizes_of`), and the
-abstract growth analysis `fit` relies on (`_growth`).  Pure Python, below the
+parsed once, a whole set compiled into one code object, `sizes_of`), the
+abstract growth analysis `fit` relies on (`_growth`) and the explanation of a
+formula that ``metrale plan --explain`` prints (`_explain`).  Pure Python, below the
 buffer sets and the sizing: it reads the split-K policy (`metrale.target`)
 and the levers (`metrale.levers`), nothing above them.
 """
@@ -27,6 +28,7 @@ from ._table import (ALIASES, HELPER_FUNCTIONS, HELPERS, SYMBOLS, TERMS, Symbol,
 from ._language import (check, compiled, evaluate, evaluation_namespace, is_name, names_of,
                         namespace, parsed, sizes_of, term_values, values)
 from ._growth import Growth, first_shrinking
+from ._explain import explanation, substitute, terms_used
 
 __all__ = ["Symbol", "Term", "SYMBOLS", "TERMS", "ALIASES", "HELPERS", "check", "names_of",
            "values", "namespace"]

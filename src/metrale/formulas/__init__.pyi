@@ -1,3 +1,5 @@
+from metrale.formulas._explain import (explanation as explanation, substitute as substitute,
+                                       terms_used as terms_used)
 from metrale.formulas._growth import Growth as Growth, first_shrinking as first_shrinking
 from metrale.formulas._language import (check as check, compiled as compiled,
                                         evaluate as evaluate,
