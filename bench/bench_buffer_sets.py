@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_cuda import timed  # noqa: E402
 
 from metrale import REFERENCE, BufferArena, BufferSpec, CudaBackend, ModelConfig  # noqa: E402
-from metrale._layout import plan_layout  # noqa: E402
+from metrale._sizing._layout import plan_layout  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -23,7 +23,7 @@ from cuda.bindings import driver
 
 import metrale
 from metrale import BufferArena, CudaBackend, ModelConfig
-from metrale._layout import plan_layout, zero_rows_ranges
+from metrale._sizing._layout import plan_layout, zero_rows_ranges
 
 
 def timed(fn, stream, runs, prelude=None):

@@ -19,7 +19,7 @@ def setup():
     """The namespace of the timed statements."""
     import metrale
     from metrale import BufferSizes, ModelConfig
-    from metrale._layout import plan_layout
+    from metrale._sizing._layout import plan_layout
     cfg = ModelConfig.preset("qwen3-next-80b")
     return dict(metrale=metrale, BufferSizes=BufferSizes, plan_layout=plan_layout, cfg=cfg,
                 GiB=2**30)

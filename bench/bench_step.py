@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from metrale import REFERENCE, BufferArena, CudaBackend, ModelConfig
-from metrale._layout import plan_layout
+from metrale._sizing._layout import plan_layout
 
 from bench_cuda import timed, timed_back_to_back, warm_up
 

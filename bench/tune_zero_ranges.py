@@ -22,7 +22,7 @@ import tempfile
 from cuda.bindings import driver as cu
 
 from metrale import REFERENCE, BufferSizes, ModelConfig
-from metrale._layout import plan_layout, zero_rows_ranges
+from metrale._sizing._layout import plan_layout, zero_rows_ranges
 from metrale.sizes import Target
 
 HERE = os.path.dirname(os.path.abspath(__file__))

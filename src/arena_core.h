@@ -1,6 +1,6 @@
 /* metrale C core: slab layout, zero ranges, the row-wise carve cursor, the
  * checksum lanes and the per-thread scratch tables.  Plain C, no Python: the
- * Cython layer (src/metrale/_core.pxd mirrors this header) owns every object.
+ * Cython layer (src/metrale/_base/_core.pxd mirrors this header) owns every object.
  * The header stays valid C++ so the CUDA extension, built as C++, can use it. */
 #ifndef METRALE_ARENA_CORE_H
 #define METRALE_ARENA_CORE_H

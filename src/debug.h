@@ -1,7 +1,7 @@
 /* metrale C core, debug arenas (docs/debug.md): guard bands, poison patterns
  * and the host implementation of the debug operations, to the byte what the
  * kernels of src/metrale/kernels/debug_ops.cu compute.  Plain C, no Python
- * (src/metrale/_debug_core.pxd mirrors this header). */
+ * (src/metrale/_base/_debug_core.pxd mirrors this header). */
 #ifndef METRALE_DEBUG_H
 #define METRALE_DEBUG_H
 

@@ -1,7 +1,7 @@
 /* metrale C core: the arena's lifetime word.  See arena_core.h for the
  * contract of each function.  It keeps process-wide state (a thread-local
  * operation depth, the fork generation), so it is compiled into one extension
- * only (metrale._life), which every other module calls through: a copy per
+ * only (metrale._base._life), which every other module calls through: a copy per
  * extension would give each its own depth and generation. */
 #define _POSIX_C_SOURCE 200809L     /* nanosleep under -std=c11 */
 #include "arena_core.h"

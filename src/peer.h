@@ -3,7 +3,7 @@
  * src/metrale/kernels/peer_reduce.cu computes, to the bit, run by the calling
  * thread over memory every rank maps (memfd pages), the barriers on the
  * signal areas' flags with C11-style atomics.  Plain C, no Python
- * (src/metrale/_peer_core.pxd mirrors this header). */
+ * (src/metrale/_base/_peer_core.pxd mirrors this header). */
 #ifndef METRALE_PEER_H
 #define METRALE_PEER_H
 

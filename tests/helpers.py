@@ -81,6 +81,28 @@ def new(gpu, cfg=PRESET, m=128, seq=4096, blk=16, bs=32, env=NOENV):
     return BufferArena.from_sizes(s, gpu)
 
 
+def package_modules():
+    """Every importable module of metrale, each once (a public path such as
+    metrale.sizes is the module of its layer, metrale._sizing.sizes), the
+    package first; __main__ (it runs the command line) and modules whose
+    imports are missing here (metrale._backends._cuda without cuda-bindings)
+    left out."""
+    import importlib
+    import pkgutil
+    mods, seen = [metrale], {id(metrale)}
+    for info in pkgutil.walk_packages(metrale.__path__, "metrale.", onerror=lambda name: None):
+        if info.name == "metrale.__main__":
+            continue
+        try:
+            mod = importlib.import_module(info.name)
+        except ImportError:
+            continue
+        if id(mod) not in seen:
+            seen.add(id(mod))
+            mods.append(mod)
+    return mods
+
+
 def rows_live(rule, n, m, tokens):
     """Bytes from its start that zero_all_rows(tokens) clears of an n-byte
     zero_all buffer with row rule `rule` (docs/buffer-sets.md), written out

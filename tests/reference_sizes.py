@@ -1,7 +1,7 @@
 """A second implementation of the reference sizing, for the tests.
 
 The sizes of `REFERENCE` come from the formulas of its specs
-(metrale/_reference_table.py, evaluated by `BufferSizes.from_config`).  This module
+(metrale/_sizing/_reference_table.py, evaluated by `BufferSizes.from_config`).  This module
 computes them again, written as straight-line Python from the spec's formulas
 (shared/spec/ARENA.md), the way the sizing was written before the buffer table
 became data: `reference_sizes` must give the same values for every config,
@@ -10,7 +10,7 @@ tests/test_examples.py), one for each reference buffer of the oracle
 (tests/reference_oracle.py).
 """
 
-from metrale._math import ceil_to, cdiv
+from metrale._base._math import ceil_to, cdiv
 from metrale.levers import lever_on
 from metrale.sizes import (DECODE_META_MIN_ROWS, GATEUP_FUSED_MAX_M, Q12_SIZING_STREAMS,
                            VERIFY_ROW_CAP, kv_blocks_per_seq, resolve_splitk, sizing_inputs)

@@ -29,10 +29,26 @@ def test_every_module_has_a_layer_and_no_import_runs_up():
     g = _tool()
     edges = g.graph()
     up, unplaced = g.upward(edges)
-    assert unplaced == [], "modules with no layer in tools/import_graph.py LAYERS"
+    assert unplaced == [], "modules outside the layers' packages (tools/import_graph.py LAYERS)"
     assert up == []
-    placed = [m for _, _, mods in g.LAYERS for m in mods]
+    placed = [m for mods in g.members(edges) for m in mods]
     assert len(placed) == len(set(placed)) and set(placed) == set(edges)
+
+
+def test_the_layers_are_the_packages_and_the_top_folder_is_the_front_door():
+    g = _tool()
+    edges = g.graph()
+    layers = dict(zip((name for name, _, _ in g.LAYERS), g.members(edges)))
+    # every module of the top folder but the package itself is a public path or
+    # __main__; each public path is the one module of its layer (the same object)
+    front = {m for m in layers.pop("front door") if m != "metrale"}
+    assert "metrale.__main__" in front
+    import metrale
+    for m in front - {"metrale.__main__"}:
+        mod = __import__(m, fromlist=["_"])
+        assert mod.__name__ != m and mod.__name__.startswith("metrale._"), m
+        assert getattr(metrale, m.split(".")[1]) is mod
+    assert all(mods for mods in layers.values())
 
 
 def test_the_architecture_picture_is_the_graph():
@@ -50,13 +66,13 @@ def test_the_tool_sees_every_kind_of_import(tmp_path):
     (pkg / "sub" / "__init__.py").write_text("from . import c\n")
     (pkg / "sub" / "c.py").write_text("def f():\n    from ..a import x\n")
     (pkg / "a.py").write_text("import importlib\nm = importlib.import_module('metrale.b')\n")
-    (pkg / "b.pyx").write_text("from metrale.d cimport (x,\n    y)\ndef g():\n    _m('e')\n")
+    (pkg / "b.pyx").write_text("from metrale.d cimport (x,\n    y)\ndef g():\n    import metrale.e\n")
     (pkg / "d.pxd").write_text("cdef int x\n")
     (pkg / "e.py").write_text("import metrale.sub.c as c  # a comment: import metrale.a\n")
     edges = g.graph(str(pkg))
     assert edges["metrale.sub.c"] == {"metrale.a"}             # inside a function, relative
     assert edges["metrale.a"] == {"metrale.b"}                 # by name
-    assert edges["metrale.b"] == {"metrale.d", "metrale.e"}    # cimport over lines; the forwarder
+    assert edges["metrale.b"] == {"metrale.d", "metrale.e"}    # cimport over lines; in a function
     assert edges["metrale.e"] == {"metrale.sub.c"}
     assert edges["metrale.sub"] == {"metrale.sub.c"}
     assert g.circles(edges) == [["metrale.a", "metrale.b", "metrale.e", "metrale.sub.c"]]
@@ -81,7 +97,8 @@ def test_no_source_file_over_600_lines():
 
 
 def test_the_arena_class_body_is_at_most_400_lines():
-    text = (_SRC / "metrale" / "_arena.pyx.in").read_text(encoding="utf-8").splitlines()
+    text = (_SRC / "metrale" / "_arena" / "_buffer_arena.pyx.in").read_text(
+        encoding="utf-8").splitlines()
     start = next(i for i, line in enumerate(text) if line.startswith("cdef class BufferArena("))
     end = next(i for i, line in enumerate(text) if "# @GENERATED accessors" in line)
     assert end - start - 1 <= 400            # the generated accessors come after
@@ -89,6 +106,6 @@ def test_the_arena_class_body_is_at_most_400_lines():
 
 
 def test_the_arena_imports_its_concepts_by_name_nowhere():
-    for name in ("_arena.pyx.in", "_arena_state.pyx", "_construct.pyx"):
-        text = (_SRC / "metrale" / name).read_text(encoding="utf-8")
+    for name in ("_buffer_arena.pyx.in", "_arena_state.pyx", "_construct.pyx"):
+        text = (_SRC / "metrale" / "_arena" / name).read_text(encoding="utf-8")
         assert "importlib" not in text and "import_module" not in text, name

@@ -10,7 +10,7 @@ import pytest
 
 from metrale import (BufferArena, BufferSizes, HostBackend, MetraleError, ModelConfig,
                      OutOfMemoryError)
-from metrale._layout import plan_layout
+from metrale._sizing._layout import plan_layout
 from metrale.sizes import BUFFER_NAMES
 from metrale.testing import FaultyBackend
 

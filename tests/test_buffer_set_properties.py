@@ -36,7 +36,7 @@ from hypothesis import HealthCheck, assume, given, settings, strategies as st  #
 
 from metrale import (REFERENCE, BufferArena, BufferSet, BufferSizes, BufferSpec,  # noqa: E402
                      HostBackend, ModelConfig)
-from metrale._layout import plan_layout, plan_reserved  # noqa: E402
+from metrale._sizing._layout import plan_layout, plan_reserved  # noqa: E402
 from metrale.debug import DebugOptions  # noqa: E402
 
 from helpers import cuda_backend, live_counts, rows_live, spec_part, vm_counts  # noqa: E402

@@ -1,4 +1,4 @@
-"""The reference buffer set is written once (metrale/_reference_table.py): its specs
+"""The reference buffer set is written once (metrale/_sizing/_reference_table.py): its specs
 pass the public constructor's checks, its names, groups and counts are those
 of shared/spec/ARENA.md (the oracle, tests/reference_oracle.py), and the C
 core's table, BufferSizes, the arena's compiled accessors, PeerBuffers and the
@@ -12,7 +12,7 @@ import pathlib
 
 import metrale
 from metrale import BufferArena, BufferSizes
-from metrale._layout import FLAG_BITS, buffer_table
+from metrale._sizing._layout import FLAG_BITS, buffer_table
 from metrale.buffers import BufferSpec
 from metrale.reference import REFERENCE
 
@@ -97,7 +97,7 @@ def test_buffer_sizes_and_accessors_follow_the_table():
 
 
 def test_stubs_follow_the_table():
-    arena = _stub_class("_arena.pyi", "BufferArena")
+    arena = _stub_class("_arena/_buffer_arena.pyi", "BufferArena")
     stubbed = {f.name for f in arena.body if isinstance(f, ast.FunctionDef)}
     accessors = set(GROUPS["pointer"]) | {f"{n}_bytes" for n in GROUPS["bytes"]}
     assert accessors <= stubbed
@@ -105,11 +105,11 @@ def test_stubs_follow_the_table():
     # is the hand-written method for that buffer, ARENA.md §4.9)
     assert {n for n in stubbed - accessors
             if n in BUFFER_NAMES or n.removesuffix("_bytes") in BUFFER_NAMES} == {"moe_fp8_scratch"}
-    sizes = _stub_class("sizes.pyi", "BufferSizes")
+    sizes = _stub_class("_sizing/sizes.pyi", "BufferSizes")
     fields = tuple(f.name for f in sizes.body if isinstance(f, ast.FunctionDef)
                    and any(getattr(d, "id", None) == "property" for d in f.decorator_list))
     # one property per buffer, in canonical order, then `buffers`, `limits`, `config`, `target`
     assert fields == BUFFER_NAMES + ("buffers", "limits", "config", "target")
-    peer = _stub_class("tp.pyi", "PeerBuffers")
+    peer = _stub_class("_arena/tp.pyi", "PeerBuffers")
     assert {f.name for f in peer.body if isinstance(f, ast.FunctionDef)} == \
         set(GROUPS["pointer"]) | {"__init__", "ptr"}

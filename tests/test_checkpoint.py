@@ -20,7 +20,7 @@ import time
 import pytest
 
 import metrale
-import metrale._checkpoint_driver as ckdriver
+import metrale._integrations._checkpoint_driver as ckdriver
 import metrale.checkpoint as ckpt
 import metrale.tp
 from metrale import MetraleError
@@ -35,7 +35,7 @@ RUNNING, LOCKED, CHECKPOINTED, FAILED = range(4)     # CUprocessState
 
 class FakeDriver:
     """The driver object metrale.checkpoint calls (the interface of
-    metrale._checkpoint_driver._CudaDriver)."""
+    metrale._integrations._checkpoint_driver._CudaDriver)."""
 
     def __init__(self, pids=(), api=13000):
         self.states = {p: RUNNING for p in pids}
@@ -114,8 +114,8 @@ def state_of(d, pid):
 
 
 def test_import_loads_no_driver_and_no_ctypes():
-    code = ("import sys, metrale.checkpoint, metrale._checkpoint_driver as c; "
-            "print(sorted(m for m in sys.modules if m in ('ctypes', 'numpy', 'metrale._arena') "
+    code = ("import sys, metrale.checkpoint, metrale._integrations._checkpoint_driver as c; "
+            "print(sorted(m for m in sys.modules if m in ('ctypes', 'numpy', 'metrale._arena._buffer_arena') "
             "or m.startswith('cuda')), c._loaded)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                        timeout=60)
@@ -163,7 +163,7 @@ def test_timeouts_are_checked(drv, bad, exc):
 
 
 def test_the_lock_timeout_fits_the_drivers_milliseconds(drv):
-    """The one bound of every timeout (a day, metrale._common.MAX_SECONDS)
+    """The one bound of every timeout (a day, metrale._base._common.MAX_SECONDS)
     is what the driver's 32-bit milliseconds hold; 4294967 s used to pass
     here and 1e9 s to fail later inside."""
     assert 86400 * 1000 < 2 ** 32
@@ -680,7 +680,7 @@ def test_prepare_and_finish_check_their_arguments(arenas):
 def test_a_locked_process_refuses_prepare_and_finish_of_device_arenas(monkeypatch, drv):
     # A device arena's detach and attach make CUDA calls, which block for good
     # in a locked process: refused instead (host arenas need no driver).
-    from metrale._backend import Backend
+    from metrale._backends._backend import Backend
     log = []
     dev = StandInArena("dev", log, backend=Backend())
     host = StandInArena("host", log, backend=metrale.HostBackend())
@@ -700,7 +700,7 @@ def test_a_locked_process_refuses_prepare_and_finish_of_device_arenas(monkeypatc
 
 def test_no_driver_does_not_stop_prepare(monkeypatch):
     # a process that cannot be checkpointed cannot be locked either
-    from metrale._backend import Backend
+    from metrale._backends._backend import Backend
 
     def no_driver():
         raise MetraleError("no driver here")

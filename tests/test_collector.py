@@ -12,17 +12,9 @@ from helpers import Cycle, _reserved, new
 # collector could clear first are listed with the reason.
 
 def _walk_extension_classes():
-    import importlib
-    import pkgutil
-    import metrale
+    from helpers import package_modules
     found = {}
-    for m in pkgutil.iter_modules(metrale.__path__):
-        if m.name == "__main__":
-            continue
-        try:
-            mod = importlib.import_module(f"metrale.{m.name}")
-        except ImportError:
-            continue
+    for mod in package_modules():
         if not (getattr(mod, "__file__", "") or "").endswith(".so"):
             continue
         for obj in vars(mod).values():

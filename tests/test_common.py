@@ -6,7 +6,7 @@ import pytest
 import metrale
 from metrale import (BufferArena, BufferSizes, DecodeMetaLayout, HostBackend, ModelConfig,
                      ScratchSpaceManager, Target)
-from metrale._common import check_index
+from metrale._base._common import check_index
 from metrale.moe import moe_fp8_layout
 from metrale.sizes import BUFFER_NAMES
 from metrale.testing import FaultyBackend
@@ -148,7 +148,7 @@ def test_bad_streams_name_the_argument(stream, exc, word):
 
 
 def test_cuda_backend_arguments():
-    if metrale.CudaBackend.__module__ != "metrale._cuda":
+    if metrale.CudaBackend.__module__ != "metrale._backends._cuda":
         pytest.skip("metrale was built without its CUDA extension")
     # checked before any driver call, so also where no driver is installed
     for bad, exc in ((True, TypeError), ("0", TypeError), (-1, ValueError), (2**31, ValueError)):
@@ -163,7 +163,7 @@ def test_cuda_backend_arguments():
 def test_every_timeout_has_one_bound(bad):
     """(0, 86400] seconds for each timeout argument, checked before anything
     happens (1e9 used to fail later inside with OverflowError, 1e300 to pass)."""
-    from metrale._common import MAX_SECONDS
+    from metrale._base._common import MAX_SECONDS
     from metrale.tp import PeerGroup
     from helpers import OneRank
     assert MAX_SECONDS == 86400.0

@@ -87,7 +87,7 @@ def test_from_hf_config_dicts(data, with_shape):
     keys = [w.message.key for w in caught if issubclass(w.category, ConfigWarning)]
     text = data.get("text_config") if isinstance(data.get("text_config"), dict) else {}
     assert all(k == "model_type" or k in data or k in text for k in keys), keys
-    from metrale._hf import _FAMILY_OF
+    from metrale._sizing._hf import _FAMILY_OF
     family = text.get("model_type") if isinstance(text.get("model_type"), str) and \
         text.get("model_type") else data.get("model_type")
     if not isinstance(family, str) or family not in _FAMILY_OF:

@@ -272,7 +272,7 @@ def test_missing_bindings_is_a_clear_error():
             "try:\n    metrale.CudaBackend(0)\n"
             "except metrale.MetraleError as e:\n    print(e)\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    if importlib.util.find_spec("metrale._cuda") is None:
+    if importlib.util.find_spec("metrale._backends._cuda") is None:
         assert "built without its CUDA backend" in r.stdout, r.stdout
     else:
         assert "CudaBackend is unavailable" in r.stdout and "metrale[cuda]" in r.stdout, r.stdout

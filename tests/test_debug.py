@@ -466,7 +466,7 @@ def test_fingerprint_edge_lengths():
 
 # -- element types -----------------------------------------------------------------------
 def test_element_types_on_the_buffer_mapping():
-    from metrale._debug import _CODES
+    from metrale._arena._debug import _CODES
     assert set(DTYPE_ITEMSIZE) <= set(_CODES)            # every catalogue type has a code
     gpu = HostBackend()
     with debug_arena(gpu) as arena:

@@ -8,7 +8,7 @@ import warnings
 import pytest
 
 from metrale import BufferArena, BufferSizes, HostBackend, ModelConfig, Target
-from metrale._layout import plan_layout
+from metrale._sizing._layout import plan_layout
 from metrale.picture import render_svg
 from metrale.sizes import BUFFER_NAMES
 

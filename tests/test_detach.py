@@ -117,7 +117,7 @@ def rank_dies_detached(rank, size, path):
     if rank == 1:
         os._exit(0)
     deadline = time.monotonic() + 30        # rank 1's process gone
-    while time.monotonic() < deadline and not metrale._tp_exchange._gone(pids[1]):
+    while time.monotonic() < deadline and not metrale._sharing._tp_exchange._gone(pids[1]):
         time.sleep(0.01)
     t0 = time.perf_counter()
     with pytest.raises(MetraleError, match="rank 1") as e:

@@ -16,7 +16,6 @@ import ast
 import importlib
 import importlib.util
 import inspect
-import pkgutil
 import re
 import sys
 from pathlib import Path
@@ -33,16 +32,10 @@ _SOURCES = Path(__file__).resolve().parents[1] / "src" / "metrale"
 
 
 def _modules():
-    """Every importable module of the package, the package first."""
-    mods = [metrale]
-    for info in pkgutil.iter_modules(metrale.__path__, "metrale."):
-        if info.name in _NOT_IMPORTED:
-            continue
-        try:
-            mods.append(importlib.import_module(info.name))
-        except ImportError:     # metrale._cuda without cuda-bindings: see the fallback test
-            continue
-    return mods
+    """Every importable module of the package, the package first (without
+    cuda-bindings, metrale._backends._cuda is not: see the fallback test)."""
+    from helpers import package_modules
+    return package_modules()
 
 
 MODULES = _modules()
@@ -71,7 +64,7 @@ def _public_objects():
                 add(obj)
     extra = [metrale.CudaBackend, metrale.levers.Lever, metrale.sizes.Target,
              importlib.import_module("metrale.testing").FaultyBackend,
-             importlib.import_module("metrale._backend").Backend]
+             importlib.import_module("metrale._backends._backend").Backend]
     for obj in extra:
         add(obj)
     return found
@@ -182,11 +175,11 @@ def _problems_of_class(cls):
 
 def _where(obj):
     """The source file that defines `obj`, for the failure messages."""
-    last = obj.__module__.rpartition(".")[2]
+    rel = Path(*obj.__module__.split(".")[1:])
     for ext in (".py", ".pyx", ".pyx.in"):
-        path = _SOURCES / (last + ext)
+        path = _SOURCES / rel.with_name(rel.name + ext)
         if path.is_file():
-            return f"src/metrale/{path.name}"
+            return f"src/metrale/{path.relative_to(_SOURCES)}"
     return obj.__module__
 
 
@@ -247,13 +240,13 @@ def test_cython_classes_are_all_checked():
 
 
 def _constructors():
-    from metrale._host_backend import HostBackend
-    from metrale._scratch import ScratchSpaceManager
+    from metrale._backends._host_backend import HostBackend
+    from metrale._backends._scratch import ScratchSpaceManager
     from metrale.testing import FaultyBackend
     cases = [(HostBackend, []), (FaultyBackend, []),
              (ScratchSpaceManager, ["scratch_size", "max_threads"])]
     try:
-        from metrale._cuda import CudaBackend
+        from metrale._backends._cuda import CudaBackend
     except ImportError:
         pass
     else:
@@ -275,27 +268,27 @@ def test_constructor_signature(cls, params):
 
 def test_cuda_backend_default_device():
     try:
-        from metrale._cuda import CudaBackend
+        from metrale._backends._cuda import CudaBackend
     except ImportError:
-        pytest.skip("metrale._cuda is not importable here")
+        pytest.skip("metrale._backends._cuda is not importable here")
     assert inspect.signature(CudaBackend).parameters["device"].default == 0
 
 
 def test_unavailable_cuda_backend_is_documented():
     """The stand-in metrale.cuda defines where the CUDA extension cannot load."""
-    spec = importlib.util.find_spec("metrale.cuda")
-    saved = sys.modules.get("metrale._cuda", ...)
-    sys.modules["metrale._cuda"] = None          # makes `from metrale._cuda import` fail
+    spec = importlib.util.find_spec("metrale._backends.cuda")
+    saved = sys.modules.get("metrale._backends._cuda", ...)
+    sys.modules["metrale._backends._cuda"] = None          # makes `from metrale._backends._cuda import` fail
     try:
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
     finally:
         if saved is ...:
-            del sys.modules["metrale._cuda"]
+            del sys.modules["metrale._backends._cuda"]
         else:
-            sys.modules["metrale._cuda"] = saved
+            sys.modules["metrale._backends._cuda"] = saved
     cls = mod.CudaBackend
-    assert cls.__module__ == "metrale.cuda"
+    assert cls.__module__ == "metrale._backends.cuda"
     assert list(inspect.signature(cls).parameters) == ["device"]
     assert _problems_of_class(cls) == []
     assert _section(_own_doc(cls), "Parameters") is not None
@@ -346,10 +339,12 @@ def test_no_docstring_cites_the_internal_spec():
 
 def test_the_walk_reaches_the_public_api():
     names = {n for n, _ in PUBLIC}
-    for expected in ("metrale.config.ModelConfig", "metrale.sizes.BufferSizes",
-                     "metrale.target.Target", "metrale.levers.Lever", "metrale.levers.lever_on",
-                     "metrale.testing.FaultyBackend", "metrale._arena.BufferArena",
-                     "metrale._host_backend.HostBackend", "metrale.errors.MetraleError"):
+    for expected in ("metrale._sizing.config.ModelConfig", "metrale._sizing.sizes.BufferSizes",
+                     "metrale._sizing.target.Target", "metrale._sizing.levers.Lever",
+                     "metrale._sizing.levers.lever_on", "metrale._backends.testing.FaultyBackend",
+                     "metrale._arena._buffer_arena.BufferArena",
+                     "metrale._backends._host_backend.HostBackend",
+                     "metrale._base.errors.MetraleError"):
         assert expected in names
     for name in metrale.__all__:
         obj = getattr(metrale, name)

@@ -14,7 +14,7 @@ import pytest
 
 import metrale
 from metrale import ArenaFit, BufferArena, DebugOptions, HostBackend, ModelConfig, Target, fit
-from metrale._layout import plan_layout
+from metrale._sizing._layout import plan_layout
 from metrale.fitting import FREE_MEMORY_MARGIN, growth, growth_span, parse_size
 
 from helpers import FIT_LIMITS as LIMITS

@@ -14,7 +14,7 @@ import pytest
 
 import metrale
 from metrale import BufferArena, BufferSizes, DebugOptions, HostBackend, ModelConfig, Target, fit
-from metrale._layout import plan_layout
+from metrale._sizing._layout import plan_layout
 from metrale.fitting import growth
 
 from helpers import FIT_LIMITS as LIMITS
@@ -116,7 +116,7 @@ def set_sizes(cfg, m, buffers, lim=LIMITS, **kw):
 def test_set_oracle_matches_the_planner_and_built_arenas():
     """The contract above against plan_layout / plan_reserved and against
     arenas built on the host backend, for every random set."""
-    from metrale._layout import plan_reserved
+    from metrale._sizing._layout import plan_reserved
     gpu, page = HostBackend(), mmap.PAGESIZE
     cfg = ModelConfig.preset("qwen3-30b-a3b")
     for buffers in SETS:

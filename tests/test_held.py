@@ -1,4 +1,4 @@
-"""metrale._held.Held: rows of integers in C storage, against a Python list
+"""metrale._base._held.Held: rows of integers in C storage, against a Python list
 of the same operations; a change that fails keeps the rows held (they stand
 for memory)."""
 
@@ -6,7 +6,7 @@ import gc
 
 import pytest
 
-from metrale._held import Held
+from metrale._base._held import Held
 
 
 def test_rows_behave_as_a_list_of_tuples():

@@ -1,11 +1,11 @@
-"""The slab plan (metrale._layout): placement of every preset, the row rule of
+"""The slab plan (metrale._sizing._layout): placement of every preset, the row rule of
 zero_all_rows in the C core against its worked examples, helper membership,
 and the SlabPlan object."""
 
 import pytest
 
 from metrale import BufferSizes, HostBackend, ModelConfig
-from metrale._layout import SlabPlan, plan_layout, zero_rows_ranges
+from metrale._sizing._layout import SlabPlan, plan_layout, zero_rows_ranges
 from metrale.sizes import BUFFER_NAMES
 
 from helpers import (COMPACT, NOENV, PRESET, check_placement, expected_rows_length, live_counts,
@@ -154,7 +154,7 @@ def test_plans_of_debug_and_reserved_arenas_are_the_arenas_own():
     plan's committed_bytes is what that arena maps."""
     import os
     from metrale import BufferArena, DebugOptions, HostBackend
-    from metrale._layout import plan_reserved
+    from metrale._sizing._layout import plan_reserved
     gpu = HostBackend()
     page = os.sysconf("SC_PAGESIZE")
     assert gpu.allocation_granularity() == page

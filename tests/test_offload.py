@@ -16,7 +16,7 @@ import pytest
 
 import metrale
 from metrale import BufferArena, MetraleError, OutOfMemoryError
-from metrale._summary import Pin
+from metrale._arena._summary import Pin
 from metrale.sizes import BUFFER_NAMES
 from metrale.testing import FaultyBackend
 

@@ -96,12 +96,12 @@ def _held(gpu):
 
 def test_a_failed_handle_release_in_an_offload_sleep_leaves_its_buffers_mapped():
     """Every release of a physical handle in a pipelined sleep(offload=...)
-    fails in turn (metrale._faulty_cuda): the offloaded buffers stay
+    fails in turn (metrale._backends._faulty_cuda): the offloaded buffers stay
     readable at their addresses (a failed release used to leave them
     unmapped: a device fault), wake brings everything back, and the
     handle is released by the arena's release."""
     from metrale import MetraleError
-    from metrale._faulty_cuda import FaultyCudaBackend
+    from metrale._backends._faulty_cuda import FaultyCudaBackend
     gpu = FaultyCudaBackend()
     nothing = _held(gpu)
     fired = True

@@ -18,7 +18,7 @@ import pytest
 import helpers
 import reference_oracle as oracle
 from metrale import BufferSizes, ModelConfig, Target, cli
-from metrale._layout import plan_layout
+from metrale._sizing._layout import plan_layout
 from metrale.picture import render_svg
 
 NS = "{http://www.w3.org/2000/svg}"

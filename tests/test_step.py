@@ -1,4 +1,4 @@
-"""Step inputs (metrale.StepInputs, src/metrale/_step.pyx) and
+"""Step inputs (metrale.StepInputs, src/metrale/_arena/_step.pyx) and
 zero_all_rows(tokens_at=...): the token count read where the work runs.
 
 Expectations come from ARENA.md, written out again in helpers

@@ -13,7 +13,7 @@ import pytest
 
 import metrale
 from metrale import BufferArena, MetraleError, OutOfMemoryError
-from metrale._summary import Pin
+from metrale._arena._summary import Pin
 from metrale.sizes import BUFFER_NAMES
 from metrale.testing import FaultyBackend
 from metrale.tp import PeerBuffers, PeerGroup
@@ -42,7 +42,7 @@ def _counts(gpu):
 def _warm():
     """Load what a first shared arena loads (extension modules add mappings),
     so that /proc counts taken afterwards compare like with like."""
-    import metrale._peer  # noqa: F401
+    import metrale._arena._peer  # noqa: F401
     import metrale.tp  # noqa: F401
     with BufferArena.new(CFG, *LIMITS, metrale.HostBackend(), group=SoloGroup()):
         pass
@@ -189,7 +189,7 @@ def rank_with_stranger(rank, size, path, credentials):
     unreadable (another pid namespace), so the stranger is not closed at
     once and must not hold up the real peer's message."""
     import time
-    import metrale._tp_exchange as exchange
+    import metrale._sharing._tp_exchange as exchange
     if credentials == "unknown":
         exchange._peer_rank = lambda conn, pids: None
     gpu = metrale.HostBackend()
@@ -217,7 +217,7 @@ def rank_malformed(rank, size, path, header):
     MetraleError naming rank 1, promptly (not after the group's timeout),
     with nothing left behind."""
     import time
-    import metrale._tp_exchange as exchange
+    import metrale._sharing._tp_exchange as exchange
     if rank == 1:
         exchange._header = lambda me, to, chunks, error: header
     gpu = metrale.HostBackend()
@@ -501,7 +501,7 @@ def test_peer_accessors_follow_the_buffer_table():
     assert accessors == set(POINTER)
     for n in POINTER:
         assert callable(getattr(BufferArena, n))
-    stub = ast.parse((pathlib.Path(metrale.__file__).parent / "tp.pyi").read_text())
+    stub = ast.parse((pathlib.Path(metrale.__file__).parent / "_arena" / "tp.pyi").read_text())
     cls = next(c for c in stub.body if isinstance(c, ast.ClassDef) and c.name == "PeerBuffers")
     assert {f.name for f in cls.body if isinstance(f, ast.FunctionDef)} - {"__init__", "ptr"} \
         == set(POINTER)

@@ -78,7 +78,7 @@ NUMPY_SPELLINGS = ["bool", "?", "b1", "int8", "i1", "|i1", "b", "byte", "uint8",
 @pytest.mark.parametrize("spelling", NUMPY_SPELLINGS)
 def test_dtype_spellings_mean_what_numpy_means(spelling):
     import numpy as np
-    from metrale._common import resolve_dtype
+    from metrale._base._common import resolve_dtype
     expect = np.dtype(spelling)
     assert resolve_dtype(spelling) == expect.name
     assert resolve_dtype(expect) == expect.name            # the dtype object too
@@ -92,7 +92,7 @@ def test_dtype_spellings_mean_what_numpy_means(spelling):
 
 def test_dtype_objects_and_refusals():
     import numpy as np
-    from metrale._common import DTYPE_NAMES, resolve_dtype
+    from metrale._base._common import DTYPE_NAMES, resolve_dtype
     for t, name in [(float, "float64"), (int, "int64"), (bool, "bool"), (complex, "complex128"),
                     (np.float32, "float32"), (np.uint8, "uint8"), (np.bool_, "bool")]:
         assert resolve_dtype(t) == name == np.dtype(t).name

@@ -1,10 +1,10 @@
-"""Generate what the reference buffer set (src/metrale/_reference_table.py)
+"""Generate what the reference buffer set (src/metrale/_sizing/_reference_table.py)
 decides at build time: the arena's compiled accessors and the per-buffer
 entries of the stubs.
 
     python tools/gen_buffers.py REFERENCE_PY ARENA_PYX_IN OUT_PYX [--stub IN OUT ...]
 
-OUT_PYX: the arena module, the template _arena.pyx.in with, in the
+OUT_PYX: the arena module, the template _arena/_buffer_arena.pyx.in with, in the
 BufferArena class, one pointer and one byte accessor per reference buffer as
 its spec's ``accessors`` say (each reads the arena's tuple by reference id).
 Each ``--stub IN OUT`` writes the stub template IN with the
@@ -12,9 +12,12 @@ entries of its @GENERATED line (``accessors``: the arena's; ``peer
 accessors``: PeerBuffers'; ``size properties``: BufferSizes').  The meson
 build runs this; the tests check the generated stubs against the classes.
 
-REFERENCE_PY is imported as part of a stand-in package made of its directory,
-so only the pure-Python modules it imports (buffers, formulas, _dtypes,
-_record, _math) load: nothing compiled is needed.
+REFERENCE_PY (src/metrale/_sizing/reference.py) is imported from a stand-in
+package made of the source tree's metrale folder, so only the pure-Python
+modules it imports (relatively: the sizing layer's buffers, formulas and specs,
+the base's _dtypes, _record, _math) load: nothing compiled is needed.  The
+stand-in is not named metrale: an editable install's import hook would build
+the package (run ninja inside this build step) on an import of metrale.
 """
 
 import importlib
@@ -24,13 +27,14 @@ import types
 
 
 def load_reference(path):
-    """The REFERENCE BufferSet of metrale/reference.py at `path`."""
+    """The REFERENCE BufferSet of metrale/_sizing/reference.py at `path`."""
     sys.dont_write_bytecode = True      # nothing written into the source tree
+    sizing = os.path.dirname(os.path.abspath(path))
     name = "_metrale_gen"
     pkg = types.ModuleType(name)
-    pkg.__path__ = [os.path.dirname(os.path.abspath(path))]
+    pkg.__path__ = [os.path.dirname(sizing)]
     sys.modules[name] = pkg
-    return importlib.import_module(name + ".reference").REFERENCE
+    return importlib.import_module(f"{name}.{os.path.basename(sizing)}.reference").REFERENCE
 
 
 def accessors(reference):

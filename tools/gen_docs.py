@@ -6,7 +6,7 @@ and the generated section of docs/tensor-parallel.md.
 
 Run it with the Python that has metrale installed (or an editable install of
 this tree).  Every word comes from metrale.catalogue, metrale.levers and the
-tables of metrale._hf (what from_hf_config reads) and metrale.config (how a
+tables of metrale._sizing._hf (what from_hf_config reads) and metrale.config (how a
 tensor-parallel rank is sized), every helper membership from the buffer table
 (metrale.REFERENCE.groups), and every number from BufferSizes.from_config, so
 the generated files (and sections) are never edited by hand.
@@ -128,7 +128,7 @@ layouts, or q8_1 blocks; the entry's element row says what they hold): UNTYPED.
 Each formula below is a Python expression over the symbols of the next section; the test
 suite evaluates it and compares it with `BufferSizes.from_config` for every bundled preset
 over a grid of limits, targets and levers. Each entry, its helpers included, is one record of
-`REFERENCE` (`src/metrale/_reference_table.py`); [buffer-sets.md](buffer-sets.md) shows how an engine
+`REFERENCE` (`src/metrale/_sizing/_reference_table.py`); [buffer-sets.md](buffer-sets.md) shows how an engine
 declares its own. `metrale plan --explain NAME` prints one entry, evaluated for a model.
 
 """.replace("UNTYPED", untyped))
@@ -164,7 +164,7 @@ declares its own. `metrale plan --explain NAME` prints one entry, evaluated for 
       "up to 256 bytes. `total_bytes()` leaves out `o_latent` and `norm_unit_w`, as the "
       "reference preflight does. The per-buffer tables below use the same limits.\n\n")
     w("| preset | total_bytes() | MiB | slab bytes | NULL buffers |\n|---|---|---|---|---|\n")
-    from metrale._layout import plan_layout
+    from metrale._sizing._layout import plan_layout
     for p in PRESETS:
         s = sizes[p]
         slab = plan_layout(s).slab_bytes
@@ -363,10 +363,10 @@ def _family_of(data_path):
 
 def render_hf(root=ROOT):
     """The text of docs/hf-config.md."""
-    from metrale import _hf as C
+    from metrale._sizing import _hf as C
     files = _data_files(root)
     out = [_header("Reading a Hugging Face config.json",
-                   "the tables of metrale._hf and tests/data/hf")]
+                   "the tables of metrale._sizing._hf and tests/data/hf")]
     rule = {}
     for i, r in enumerate(C._RULES, 1):
         rule.setdefault(r.field, i)            # the first rule of each field
@@ -374,7 +374,7 @@ def render_hf(root=ROOT):
     w("""
 `ModelConfig.from_hf_config(path_or_dict, *, strict=False)` reads a model's `config.json`
 (a path, its directory, or the parsed dict) into the `ModelConfig` the buffers are sized
-from. This page is what it reads, from the tables in `metrale/_hf.py`: the families it
+from. This page is what it reads, from the tables in `metrale/_sizing/_hf.py`: the families it
 knows, the key each field is read from, the rules that derive what no key gives, and the
 keys known not to change any buffer size. `metrale plan --config PATH` reads the same way
 ([cli.md](cli.md)).

@@ -2,23 +2,22 @@
 
 Every import of one metrale module by another counts: ``import``, ``from ...
 import`` and Cython's ``cimport``, at module level or inside a function (a
-deferred import still closes a circle: the two modules then need each other),
-a module imported by name (``importlib.import_module``, the arena's forwarder
-``_m``) and the arena's generated forwards to the ``_arena_NAME`` functions of
-its concept modules.  A package that an import of one of its modules runs
-first is not counted (its __init__ may import its own modules: downwards).
-A module is a file of src/metrale (``.py``, ``.pyx``, ``.pxd``, the
-``.pyx.in`` templates): ``foo.pyx`` and ``foo.pxd`` are the one module
-``metrale.foo``.
+deferred import still closes a circle: the two modules then need each other)
+and a module imported by name (``importlib.import_module``).  A package that
+an import of one of its modules runs first is not counted (its __init__ may
+import its own modules: downwards).  A module is a file of src/metrale
+(``.py``, ``.pyx``, ``.pxd``, the ``.pyx.in`` templates): ``foo.pyx`` and
+``foo.pxd`` are the one module ``metrale._pkg.foo``.
 
     python tools/import_graph.py             # circles and upward imports, if any (exit 1)
     python tools/import_graph.py --dot FILE  # the graph in Graphviz form
     python tools/import_graph.py --svg FILE  # the layers drawn (docs/architecture.svg)
 
-`LAYERS` places every module in one layer, bottom first; an import may reach
-its own layer or one below, never one above.  tests/test_architecture.py checks
-that there is no circle, that every module has a layer and that no import
-runs up, and that docs/architecture.svg is this drawing.
+`LAYERS` names the layers, bottom first, each one package of src/metrale; the
+modules of the top folder are the front door above them all.  An import may
+reach its own layer or one below, never one above.  tests/test_architecture.py
+checks that there is no circle, that every module has a layer and that no
+import runs up, and that docs/architecture.svg is this drawing.
 """
 
 import argparse
@@ -32,10 +31,8 @@ _SUFFIXES = (".pyx.in", ".pyx", ".pxd", ".py")
 # Cython lines that name modules: [from X] cimport/import Y (Cython is not
 # Python: read line by line, joined over brackets and backslashes).
 _CY = re.compile(r"^\s*(?:from\s+([\w.]+)\s+c?import\s+(.+)|c?import\s+(.+))$")
-# A module imported by name at run time (importlib, or the arena's forwarder
-# _m("_sleep")): an import all the same.
-_FORWARDED = re.compile(r"^def _arena_\w+\(BufferArena a", re.M)
-_BY_NAME = re.compile(r"""(?:import_module\(\s*|\b_m\(\s*)["'](?:metrale\.)?([\w.]+)["']""")
+# A module imported by name at run time (importlib): an import all the same.
+_BY_NAME = re.compile(r"""import_module\(\s*["'](metrale\.[\w.]+)["']""")
 
 
 def _module(path, root):
@@ -70,15 +67,14 @@ def _python_imports(text, here, is_package):
         elif isinstance(node, ast.ImportFrom):
             mod = _absolute(node.module or "", node.level, here, is_package)
             out.add(mod)
-            # `from metrale import _reserve` imports the module metrale._reserve
+            # `from metrale import _reserve` imports the module metrale._arena._reserve
             out.update(f"{mod}.{a.name}" for a in node.names)
         elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) \
                 and isinstance(node.args[0].value, str):
             f = node.func
             called = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
-            if called in ("import_module", "_m"):
-                name = node.args[0].value
-                out.add(name if name.startswith("metrale.") else "metrale." + name)
+            if called == "import_module":
+                out.add(node.args[0].value)
     return out
 
 
@@ -92,8 +88,7 @@ def _cython_imports(text, here, is_package):
         if depth <= 0 and not line.rstrip().endswith("\\"):
             logical.append(buf.strip())
             buf, depth = "", 0
-    for name in _BY_NAME.findall(text):
-        out.add(name if name.startswith("metrale.") else "metrale." + name)
+    out.update(_BY_NAME.findall(text))
     for line in logical:
         m = _CY.match(line)
         if not m:
@@ -128,62 +123,58 @@ def graph(root=SRC):
             else:
                 found |= _cython_imports(text, mod, pkg)
         edges[mod] = {m for m in found if m in files and m != mod}
-    # The arena's generated forwards (tools/gen_buffers.py) call each concept
-    # module's _arena_NAME functions through the forwarder: imports too.
-    for mod, paths in files.items():
-        for p in paths:
-            with open(p, encoding="utf-8") as f:
-                if _FORWARDED.search(f.read()) and "metrale._arena" in edges:
-                    edges["metrale._arena"].add(mod)
     return edges
 
 
-# The layers, bottom first (the packages src/metrale is to be cut into), and
-# what each holds.
+# The layers, bottom first: (name, its package, what it holds).  The last is
+# the front door, the modules of the top folder: the package's __init__ (its
+# names, loaded lazily), __main__ and the public module paths (metrale.sizes is
+# the module metrale._sizing.sizes); it may import every layer, none imports it.
 LAYERS = (
-    ("base", "errors, records, exact integers, argument checks, the C core's declarations, "
-             "lifetime words", (
-        "metrale", "metrale.errors", "metrale._record", "metrale._math", "metrale._dtypes",
-        "metrale._common", "metrale._core", "metrale._debug_core", "metrale._peer_core",
-        "metrale._dlpack", "metrale._held", "metrale._life", "metrale._fields",
-        "metrale._driver")),
-    ("sizing", "configs, the formula language, buffer sets, the reference table, sizes, the "
-               "slab plan", (
-        "metrale.levers", "metrale.target", "metrale.formulas", "metrale.formulas._table",
-        "metrale.formulas._language", "metrale.formulas._growth", "metrale.formulas._explain",
-        "metrale._reference_table",
-        "metrale._spec", "metrale.buffers", "metrale.reference", "metrale._hf",
-        "metrale._presets", "metrale.config", "metrale.decode_meta", "metrale.sizes", "metrale.moe",
-        "metrale.catalogue", "metrale.debug", "metrale._layout")),
-    ("backends", "memory and devices: the host and CUDA backends, kernels, mappings, "
-                 "pinned staging, host scratch", (
-        "metrale._backend", "metrale._host_backend", "metrale._vmm", "metrale._kernels",
-        "metrale._cuda", "metrale._faulty_cuda", "metrale.testing", "metrale.cuda",
-        "metrale._mapping", "metrale._staging", "metrale._scratch", "metrale._transfer")),
-    ("sharing", "the peers' slabs and the descriptor exchange of tensor parallelism", (
-        "metrale._peer_slabs", "metrale._tp_exchange")),
-    ("arena", "the arena: its state, each concept's state and methods, its construction", (
-        "metrale._reservation", "metrale._sleep_state", "metrale._arena_state", "metrale.tp",
-        "metrale._reserve", "metrale._sleep", "metrale._peer", "metrale._allreduce",
-        "metrale._debug", "metrale._step", "metrale._view", "metrale._summary",
-        "metrale._construct", "metrale._arena")),
-    ("integrations", "what is built on arenas: fit, the picture, process checkpoints", (
-        "metrale.fitting", "metrale.picture", "metrale.checkpoint",
-        "metrale._checkpoint_driver")),
-    ("cli", "the command line", (
-        "metrale.cli", "metrale._cli_common", "metrale._cli_fit", "metrale.__main__")),
+    ("base", "metrale._base", "errors, records, exact integers, argument checks, the C core's "
+                              "declarations, lifetime words"),
+    ("sizing", "metrale._sizing", "configs, the formula language, buffer sets, the reference "
+                                  "table, sizes, the slab plan"),
+    ("backends", "metrale._backends", "memory and devices: the host and CUDA backends, kernels, "
+                                      "mappings, pinned staging, host scratch"),
+    ("sharing", "metrale._sharing", "the peers' slabs and the descriptor exchange of tensor "
+                                    "parallelism"),
+    ("arena", "metrale._arena", "the arena: its state, each concept's state and methods, its "
+                                "construction, tensor parallelism"),
+    ("integrations", "metrale._integrations", "what is built on arenas: fit, the picture, "
+                                              "process checkpoints"),
+    ("cli", "metrale._cli", "the command line"),
+    ("front door", "metrale", "metrale's names, its public module paths (each the module of "
+                              "its layer), __main__"),
 )
 
 
-def layer_of():
-    """Module -> the index of its layer (0: the bottom)."""
-    return {m: i for i, (_, _, mods) in enumerate(LAYERS) for m in mods}
+def layer_of(modules):
+    """Module -> the index of its layer (0: the bottom), for those `modules`
+    that have one: a layer's package and everything in it, or a module of
+    the top folder (the front door)."""
+    out = {}
+    for m in modules:
+        for i, (_, pkg, _) in enumerate(LAYERS[:-1]):
+            if m == pkg or m.startswith(pkg + "."):
+                out[m] = i
+                break
+        else:
+            if m == "metrale" or (m.startswith("metrale.") and m.count(".") == 1):
+                out[m] = len(LAYERS) - 1
+    return out
+
+
+def members(edges):
+    """The modules of each layer, bottom first, each list sorted."""
+    where = layer_of(edges)
+    return [sorted(m for m in edges if where.get(m) == i) for i in range(len(LAYERS))]
 
 
 def upward(edges):
     """(module, imported) pairs where the import reaches a higher layer, and
     the modules no layer places."""
-    where = layer_of()
+    where = layer_of(edges)
     unplaced = sorted(m for m in edges if m not in where)
     up = sorted((m, d) for m, ds in edges.items() for d in ds
                 if m in where and d in where and where[d] > where[m])
@@ -235,15 +226,16 @@ def dot(edges):
 
 
 def svg(edges):
-    """The layers as stacked bands, top (cli) to bottom (base): each module a
-    box in its band, and beside each band the imports it makes into each
-    layer below it."""
+    """The layers as stacked bands, top (the front door) to bottom (base): each
+    module a box in its band (named within its package), and beside each band
+    the imports it makes into each layer below it."""
     from xml.sax.saxutils import escape
-    where = layer_of()
+    where = layer_of(edges)
+    layers = members(edges)
     width, left, box_w, box_h, gap, pad = 1100, 150, 158, 22, 6, 10
     per_row = (width - left - 20) // (box_w + gap)
     below = []                  # per layer: [(layer below, imports into it)]
-    for i, (_, _, mods) in enumerate(LAYERS):
+    for i, mods in enumerate(layers):
         n = {}
         for m in mods:
             for d in edges.get(m, ()):
@@ -252,7 +244,7 @@ def svg(edges):
         below.append(sorted(n.items(), reverse=True))
     bands, y = [], 56
     for i in reversed(range(len(LAYERS))):
-        name, what, mods = LAYERS[i]
+        mods = layers[i]
         rows = -(-len(mods) // per_row)
         h = max(2 * pad + 18 + rows * (box_h + gap), 44 + 12 * len(below[i]))
         bands.append((i, y, h))
@@ -267,11 +259,14 @@ def svg(edges):
            'Imports run down (or within a layer), never up; tools/import_graph.py checks it.</text>']
     fills = ("#e8f0fe", "#e6f4ea", "#fef7e0", "#fce8e6", "#f3e8fd", "#e0f7fa", "#f1f3f4")
     for i, y0, h in bands:
-        name, what, mods = LAYERS[i]
+        name, pkg, what = LAYERS[i]
+        mods = layers[i]
         out.append(f'<rect x="10" y="{y0}" width="{width - 20}" height="{h}" rx="6" '
                    f'fill="{fills[i % len(fills)]}" stroke="#9aa0a6"/>')
         out.append(f'<text x="20" y="{y0 + 20}" font-size="14" font-weight="bold" '
                    f'fill="#202124">{escape(name)}</text>')
+        out.append(f'<text x="20" y="{y0 + h - 8}" font-size="10" '
+                   f'fill="#5f6368">{escape(pkg)}</text>')
         out.append(f'<text x="{left}" y="{y0 + 18}" fill="#5f6368">{escape(what)}</text>')
         for k, m in enumerate(mods):
             r, c = divmod(k, per_row)
@@ -279,7 +274,7 @@ def svg(edges):
             out.append(f'<rect x="{x}" y="{yy}" width="{box_w}" height="{box_h}" rx="3" '
                        f'fill="#ffffff" stroke="#5f6368"/>')
             out.append(f'<text x="{x + 6}" y="{yy + 15}" fill="#202124">'
-                       f'{escape(m.replace("metrale.", "") if m != "metrale" else "metrale")}</text>')
+                       f'{escape(m[len(pkg) + 1:] or m if m != pkg else m)}</text>')
         for k, (j, n) in enumerate(below[i]):
             out.append(f'<text x="20" y="{y0 + 38 + 12 * k}" fill="#5f6368" font-size="10">'
                        f'{n} import{"s" if n > 1 else ""} of {escape(LAYERS[j][0])}</text>')

@@ -217,18 +217,28 @@ def meson_version(src):
 # -- checks ----------------------------------------------------------------
 
 def expected_members(src, tag):
-    """Paths every wheel must hold, from the source tree."""
+    """Paths every wheel must hold, from the source tree (the package and its
+    subpackages, one per layer)."""
     pkg = os.path.join(src, "src", "metrale")
-    names = set()
-    for pat in ("*.py", "*.pyi", "*.pxd", "py.typed"):
-        names |= {f"metrale/{os.path.basename(p)}" for p in glob.glob(os.path.join(pkg, pat))}
-    stems = {os.path.basename(p)[:-4] for p in glob.glob(os.path.join(pkg, "*.pyx"))}
-    stems |= {os.path.basename(p)[:-7] for p in glob.glob(os.path.join(pkg, "*.pyx.in"))}
-    if "_cuda" not in stems:
-        raise Failure("src/metrale/_cuda.pyx is missing")
-    names |= {f"metrale/{s}.{tag}.so" for s in stems}
-    # generated at build time: the version, and the stubs of the templates *.pyi.in
-    names |= {f"metrale/{os.path.basename(p)[:-3]}" for p in glob.glob(os.path.join(pkg, "*.pyi.in"))}
+    names, stems = set(), set()
+    for d, dirs, files in os.walk(pkg):
+        dirs[:] = [x for x in dirs if x not in ("kernels", "__pycache__")]
+        rel = os.path.relpath(d, os.path.join(src, "src")).replace(os.sep, "/")
+        for f in files:
+            if f.endswith((".py", ".pyi", ".pxd")) or f == "py.typed":
+                names.add(f"{rel}/{f}")
+            elif f.endswith(".pyx"):
+                stems.add(f"{rel}/{f[:-4]}")
+            elif f.endswith(".pyx.in"):
+                stems.add(f"{rel}/{f[:-7]}")
+            elif f.endswith(".pyi.in"):
+                # generated at build time: the stubs of the templates; the
+                # arena's build step writes sizes.pyi into metrale/_sizing too
+                names.add(f"{rel}/{f[:-3]}")
+    if "metrale/_backends/_cuda" not in stems:
+        raise Failure("src/metrale/_backends/_cuda.pyx is missing")
+    names |= {f"{s}.{tag}.so" for s in stems}
+    # generated at build time: the version
     names |= {"metrale/_version.py", "metrale/arena_core.h"}
     cus = glob.glob(os.path.join(pkg, "kernels", "*.cu"))
     if not cus:
@@ -319,7 +329,7 @@ def check_sdist(sdist, version, license_bytes, scratch):
     with tarfile.open(sdist) as t:
         names = set(t.getnames())
         for want in ("LICENSE", "PKG-INFO", "pyproject.toml", "meson.build", "tools/kernels.py",
-                     "src/metrale/_cuda.pyx", "tests/conftest.py", "tests/test_version.py"):
+                     "src/metrale/_backends/_cuda.pyx", "tests/conftest.py", "tests/test_version.py"):
             if f"{top}/{want}" not in names:
                 problems.append(f"sdist lacks {want}")
         if f"{top}/LICENSE" in names and t.extractfile(f"{top}/LICENSE").read() != license_bytes:

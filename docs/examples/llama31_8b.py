@@ -18,7 +18,7 @@ runs it and checks its numbers against the formulas written out.
 import argparse
 
 from metrale import REFERENCE, BufferArena, BufferSizes, BufferSpec, HostBackend, ModelConfig
-from metrale._layout import plan_layout
+from metrale import plan_layout
 
 # The limits the engine serves (those of `metrale plan` by default).
 LIMITS = dict(max_batch_tokens=8192, max_seq_len=4096, kv_block_size=16, max_batch_size=32)

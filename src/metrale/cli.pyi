@@ -1,8 +1,1 @@
-from typing import Any, Sequence
-
-USAGE: int
-RUNTIME: int
-
-def plan(args: Any) -> dict[str, Any]: ...
-def fit_answer(args: Any) -> dict[str, Any]: ...
-def main(argv: Sequence[str] | None = ...) -> int: ...
+from metrale._cli.cli import *

@@ -1,23 +1,2 @@
-from typing import Mapping
-
-from metrale._record import Record
-from metrale.config import ModelConfig
-
-__all__ = ["Lever", "LEVERS", "LEVER_NAMES", "lever_on", "quantization_levers"]
-
-class Lever(Record):
-    def __init__(self, name: str, buffers: tuple[str, ...], effect: str, rule: str) -> None: ...
-    @property
-    def name(self) -> str: ...
-    @property
-    def buffers(self) -> tuple[str, ...]: ...
-    @property
-    def effect(self) -> str: ...
-    @property
-    def rule(self) -> str: ...
-
-LEVERS: tuple[Lever, ...]
-LEVER_NAMES: tuple[str, ...]
-
-def quantization_levers(config: ModelConfig) -> tuple[str, ...]: ...
-def lever_on(name: str, env: Mapping[str, str], config: ModelConfig | None = None) -> bool: ...
+from metrale._sizing.levers import *
+from metrale._sizing.levers import __all__ as __all__

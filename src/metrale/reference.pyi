@@ -1,7 +1,2 @@
-from metrale.buffers import BufferSet
-
-__all__ = ["REFERENCE"]
-
-REFERENCE: BufferSet
-
-def buffer_set_arg(buffers: BufferSet | None) -> BufferSet: ...
+from metrale._sizing.reference import *
+from metrale._sizing.reference import __all__ as __all__

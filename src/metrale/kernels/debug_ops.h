@@ -33,7 +33,7 @@ enum {
     MT_DBG_FINGERPRINT = 3  /* the sum of mt_fp_word over the item's 8-byte words */
 };
 
-/* Element types (the catalogue's dtype names, metrale/_debug.pyx maps them). */
+/* Element types (the catalogue's dtype names, metrale/_arena/_debug.pyx maps them). */
 enum {
     MT_EL_NONE = 0,         /* untyped: raw bytes, mixed or q8_1 blocks */
     MT_EL_BF16 = 1,

@@ -1,2 +1,0 @@
-# metrale._allreduce: BufferArena binds peer_all_reduce and check_peer_reduce from here
-# (typed in _arena.pyi).

@@ -1,0 +1,50 @@
+# The reserved memory of an arena (see _reservation.pyx): the physical chunks
+# mapped in its reservation and what they are cut by, for the arena and the
+# modules that reshape it (_reserve, _sleep, _peer).
+from libc.stdint cimport uint64_t, uintptr_t
+
+from metrale._backends._backend cimport Backend
+from metrale._base._core cimport mt_layout
+from metrale._base._held cimport Held
+
+
+cdef class Reservation:
+    cdef Backend gpu
+    cdef uint64_t granule         # the backend's allocation granularity
+    cdef bint shareable           # chunks created exportable (a shared arena's)
+    cdef Held chunks              # [(offset, bytes, handle)] mapped now, sorted
+    cdef Held orphans             # [(handle, bytes)] unmapped, whose release failed: retried
+    cdef uint64_t piece           # chunks no longer than this (0: any), set by the first
+                                  # sleep that keeps or offloads, so that later ones pipeline
+    cdef uint64_t peak            # the most bytes ever committed (memory_stats)
+    cdef uint64_t reshapes        # resizes so far (StepInputs made before one refuse)
+    cdef object top_sizes         # BufferSizes of the reserved limits (each buffer's room)
+    cdef object top_limits        # the reserved limits (max_batch_tokens, max_seq_len,
+                                  # kv_block_size, max_batch_size), None when unrecorded
+
+    # Map what the layout `L` needs and is not mapped (no chunk longer than
+    # `piece`); on failure what this call mapped is unmapped again.
+    cdef int commit(self, const mt_layout *L, uintptr_t base) except -1
+    # Unmap the chunks `L` no longer touches (the device waited for first).
+    cdef int trim(self, const mt_layout *L, uintptr_t base) except -1
+    # Unmap `chunks` (some of ours) and release their handles; every one is
+    # tried; returns the first error or None.
+    cdef object unmap(self, uintptr_t base, object chunks)
+    # Release again the handles whose release failed; those that fail stay.
+    cdef object retry(self)
+    # Bytes mapped now.
+    cdef uint64_t committed(self)
+    # Whether it holds a chunk or a handle.
+    cdef bint holds(self)
+    # Free the reservation of `nbytes` at `alloc` (chunks at offsets from
+    # `base`) with everything in it, unless `others` (something else is still
+    # mapped there): (first error or None, whether it was freed).
+    cdef tuple close(self, uintptr_t base, uintptr_t alloc, size_t nbytes, bint others=*)
+    # In a forked child: the device memory is the parent's; forget it all.
+    cdef void forget(self) noexcept
+
+
+cdef Reservation reservation_new(Backend gpu, bint shareable, object top_sizes,
+                                 object top_limits)
+# The (offset, bytes) `runs` cut in pieces of at most `piece` bytes (0: whole).
+cdef list cut(list runs, uint64_t piece)

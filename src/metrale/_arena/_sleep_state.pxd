@@ -1,0 +1,73 @@
+# What a reserved arena's sleep holds (see _sleep_state.pyx): one record per
+# buffer, and the host memory of its offloads; for the arena and for the
+# modules that put it to sleep and wake it (_sleep) or report it (_summary).
+from libc.stdint cimport uint64_t, uintptr_t
+
+from metrale._backends._backend cimport Backend
+from metrale._base._core cimport mt_layout
+from metrale._base._held cimport Held
+
+# A buffer's fate in the sleep now (the last one, once awake: wake forgets it).
+cdef enum:
+    FATE_DISCARDED = 0            # its addresses unmapped: contents undefined on wake
+    FATE_KEPT = 1                 # copied to its pinned host copy, copied back by wake
+    FATE_OFFLOADED = 2            # moved to host memory mapped at its own addresses
+
+# One buffer's record, as vLLM's AllocationData is one allocation's.
+cdef struct SleepRecord:
+    unsigned char fate
+    uintptr_t host                # its pinned copy for keep (made once, reused; 0: none)
+    uint64_t capacity             # the copy's bytes
+    uint64_t moved                # bytes this sleep copied out (kept) or moved (offloaded)
+
+
+cdef class SleepState:
+    cdef Backend gpu
+    cdef bint sleeping            # the physical memory is given back
+    cdef int n                    # buffers (records)
+    cdef SleepRecord *rec
+    cdef Held hosted              # [(offset, bytes, handle)] host memory of offloads, mapped at
+                                  # the staging range: made once, reused, freed by close
+    cdef uintptr_t stage          # a reservation of stage_bytes where `hosted` stay mapped
+    cdef uint64_t stage_bytes
+    cdef Held at_base             # asleep: `hosted` mapped at the buffers' own addresses too
+    cdef Held host_orphans        # [(handle, bytes)] host handles whose release failed: retried
+
+    # The buffer ids with this fate, in order.
+    cdef list with_fate(self, unsigned char fate)
+    # This sleep's fates: `offloaded` and `kept` map buffer ids to the bytes
+    # moved, every other buffer is discarded.
+    cdef int set_fates(self, dict offloaded, dict kept) except -1
+    # A pinned host copy for each of `ids` at its size in `L`: the one it has
+    # when large enough, else a new one (the old freed once the new is made).
+    cdef int keep_copies(self, const mt_layout *L, list ids) except -1
+    # Host memory mapped at the staging range for every (offset, bytes) run,
+    # in pieces of at most `piece` bytes: what it has when it covers them.
+    cdef int host_memory(self, list runs, uint64_t piece) except -1
+    # Unmap from the staging range and release `hosted`; what fails stays
+    # in `hosted` (or, a release, in `host_orphans`).
+    cdef int _drop(self, list hosted) except -1
+    # The host handles that hold some of `runs`.
+    cdef list overlapping(self, list runs)
+    # Map host handles `entries` at the buffers' own addresses from `base`;
+    # on failure what this call mapped is unmapped again.
+    cdef int map_at(self, uintptr_t base, list entries) except -1
+    # Unmap the host memory from the buffers' own addresses (the device
+    # waited for); on failure what this call unmapped is mapped again.
+    cdef int unmap_at(self, uintptr_t base) except -1
+    cdef uint64_t _moved(self, unsigned char fate)
+    cdef uint64_t kept_bytes(self)
+    cdef uint64_t host_keep_bytes(self)
+    cdef uint64_t offloaded_bytes(self)
+    cdef uint64_t host_offload_bytes(self)
+    # Whether it holds host memory, a host handle or a copy.
+    cdef bint holds(self)
+    # Free all of it (unmapped from `base` and the staging range, released,
+    # the copies freed); what fails stays for the next call: the first error,
+    # or None.
+    cdef object close(self, uintptr_t base)
+    # In a forked child: the memory is the parent's; forget it all.
+    cdef void forget(self) noexcept
+
+
+cdef SleepState sleep_state_new(Backend gpu, int n, uint64_t stage_bytes)

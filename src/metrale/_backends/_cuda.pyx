@@ -1,0 +1,547 @@
+# cython: language_level=3, binding=False
+"""CudaBackend: the arena's device operations on an NVIDIA GPU.
+
+The class: the device's primary context (the one torch and CuPy use), made
+current on whichever thread calls; allocations, memsets, copies, events; its
+kernels, launched by _kernels.pyx; its physical memory, through _vmm.pyx.
+Every driver call is a direct C call into cuda.bindings.cydriver (no Python
+object in between) made with the GIL released and checked by _driver.pxd.
+"""
+
+cimport cython
+from libc.stdint cimport uint64_t, uintptr_t
+
+from cuda.bindings cimport cydriver
+from metrale._backends cimport _kernels
+from metrale._backends cimport _vmm
+from metrale._base._core cimport mt_range, mt_rows_args
+from metrale._base._life cimport mt_fork_generation
+from metrale._backends._backend cimport Backend
+from metrale._base._debug_core cimport MT_DBG_FILL, mt_debug_args, mt_debug_result
+from metrale._base._peer_core cimport MT_RED_BLOCKS, mt_reduce_args
+from metrale._base._common cimport as_stream, index_arg, u64_arg, mt_py_finalizing
+from metrale._base._driver cimport check
+
+from threading import Lock as _Lock
+
+from metrale._backends import _transfer as transfer
+from metrale._base.errors import MetraleError
+
+
+cdef int _forked() except -1 with gil:
+    raise MetraleError("CudaBackend: this process was forked after CUDA was initialized "
+                       "in its parent; CUDA cannot be used here (use the spawn start "
+                       "method, or make the backend in the child)")
+
+
+# Not final: metrale.testing.FaultyCudaBackend fails its operations on demand.
+@cython.no_gc_clear         # as every backend (see _backend.pyx)
+cdef class CudaBackend(Backend):
+    """CudaBackend(device=0)
+--
+
+An NVIDIA GPU through the CUDA driver.
+
+    Construction retains the device's primary context, the one torch and
+    CuPy use, so pointers move freely between metrale, torch and CuPy; reads
+    the SM count and compute capability; and loads the zeroing kernel once.
+    Before each driver call the backend makes its context current on the
+    calling thread, without restoring the previous one afterwards.  Every
+    driver call is a direct C call made with the GIL released.  Build one per
+    device and share it: it is safe to use from many threads.  The context is
+    released when the backend is garbage-collected.
+
+    Parameters
+    ----------
+    device : int, optional
+        The device ordinal (default 0).
+
+    Attributes
+    ----------
+    launch_count : int
+        Kernel launches made (read-only; besides the counters of `Backend`).
+
+    Raises
+    ------
+    TypeError
+        `device` is not an int.
+    ValueError
+        `device` is negative or above 2**31 - 1.
+    MetraleError
+        No usable driver or GPU, or a driver call failed; the message names
+        the call and the driver's error.
+    OutOfMemoryError
+        The driver ran out of memory while setting up the context or
+        loading the zeroing kernel.
+    """
+    # its fields: _cuda.pxd
+
+    def __cinit__(self, device=0):
+        cdef cydriver.CUresult err
+        cdef int ordinal = <int>u64_arg(device, "device", 0, 0x7FFFFFFF)
+        cdef bytes ordinal_s = str(ordinal).encode()
+        cdef const char *ordinal_c = ordinal_s
+        self.device_type = 2
+        self.device_id = ordinal
+        self._fork_gen = mt_fork_generation()
+        self._debug_lock = _Lock()
+        try:
+            with nogil:
+                err = cydriver.cuInit(0)
+        except Exception as e:      # cydriver raises when libcuda cannot be loaded
+            raise MetraleError(f"CUDA driver unavailable: {e}") from e
+        with nogil:
+            check(err, "cuInit", "is an NVIDIA driver and GPU present?")
+            check(cydriver.cuDeviceGet(&self._dev, ordinal), "cuDeviceGet", ordinal_c)
+            check(cydriver.cuDevicePrimaryCtxRetain(&self._ctx, self._dev), "cuDevicePrimaryCtxRetain")
+        self._retained = True
+        with nogil:
+            check(cydriver.cuDeviceGetAttribute(&self._sm_count,
+                  cydriver.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, self._dev), "cuDeviceGetAttribute")
+            check(cydriver.cuDeviceGetAttribute(&self._cc_major,
+                  cydriver.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, self._dev), "cuDeviceGetAttribute")
+            check(cydriver.cuDeviceGetAttribute(&self._cc_minor,
+                  cydriver.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, self._dev), "cuDeviceGetAttribute")
+            self._current()
+        # Loaded once here, never inside a graph capture.
+        _kernels.zero_load(&self._zero)
+        with nogil:
+            check(cydriver.cuStreamCreate(&self._side, cydriver.CU_STREAM_NON_BLOCKING),
+                  "cuStreamCreate")
+
+    def __dealloc__(self):
+        if not self._retained or mt_py_finalizing() or mt_fork_generation() != self._fork_gen:
+            return        # at exit the driver may already be gone (the process frees all);
+                          # in a forked child every driver object is the parent's
+        with nogil:
+            if self._side != NULL:
+                cydriver.cuCtxSetCurrent(self._ctx)
+                cydriver.cuStreamDestroy(self._side)
+            _kernels.unload(&self._zero, &self._debug, &self._peer)
+            cydriver.cuDevicePrimaryCtxRelease(self._dev)
+
+    cdef int _current(self) except -1 nogil:
+        """Make the backend's context current on the calling thread: the step
+        before every checked driver call, without the GIL."""
+        cdef cydriver.CUcontext cur = NULL
+        if mt_fork_generation() != self._fork_gen:
+            return _forked()
+        cydriver.cuCtxGetCurrent(&cur)
+        if cur != self._ctx:
+            return check(cydriver.cuCtxSetCurrent(self._ctx), "cuCtxSetCurrent")
+        return 0
+
+    # -- Backend interface ----------------------------------------------------------
+    cdef int check_range(self, uintptr_t p, size_t n) except -1:
+        cdef bint inside
+        with nogil:
+            self._current()
+            inside = _vmm.inside(p, n, self.device_id)
+        if not inside:
+            raise ValueError(f"ranges: [{p:#x}, +{n}) is not inside one allocation of device "
+                             f"memory on device {self.device_id}")
+        return 0
+
+    cdef int alloc(self, size_t n, uintptr_t *out) except -1:
+        cdef cydriver.CUdeviceptr p = 0
+        with nogil:
+            self._current()
+            check(cydriver.cuMemAlloc(&p, n), "cuMemAlloc", NULL, n)
+        out[0] = <uintptr_t>p
+        self._note_alloc(n)
+        return 0
+
+    cdef int free(self, uintptr_t p, size_t n) except -1:
+        with nogil:
+            self._current()
+            check(cydriver.cuMemFree(<cydriver.CUdeviceptr>p), "cuMemFree")
+        self._note_free(n)
+        return 0
+
+    cdef void free_quiet(self, uintptr_t p, size_t n) noexcept:
+        cdef cydriver.CUresult err
+        if mt_py_finalizing():
+            return
+        with nogil:
+            cydriver.cuCtxSetCurrent(self._ctx)
+            err = cydriver.cuMemFree(<cydriver.CUdeviceptr>p)
+        if err == cydriver.CUDA_SUCCESS:
+            self._note_free(n)
+
+    cdef int memset(self, uintptr_t p, size_t n, uintptr_t stream) except -1:
+        cdef cydriver.CUstream s = <cydriver.CUstream>stream
+        with nogil:
+            self._current()
+            if (p | n) & 3 == 0:
+                check(cydriver.cuMemsetD32Async(<cydriver.CUdeviceptr>p, 0, n // 4, s), "cuMemsetD32Async")
+            else:
+                check(cydriver.cuMemsetD8Async(<cydriver.CUdeviceptr>p, 0, n, s), "cuMemsetD8Async")
+        self.memset_count += 1
+        return 0
+
+    cdef int zero_ranges(self, uintptr_t base, const mt_range *r, int n, uintptr_t stream) except -1:
+        if n == 1:
+            return self.memset(base + r[0].offset, r[0].length, stream)
+        with nogil:
+            self._current()
+            _kernels.zero_ranges(&self._zero, base, r, n, <cydriver.CUstream>stream)
+        self.launch_count += 1
+        return 0
+
+    cdef int zero_rows_at(self, const mt_rows_args *a, uintptr_t stream) except -1:
+        cdef int launched
+        with nogil:
+            self._current()
+            launched = _kernels.zero_rows_at(&self._zero, a, self._sm_count, <cydriver.CUstream>stream)
+        self.launch_count += launched
+        return 0
+
+    cdef int copy_h2d(self, uintptr_t dst, const void *src, size_t n, uintptr_t stream) except -1:
+        with nogil:
+            self._current()
+            check(cydriver.cuMemcpyHtoDAsync(<cydriver.CUdeviceptr>dst, src, n, <cydriver.CUstream>stream),
+                  "cuMemcpyHtoDAsync")
+        self.h2d_count += 1
+        return 0
+
+    cdef int event_create(self, uintptr_t *out) except -1:
+        cdef cydriver.CUevent ev = NULL
+        with nogil:
+            self._current()
+            check(cydriver.cuEventCreate(&ev, cydriver.CU_EVENT_DISABLE_TIMING), "cuEventCreate")
+        out[0] = <uintptr_t>ev
+        return 0
+
+    cdef bint _capturing(self, cydriver.CUstream s) except -1 nogil:
+        """Whether stream `s` is being captured into a graph (context current)."""
+        cdef cydriver.CUstreamCaptureStatus status = cydriver.CU_STREAM_CAPTURE_STATUS_NONE
+        check(cydriver.cuStreamIsCapturing(s, &status), "cuStreamIsCapturing")
+        return status == cydriver.CU_STREAM_CAPTURE_STATUS_ACTIVE
+
+    cdef int event_record(self, uintptr_t event, uintptr_t stream) except -1:
+        # Inside a stream capture the record is made EXTERNAL, a node of the
+        # graph, so that each replay records the event (a plain record would
+        # only order the capture); the driver refuses that flag outside one.
+        cdef cydriver.CUstream s = <cydriver.CUstream>stream
+        with nogil:
+            self._current()
+            if self._capturing(s):
+                check(cydriver.cuEventRecordWithFlags(<cydriver.CUevent>event, s,
+                                                      cydriver.CU_EVENT_RECORD_EXTERNAL),
+                      "cuEventRecordWithFlags")
+            else:
+                check(cydriver.cuEventRecord(<cydriver.CUevent>event, s), "cuEventRecord")
+        return 0
+
+    cdef int event_wait(self, uintptr_t event) except -1:
+        with nogil:
+            self._current()
+            check(cydriver.cuEventSynchronize(<cydriver.CUevent>event), "cuEventSynchronize")
+        return 0
+
+    cdef void event_destroy(self, uintptr_t event) noexcept:
+        if mt_py_finalizing():
+            return
+        with nogil:
+            cydriver.cuCtxSetCurrent(self._ctx)
+            cydriver.cuEventDestroy(<cydriver.CUevent>event)
+
+    cdef int d2h(self, void *dst, uintptr_t src, size_t n, uintptr_t stream) except -1:
+        cdef cydriver.CUstream s = <cydriver.CUstream>stream
+        with nogil:
+            self._current()
+            check(cydriver.cuMemcpyDtoHAsync(dst, <cydriver.CUdeviceptr>src, n, s), "cuMemcpyDtoHAsync")
+            check(cydriver.cuStreamSynchronize(s), "cuStreamSynchronize")
+        self.d2h_count += 1
+        return 0
+
+    cdef int h2d(self, uintptr_t dst, const void *src, size_t n, uintptr_t stream) except -1:
+        cdef cydriver.CUstream s = <cydriver.CUstream>stream
+        with nogil:
+            self._current()
+            check(cydriver.cuMemcpyHtoDAsync(<cydriver.CUdeviceptr>dst, src, n, s), "cuMemcpyHtoDAsync")
+            check(cydriver.cuStreamSynchronize(s), "cuStreamSynchronize")
+        self.h2d_count += 1
+        return 0
+
+    cdef int sync(self, uintptr_t stream) except -1:
+        with nogil:
+            self._current()
+            check(cydriver.cuStreamSynchronize(<cydriver.CUstream>stream), "cuStreamSynchronize")
+        self.sync_count += 1
+        return 0
+
+    cdef int quiesce(self) except -1:
+        with nogil:
+            self._current()
+            check(cydriver.cuCtxSynchronize(), "cuCtxSynchronize")
+        self.sync_count += 1
+        return 0
+
+    cdef int host_alloc(self, size_t n, void **out) except -1:
+        with nogil:
+            self._current()
+            check(cydriver.cuMemAllocHost(out, n if n else 1), "cuMemAllocHost", NULL, n)
+        self.host_alloc_count += 1
+        self.live_host_alloc_count += 1
+        return 0
+
+    cdef void host_free(self, void *p) noexcept:
+        if mt_py_finalizing():
+            return
+        with nogil:
+            cydriver.cuCtxSetCurrent(self._ctx)
+            cydriver.cuMemFreeHost(p)
+        self.live_host_alloc_count -= 1
+
+    # -- physical memory: reserved and tensor-parallel arenas (_vmm.pyx) -------------
+    cdef size_t granularity(self) except 0:
+        if self._gran == 0:
+            with nogil:
+                _vmm.granularity(self.device_id, &self._gran)
+        return self._gran
+
+    cdef int reserve(self, size_t n, uintptr_t *out) except -1:
+        cdef size_t g = self.granularity()
+        with nogil:
+            self._current()
+            _vmm.reserve(n, g, out)
+        self.reserved_bytes += n
+        return 0
+
+    cdef int unreserve(self, uintptr_t p, size_t n) except -1:
+        with nogil:
+            self._current()
+            _vmm.unreserve(p, n)
+        self.reserved_bytes -= n
+        return 0
+
+    cdef int create(self, size_t n, uint64_t *handle) except -1:
+        return self._create(n, False, handle)
+
+    cdef int create_exportable(self, size_t n, uint64_t *handle) except -1:
+        return self._create(n, True, handle)
+
+    cdef int _create(self, size_t n, bint exportable, uint64_t *handle) except -1:
+        with nogil:
+            self._current()
+            _vmm.create(self.device_id, n, exportable, handle)
+        self.handle_count += 1
+        return 0
+
+    cdef int release_handle(self, uint64_t handle, size_t n) except -1:
+        with nogil:
+            self._current()
+            _vmm.release(handle)
+        self.handle_count -= 1
+        return 0
+
+    cdef int create_host(self, size_t n, uint64_t *handle) except -1:
+        with nogil:
+            self._current()
+            _vmm.create_host(self.device_id, n, handle)
+        self.host_handle_count += 1
+        self.host_handle_bytes += n
+        return 0
+
+    cdef int release_host(self, uint64_t handle, size_t n) except -1:
+        with nogil:
+            self._current()
+            _vmm.release(handle)
+        self.host_handle_count -= 1
+        self.host_handle_bytes -= n
+        return 0
+
+    cdef int side_stream(self, uintptr_t *out) except -1:
+        out[0] = <uintptr_t>self._side
+        return 0
+
+    cdef int copy(self, uintptr_t dst, uintptr_t src, size_t n, uintptr_t stream) except -1:
+        with nogil:
+            self._current()
+            check(cydriver.cuMemcpyAsync(<cydriver.CUdeviceptr>dst, <cydriver.CUdeviceptr>src, n,
+                                         <cydriver.CUstream>stream), "cuMemcpyAsync")
+        return 0
+
+    cdef int map(self, uintptr_t p, size_t n, uint64_t handle) except -1:
+        with nogil:
+            self._current()
+            _vmm.map(p, n, handle, self.device_id)
+        self.mapped_bytes += n
+        return 0
+
+    cdef int unmap(self, uintptr_t p, size_t n) except -1:
+        with nogil:
+            self._current()
+            _vmm.unmap(p, n)
+        self.mapped_bytes -= n
+        return 0
+
+    cdef int export_handle(self, uint64_t handle, size_t n, int *fd) except -1:
+        with nogil:
+            self._current()
+            _vmm.export_fd(handle, fd)
+        self.export_count += 1
+        return 0
+
+    cdef int import_handle(self, int fd, size_t n, uint64_t *handle) except -1:
+        with nogil:
+            self._current()
+            _vmm.import_fd(fd, handle)
+        self.handle_count += 1
+        self.import_count += 1
+        return 0
+
+    # -- the tensor-parallel all-reduce (docs/tensor-parallel.md) -----------------
+    cdef int peer_reduce(self, mt_reduce_args *a, uintptr_t stream) except -1:
+        if a == NULL:           # an arena is being shared: load the kernel, outside any capture
+            with self._debug_lock:
+                with nogil:
+                    self._current()
+                _kernels.peer_load(&self._peer)
+            return 0
+        if self._peer.mod == NULL:
+            raise MetraleError("peer_all_reduce: the kernel is not loaded (the arena is not shared)")
+        a.blocks = MT_RED_BLOCKS
+        with nogil:
+            self._current()
+            _kernels.peer_reduce(&self._peer, a, <cydriver.CUstream>stream)
+        self.launch_count += 1
+        return 0
+
+    # -- debug arenas (docs/debug.md) ---------------------------------------------
+    cdef int debug_run(self, int op, mt_debug_args *a, mt_debug_result *out,
+                       uintptr_t stream) except -1:
+        cdef cydriver.CUstream s = <cydriver.CUstream>stream
+        cdef bint capturing
+        if _kernels.debug_check(op, a, out) == 0:      # no items
+            return 0
+        with self._debug_lock:
+            if self._debug.host == NULL:
+                with nogil:
+                    self._current()
+                    capturing = self._capturing(s)
+                if capturing:
+                    raise MetraleError("the debug kernels load on first use, which a stream capture "
+                                       "forbids: run a debug operation (e.g. poison_rows) once "
+                                       "before capturing")
+                _kernels.debug_load(&self._debug)
+            with nogil:
+                self._current()
+                _kernels.debug_launch(&self._debug, op, a, s)
+            self.launch_count += 1
+            if op != MT_DBG_FILL:
+                with nogil:
+                    _kernels.debug_results(&self._debug, out, a.count, s)
+        return 0
+
+    def mem_info(self):
+        """Free and total memory of the device, as the driver reports them.
+
+        Returns
+        -------
+        tuple of (int, int)
+            ``(free, total)`` bytes (``cuMemGetInfo``).
+
+        Raises
+        ------
+        MetraleError
+            The driver call failed.
+        """
+        cdef size_t free_b = 0, total_b = 0
+        with nogil:
+            self._current()
+            check(cydriver.cuMemGetInfo(&free_b, &total_b), "cuMemGetInfo")
+        return (free_b, total_b)
+
+    def tune_rows_at(self, *, blocks_per_sm=None, tile_chunks=None, spread=None):
+        """Set the launch shape of ``zero_all_rows(tokens_at=...)``.
+
+        That zeroing reads the token count when it runs, so its grid is fixed
+        when it is enqueued (or captured): `blocks_per_sm` blocks per SM take
+        tiles in turn, each tile at least `tile_chunks` 16-byte chunks and
+        sized so that a block takes about `spread` of them (64 KiB at most).
+        The defaults, 8, 512 and 8, measured best on the H200
+        (``bench/bench_step.py``); this is for such measurements.  It applies
+        to later launches (an already captured graph keeps its shape).
+        Arguments left None keep their value; nothing changes when one is
+        refused.
+
+        Parameters
+        ----------
+        blocks_per_sm : int, optional
+            Blocks per streaming multiprocessor, 1 to 32 (no GPU keeps more
+            resident on one SM).
+        tile_chunks : int, optional
+            The smallest tile in 16-byte chunks: a power of two, 1 to 4096
+            (64 KiB, the largest tile the kernel makes).
+        spread : int, optional
+            Tiles a block aims at, 1 to 2**32 - 1.
+
+        Raises
+        ------
+        TypeError
+            An argument is not an int.
+        ValueError
+            An argument is out of its range, or `tile_chunks` is not a power
+            of two; the message names it.
+        """
+        _kernels.tune_rows_at(&self._zero, blocks_per_sm, tile_chunks, spread)
+
+    def rows_at_tuning(self):
+        """The launch shape of ``zero_all_rows(tokens_at=...)`` (`tune_rows_at`).
+
+        Returns
+        -------
+        dict
+            ``{"blocks_per_sm": int, "tile_chunks": int, "spread": int}``,
+            which ``tune_rows_at(**...)`` accepts back.
+        """
+        return _kernels.rows_at_tuning(&self._zero)
+
+    # -- Python-level helpers ------------------------------------------------------------
+    def target(self):
+        """The target of this device, which ``BufferArena.new`` sizes for.
+
+        Returns
+        -------
+        Target
+            ``Target(sm_count, "auto")`` on compute capability 9.x (Hopper),
+            ``Target(sm_count, "legacy")`` on every other device.
+        """
+        from metrale._sizing.target import Target
+        return Target(self._sm_count, "auto" if self._cc_major == 9 else "legacy")
+
+    def sm_count(self):
+        """The device's streaming multiprocessor count.
+
+        Returns
+        -------
+        int
+            The multiprocessor count the driver reports.
+        """
+        return self._sm_count
+
+    def compute_capability(self):
+        """The device's compute capability.
+
+        Returns
+        -------
+        tuple of (int, int)
+            ``(major, minor)``, for example ``(9, 0)`` on an H100 or H200.
+        """
+        return (self._cc_major, self._cc_minor)
+
+    @property
+    def device(self):
+        """The device ordinal (int) this backend was built for."""
+        return self.device_id
+
+    # the copies of tests and tools, written once over the backend interface
+    upload = transfer.upload
+    download = transfer.download
+    synchronize = transfer.synchronize
+
+    def __repr__(self):
+        return (f"CudaBackend(device={self.device_id}, sm_count={self._sm_count}, "
+                f"cc={self._cc_major}.{self._cc_minor}, live_bytes={self.live_bytes})")

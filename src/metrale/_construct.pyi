@@ -1,1 +1,0 @@
-# metrale._construct: no public names; BufferArena.new and from_sizes build arenas here.

@@ -1,1 +1,0 @@
-# metrale._debug: BufferArena binds its debug operations from here (typed in _arena.pyi).

@@ -1,8 +1,0 @@
-# The host backend (_host_backend.pyx): host memory, synchronous; its fields.
-from libc.stdint cimport uint64_t
-from metrale._backend cimport Backend
-
-cdef class HostBackend(Backend):
-    cdef dict _live        # base -> bytes of every allocation it holds (for check_range)
-    cdef uint64_t _next_handle   # the last token create() handed out
-    cdef dict _memfds      # handle -> memfd of an exportable or imported handle (shared pages)

@@ -1,0 +1,339 @@
+"""Process checkpoints of an engine: its GPU memory given back and restored at the same addresses.
+
+The CUDA driver (570 or newer, CUDA 12.8) can checkpoint a whole process:
+``cuCheckpointProcessLock`` blocks its CUDA calls and waits for its work,
+``cuCheckpointProcessCheckpoint`` copies its device memory to host memory
+and releases the GPU, ``cuCheckpointProcessRestore`` maps it back at the
+same addresses with its contexts, streams and graph executables, and
+``cuCheckpointProcessUnlock`` lets it run on.  Every call names the process
+by pid, so a supervisor can drive it from outside, and a process can drive
+itself (NVIDIA's own sample does).
+
+Imported peer memory is not supported by the driver's checkpoint: a
+tensor-parallel arena must unmap the peers' slabs first and map them again
+after the restore.  This module puts the pieces in order:
+
+* in the engine process, `prepare` (before the checkpoint: every shared
+  arena detaches its peers) and `finish` (after the restore: every shared
+  arena attaches them again, a collective call over the ranks on the host);
+* anywhere, on a pid: `state`, `lock`, `checkpoint`, `restore`, `unlock`,
+  `restore_thread_id`, and `suspend` / `resume` (lock + checkpoint, restore
+  + unlock, for one process or several).
+
+Each driver call runs on a worker thread and is waited for at most its
+timeout: past it, MetraleError says so, with the state the process is in
+(read back from the driver), instead of the caller hanging.  The driver is
+reached through ctypes, on first use: importing this module loads nothing
+but the standard library.  See docs/checkpoint.md.
+"""
+
+import os
+import time
+
+# The driver's calls on one pid, and the constants, are metrale._integrations._checkpoint_driver's;
+# the public ones are this module's API too (__all__).
+from . import _checkpoint_driver as _driver
+from ._checkpoint_driver import (CHECKPOINTED, DEFAULT_LOCK_TIMEOUT,
+                                 DEFAULT_TIMEOUT, FAILED, LOCKED, QUERY_TIMEOUT, RUNNING,
+                                 STATES, _gpu_pairs, _pid, _state_now, checkpoint,
+                                 driver_info, lock, restore, restore_thread_id, state,
+                                 unlock)
+from .._base._common import seconds_arg
+from .._base.errors import MetraleError
+
+__all__ = ["RUNNING", "LOCKED", "CHECKPOINTED", "FAILED", "STATES", "DEFAULT_LOCK_TIMEOUT",
+           "DEFAULT_TIMEOUT", "QUERY_TIMEOUT", "driver_info", "state", "restore_thread_id", "lock",
+           "checkpoint", "restore", "unlock", "suspend", "resume", "prepare", "finish"]
+
+
+def _pids(value):
+    """One pid or several, as a tuple (suspend and resume take either)."""
+    if isinstance(value, (str, bytes)):
+        raise TypeError(f"pids must be an int or an iterable of ints, got {type(value).__name__}")
+    if hasattr(value, "__index__") or isinstance(value, bool):
+        return (_pid(value, "pids"),)
+    try:
+        items = list(value)
+    except TypeError:
+        raise TypeError(f"pids must be an int or an iterable of ints, "
+                        f"got {type(value).__name__}") from None
+    out = tuple(_pid(p, "pids") for p in items)
+    if not out:
+        raise ValueError("pids must name at least one process")
+    if len(set(out)) != len(out):
+        raise ValueError(f"pids names a process twice: {list(out)}")
+    return out
+
+
+# -- several steps, several processes ------------------------------------------------
+
+
+def _timed(times, step, fn):
+    t0 = time.perf_counter()
+    try:
+        fn()
+    finally:
+        times[step] = times.get(step, 0.0) + time.perf_counter() - t0
+
+
+def _settle(pids, skip):
+    """Bring each process of `pids` (but those in `skip`, whose calls may still
+    run) back to running where it can; return 'pid: state' for each."""
+    out = []
+    for p in pids:
+        if p in skip:
+            out.append(f"{p}: left as it is (its call did not return)")
+            continue
+        try:
+            s = state(p, timeout=_driver._AFTER_TIMEOUT)
+            if s == CHECKPOINTED:
+                restore(p)
+                s = LOCKED
+            if s == LOCKED:
+                unlock(p)
+            out.append(f"{p}: {state(p, timeout=_driver._AFTER_TIMEOUT)}")
+        except MetraleError as e:
+            out.append(f"{p}: {e}")
+    return "; ".join(out)
+
+
+def suspend(pids, *, lock_timeout=DEFAULT_LOCK_TIMEOUT, timeout=DEFAULT_TIMEOUT):
+    """Lock, then checkpoint, one CUDA process or several.
+
+    Every process is locked before any is checkpointed, so that none is
+    checkpointed while another still runs work that may wait for it.  On a
+    failure, every process this call changed is brought back to running
+    where it can (restored and unlocked); a process whose call did not
+    return in time is left as it is.  The error then names each process's
+    state.
+
+    Call `prepare` in each engine process first (its shared arenas'
+    peers), on every rank before any rank is suspended.
+
+    Parameters
+    ----------
+    pids : int or iterable of int
+        The processes, each in state ``"running"``.
+    lock_timeout : float, optional
+        Seconds each lock may wait (default 10; `lock`).
+    timeout : float, optional
+        Seconds each checkpoint may take (default 300).
+
+    Returns
+    -------
+    dict
+        ``{"lock": s, "checkpoint": s}``: the seconds each step took (over
+        all the processes).
+
+    Raises
+    ------
+    TypeError, ValueError
+        An argument is not valid (`pids` empty or naming a process twice).
+    MetraleError
+        A lock or checkpoint failed or timed out; the message names it and
+        the state of every process afterwards.
+    """
+    pids = _pids(pids)
+    lock_timeout = seconds_arg(lock_timeout, "lock_timeout")
+    timeout = seconds_arg(timeout, "timeout")
+    times, locked, step = {}, [], None
+    try:
+        for p in pids:
+            step = (p, "lock")
+            _timed(times, "lock", lambda: lock(p, timeout=lock_timeout))
+            locked.append(p)
+        for p in pids:
+            step = (p, "checkpoint")
+            _timed(times, "checkpoint", lambda: checkpoint(p, timeout=timeout))
+    except MetraleError as e:
+        failed, what = step
+        if what == "lock" and not locked:
+            raise               # the first lock failed: nothing changed
+        skip = {failed} if getattr(e, "_timed_out", False) else set()
+        touched = locked + [p for p in (failed,) if p not in locked]
+        raise MetraleError(f"suspend: {e}; afterwards: {_settle(touched, skip)}") from e
+    return times
+
+
+def resume(pids, *, timeout=DEFAULT_TIMEOUT, gpu_map=None):
+    """Restore, then unlock, one CUDA process or several.
+
+    Every process is restored before any is unlocked.  A restore that fails
+    does not stop the others: each process that was restored is unlocked,
+    and the error names every process's state (one left ``"checkpointed"``
+    cannot run CUDA work; kill it if no restore will succeed).
+
+    Then call `finish` in each engine process (on every rank).
+
+    Parameters
+    ----------
+    pids : int or iterable of int
+        The processes, each in state ``"checkpointed"``.
+    timeout : float, optional
+        Seconds each restore may take (default 300).
+    gpu_map : mapping, optional
+        As for `restore` (for every process).
+
+    Returns
+    -------
+    dict
+        ``{"restore": s, "unlock": s}``: the seconds each step took.
+
+    Raises
+    ------
+    TypeError, ValueError
+        An argument is not valid.
+    MetraleError
+        A restore or an unlock failed or timed out; the message names each
+        process's state afterwards.
+    """
+    pids = _pids(pids)
+    timeout = seconds_arg(timeout, "timeout")
+    _gpu_pairs(gpu_map)         # checked before anything changes
+    times, errors, restored = {}, [], []
+    for p in pids:
+        try:
+            _timed(times, "restore", lambda: restore(p, timeout=timeout, gpu_map=gpu_map))
+            restored.append(p)
+        except MetraleError as e:
+            errors.append(str(e))
+    for p in restored:
+        try:
+            _timed(times, "unlock", lambda: unlock(p))
+        except MetraleError as e:
+            errors.append(str(e))
+    if errors:
+        if len(pids) == 1:
+            raise MetraleError(errors[0])
+        states = "; ".join(f"{p}: {_state_now(p)}" for p in pids)
+        raise MetraleError(f"resume: {' / '.join(errors)}; afterwards: {states}")
+    return times
+
+
+# -- in the engine process -----------------------------------------------------------
+
+
+def _arenas(arenas, what):
+    if arenas is None:
+        from .._arena.tp import shared_arenas
+        return shared_arenas()
+    if isinstance(arenas, (str, bytes)) or not hasattr(arenas, "__iter__"):
+        raise TypeError(f"arenas must be an iterable of BufferArena, got {type(arenas).__name__}")
+    out = list(arenas)
+    for a in out:
+        for name in ("detach_peers", "attach_peers", "peers_detached"):
+            if not callable(getattr(a, name, None)):
+                raise TypeError(f"arenas: {type(a).__name__} has no {name}()")
+    return out
+
+
+def _uses_cuda(arenas):
+    """Whether any of `arenas` lives on a CUDA device (a host arena's peers need
+    no driver; stand-ins without a backend count as host)."""
+    from .._backends._backend import Backend
+    from .._backends._host_backend import HostBackend
+    for a in arenas:
+        get = getattr(a, "backend", None)
+        backend = get() if callable(get) else None
+        if isinstance(backend, Backend) and not isinstance(backend, HostBackend):
+            return True
+    return False
+
+
+def _check_running(arenas, what):
+    """Refuse where this process is locked or checkpointed: detaching or
+    attaching makes CUDA calls, which would block for good."""
+    if not _uses_cuda(arenas):
+        return
+    try:
+        s = state(os.getpid(), timeout=_driver._AFTER_TIMEOUT)
+    except MetraleError:
+        return              # no checkpoint support here: the process cannot be locked
+    if s != RUNNING:
+        raise MetraleError(f"{what}: this process is in state {s}; its CUDA calls block until "
+                           "it is restored and unlocked (resume it first)")
+
+
+def prepare(arenas=None):
+    """Get this process ready for a checkpoint: every shared arena detaches its peers.
+
+    Each tensor-parallel arena unmaps and releases the peers' memory it
+    imported, keeping the address ranges reserved, so that the driver can
+    checkpoint this process (it cannot restore imported memory).  Call it
+    on every rank, and let every rank finish it, before any rank is locked:
+    a peer's checkpoint cannot free memory this process still maps.  No
+    kernel may read a peer's buffers from then until `finish`.
+
+    Parameters
+    ----------
+    arenas : iterable of BufferArena, optional
+        The arenas; None (the default): every live shared arena of this
+        process (``metrale.tp.shared_arenas()``).  An arena that is not
+        shared is left alone.
+
+    Returns
+    -------
+    list of BufferArena
+        The arenas whose peers are detached now.
+
+    Raises
+    ------
+    TypeError
+        `arenas` is not an iterable of arenas.
+    MetraleError
+        This process is already locked or checkpointed, or an arena failed
+        to detach (those detached before it stay detached: `finish`
+        attaches them again).
+    """
+    arenas = _arenas(arenas, "prepare")
+    _check_running(arenas, "prepare")
+    done = []
+    for a in arenas:
+        if not a.peers_detached():
+            a.detach_peers()
+        if a.peers_detached():
+            done.append(a)
+    return done
+
+
+def finish(arenas=None, *, timeout=60.0):
+    """After a restore: every shared arena whose peers are detached attaches them again.
+
+    A collective call: every rank on the host must make it, with its arenas
+    in the same order (each arena's attach waits for its peers).  By
+    default that is the order of ``metrale.tp.shared_arenas()``, which
+    follows construction, itself collective and so in the same order on
+    every rank; pass `arenas` to choose.  The peers' memory is imported and
+    mapped again at the same addresses, so pointers from ``arena.peer(r)``
+    and graphs captured over them work again.
+
+    Parameters
+    ----------
+    arenas : iterable of BufferArena, optional
+        The arenas; None (the default): every live shared arena of this
+        process.
+    timeout : float, optional
+        Seconds each arena waits for its peers (default 60).
+
+    Returns
+    -------
+    list of BufferArena
+        The arenas whose peers were attached.
+
+    Raises
+    ------
+    TypeError, ValueError
+        An argument is not valid.
+    MetraleError
+        This process is still locked or checkpointed (resume it first), or
+        an arena failed to attach (a peer missing past `timeout`, say).
+    """
+    timeout = seconds_arg(timeout, "timeout")
+    arenas = _arenas(arenas, "finish")
+    _check_running(arenas, "finish")
+    done = []
+    for a in arenas:
+        if a.peers_detached():
+            a.attach_peers(timeout=timeout)
+            done.append(a)
+    return done

@@ -1,1 +1,0 @@
-# metrale._mapping: no public names; the chunk teardown shared by reserved arenas and peer slabs.

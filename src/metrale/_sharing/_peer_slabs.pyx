@@ -1,0 +1,310 @@
+# cython: language_level=3, binding=False
+"""The peers' slabs of a shared arena mapped into this process (`PeerSlabs`),
+and this rank's chunks exported as file descriptors (`export_chunks`): the
+backend's virtual-memory calls the tensor-parallel setup needs (metrale/_arena/tp.py,
+metrale/_sharing/_tp_exchange.py), below it and below the arena (metrale/_arena/_peer.pyx).
+"""
+
+cimport cython
+from libc.stdint cimport uint64_t, uintptr_t
+
+from metrale._backends._backend cimport Backend
+from metrale._base._common cimport mt_py_finalizing
+from metrale._backends._mapping cimport free_reservation, release_orphans, unmap_chunks
+from metrale._base._peer_core cimport mt_signal
+
+import os
+
+from metrale._base.errors import MetraleError
+
+#: Bytes of a rank's signal area (kernels/peer_reduce.h), before rounding up
+#: to the granularity.
+SIGNAL_BYTES = sizeof(mt_signal)
+
+
+def export_chunks(Backend gpu, list chunks):
+    """A new descriptor for each chunk ``(offset, length, handle)``, in order.
+
+    On failure the descriptors already made are closed and the error
+    propagates.  The caller closes the descriptors it gets.
+
+    Parameters
+    ----------
+    gpu : Backend
+        The backend that created the chunks' handles (exportable).
+    chunks : list of (int, int, int)
+        The arena's mapped chunks.
+
+    Returns
+    -------
+    list of int
+    """
+    cdef int fd = -1
+    fds = []
+    try:
+        for _off, n, h in chunks:
+            gpu.export_handle(h, n, &fd)
+            fds.append(fd)
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+    return fds
+
+
+# no_gc: not tracked by the cyclic collector, so that nothing it holds (its
+# backend, and the dict and lists of integers that stand for the peers'
+# mappings) is cleared before its finalizer unmaps them, whatever the order of
+# a collection.  It holds nothing that refers back to it: it can be in no cycle.
+@cython.no_gc
+@cython.final
+cdef class PeerSlabs:
+    """PeerSlabs(gpu)
+--
+
+The peers' slabs mapped into this process, each in its own reservation.
+
+    Built by metrale.tp while an arena is shared; `close` (from the arena's
+    release) and the finalizer unmap and release everything.
+
+    Parameters
+    ----------
+    gpu : Backend
+        The backend that maps the peers' slabs (the arena's).
+    """
+    cdef Backend _gpu
+    # rank -> [base, reserved bytes, [(offset, length, handle), ...] mapped]:
+    # an entry leaves the dict once its chunks are unmapped and its
+    # reservation freed, so a failed close can be retried.
+    cdef dict _slabs
+    cdef list _orphans            # [(handle, bytes)] unmapped, whose release failed: retried
+
+    def __init__(self, Backend gpu):
+        self._gpu = gpu
+        self._slabs = {}
+        self._orphans = []
+
+    def map_peer(self, rank, size_t nbytes, list chunks, list fds, size_t align=0):
+        """Reserve `nbytes`, import each descriptor and map it at its chunk.
+
+        Parameters
+        ----------
+        rank : int or tuple
+            The peer's rank (the key `close` uses): ``("signal", rank)`` for
+            its signal area.
+        nbytes : int
+            The peer's slab (its reservation) in bytes.
+        chunks : list of (int, int)
+            (offset, length) of each of the peer's physical chunks.
+        fds : list of int
+            One descriptor per chunk; not closed here.
+        align : int, optional
+            The alignment the peer's base needs (its layout's `base_align`,
+            a power of two; 0: the reservation's own).
+
+        Returns
+        -------
+        int
+            The base address of the peer's slab in this process.
+        """
+        cdef uintptr_t base = 0, alloc = 0
+        if rank in self._slabs:
+            raise ValueError(f"rank {rank} is mapped already")
+        if len(chunks) != len(fds):
+            raise ValueError(f"{len(chunks)} chunks but {len(fds)} descriptors")
+        if align & (align - 1):
+            raise ValueError(f"align must be a power of two, got {align}")
+        self._gpu.reserve(nbytes, &alloc)
+        base = (alloc + align - 1) & ~(align - 1) if align else alloc
+        entry = [base, alloc, nbytes, []]
+        self._slabs[rank] = entry
+        try:
+            self._import(f"rank {rank}", entry, chunks, fds)
+        except BaseException:
+            try:
+                self._unmap_rank(rank)
+            except Exception:
+                pass        # left in _slabs: close() and the finalizer retry it
+            raise
+        return base
+
+    def map_signal(self, size_t nbytes):
+        """Create, map and zero this rank's signal area (the flags of
+        peer_all_reduce, kernels/peer_reduce.h): an exportable handle of
+        `nbytes` in a reservation of its own, kept as the entry "signal".
+        Also loads the reduction's kernel, outside any capture.
+
+        Parameters
+        ----------
+        nbytes : int
+            A multiple of the granularity holding an ``mt_signal``.
+
+        Returns
+        -------
+        tuple of (int, int)
+            The area's address and its handle (to export).
+        """
+        cdef uintptr_t alloc = 0
+        cdef uint64_t h = 0
+        if "signal" in self._slabs:
+            raise ValueError("the signal area is mapped already")
+        if nbytes < sizeof(mt_signal):
+            raise ValueError(f"a signal area needs {sizeof(mt_signal)} bytes, got {nbytes}")
+        self._gpu.reserve(nbytes, &alloc)
+        entry = [alloc, alloc, nbytes, []]
+        self._slabs["signal"] = entry
+        try:
+            self._gpu.create_exportable(nbytes, &h)
+            try:
+                self._gpu.map(alloc, nbytes, h)
+            except BaseException:
+                self._gpu.release_handle(h, nbytes)
+                raise
+            entry[3].append((0, nbytes, h))
+            self._gpu.memset(alloc, nbytes, 0)      # device memory comes uninitialized
+            self._gpu.sync(0)
+            self._gpu.peer_reduce(NULL, 0)
+        except BaseException:
+            try:
+                self._unmap_rank("signal")
+            except Exception:
+                pass        # left in _slabs: close() and the finalizer retry it
+            raise
+        return alloc, h
+
+    def remap_peer(self, key, list chunks, list fds):
+        """Import each descriptor and map it at its chunk of `key`'s
+        reservation, which `detach` kept: the same addresses as before.
+
+        Parameters
+        ----------
+        key : int or tuple
+            The entry, as `map_peer` made it.
+        chunks : list of (int, int)
+            (offset, length) of each chunk: those `map_peer` mapped.
+        fds : list of int
+            One descriptor per chunk; not closed here.
+
+        Returns
+        -------
+        int
+            The base address (unchanged).
+        """
+        entry = self._slabs.get(key)
+        if entry is None:
+            raise ValueError(f"{key!r} was never mapped")
+        if entry[3]:
+            raise ValueError(f"{key!r} is mapped already")
+        if len(chunks) != len(fds):
+            raise ValueError(f"{len(chunks)} chunks but {len(fds)} descriptors")
+        try:
+            self._import(repr(key), entry, chunks, fds)
+        except BaseException:
+            unmap_chunks(self._gpu, entry[0], entry[3], entry[3], self._orphans)
+            raise
+        return entry[0]
+
+    def detach(self):
+        """Wait for the device, then unmap and release every peer's chunks,
+        keeping the reservations (this rank's own signal area stays).
+
+        Raises
+        ------
+        MetraleError
+            The backend failed an unmap or a release: what failed stays
+            recorded, and the next `detach` or `close` tries it again.
+        """
+        first = None
+        if any(entry[3] for key, entry in self._slabs.items() if key != "signal"):
+            self._gpu.quiesce()         # no kernel may still read a peer's memory
+        for key, entry in self._slabs.items():
+            if key != "signal":
+                first = first or unmap_chunks(self._gpu, entry[0], entry[3], entry[3],
+                                              self._orphans)
+        first = first or release_orphans(self._gpu, self._orphans)
+        if first is not None:
+            raise first
+        return None
+
+    def own_signal(self):
+        """This rank's signal area as ``(offset, bytes, handle)`` (to export
+        again), or None without local peers."""
+        entry = self._slabs.get("signal")
+        return entry[3][0] if entry is not None and entry[3] else None
+
+    cdef int _import(self, str what, list entry, list chunks, list fds) except -1:
+        """Import each descriptor and map it at its chunk (offset, length) of
+        `entry`'s reservation ([base, alloc, bytes, mapped]), adding each to
+        the mapped list; on failure what was mapped stays listed there, for
+        the caller to take down."""
+        cdef uint64_t h = 0
+        cdef uintptr_t base = entry[0]
+        for (off, n), fd in zip(chunks, fds):
+            if base - <uintptr_t>entry[1] + off + n > entry[2]:
+                raise ValueError(f"{what}: chunk [{off}, +{n}) lies outside its "
+                                 f"{entry[2]}-byte reservation")
+            self._gpu.import_handle(fd, n, &h)
+            try:
+                self._gpu.map(base + off, n, h)
+            except BaseException:
+                self._gpu.release_handle(h, n)
+                raise
+            entry[3].append((off, n, h))
+        return 0
+
+    cdef int _unmap_rank(self, rank) except -1:
+        """Unmap and release `rank`'s chunks, then free its reservation; the
+        first error propagates after every step was tried."""
+        entry = self._slabs[rank]
+        err, freed = free_reservation(self._gpu, entry[0], entry[1], entry[2], entry[3],
+                                      self._orphans, True)
+        if freed:
+            del self._slabs[rank]
+        if err is not None:
+            raise err
+        return 0
+
+    def mapped(self):
+        """The peers' physical handles mapped here, and their bytes (this
+        rank's own signal area is not counted).
+
+        Returns
+        -------
+        tuple of (int, int)
+        """
+        chunks = [c for key, entry in self._slabs.items() if key != "signal" for c in entry[3]]
+        return len(chunks), sum(c[1] for c in chunks)
+
+    def close(self):
+        """Wait for the device, then unmap every peer slab (idempotent).
+
+        Raises
+        ------
+        MetraleError
+            The backend failed an unmap, a release or an unreserve; what
+            failed stays recorded and the next `close` tries it again.
+        """
+        first = None
+        if not self._slabs and not self._orphans:
+            return None
+        try:
+            if self._slabs:
+                self._gpu.quiesce()     # no kernel may still read a peer's memory
+        except Exception as e:
+            first = e
+        for rank in list(self._slabs):
+            try:
+                self._unmap_rank(rank)
+            except Exception as e:
+                first = first or e
+        first = first or release_orphans(self._gpu, self._orphans)
+        if first is not None:
+            raise first
+        return None
+
+    def __dealloc__(self):
+        if (self._slabs or self._orphans) and self._gpu is not None and not mt_py_finalizing():
+            try:
+                self.close()
+            except Exception:
+                pass

@@ -1,0 +1,56 @@
+from typing import Any, Sequence
+
+from metrale._base._record import Record
+
+__all__ = ["BufferSpec", "ROW_RULES", "ACCESSORS", "MAX_BUFFERS", "MAX_ZERO_ALL", "STEP_IDS",
+           "STEP_META", "RESERVED_NAMES", "check_spec", "dims_of"]
+
+ROW_RULES: tuple[str, ...]
+ACCESSORS: tuple[str, ...]
+MAX_BUFFERS: int
+MAX_ZERO_ALL: int
+STEP_IDS: str
+STEP_META: str
+RESERVED_NAMES: frozenset[str]
+
+def dims_of(text: str) -> tuple[str, ...]: ...
+def check_spec(name: object, dtype: object, shape: object, size: object, itemsize: object,
+               floor: object, zero_all: object, prefill: object, rows: object,
+               checksum: object, total: object, align: object, accessors: object,
+               init_zero: object, shape_exact: object, shape_when: object,
+               text: dict[str, object]) -> dict[str, Any]: ...
+
+class BufferSpec(Record):
+    name: str
+    dtype: str | None
+    itemsize: int | None
+    shape: str
+    shape_exact: bool
+    shape_when: str | None
+    size: str | None
+    formula: str
+    floor: int | None
+    zero_all: bool
+    prefill: bool
+    rows: str
+    checksum: bool
+    total: bool
+    align: int
+    accessors: tuple[str, ...]
+    init_zero: bool
+    holds: str
+    words: str
+    dtype_note: str
+    families: str
+    empty: str
+    def __init__(self, name: str, dtype: str | None = None,
+                 shape: Sequence[int | str] | str | None = None, *,
+                 size: str | int | None = None, itemsize: int | None = None,
+                 floor: int | None = None, zero_all: bool = False, prefill: bool = False,
+                 rows: str = "whole", checksum: bool = False, total: bool = True,
+                 align: int = 256, accessors: Sequence[str] = (), init_zero: bool = False,
+                 shape_exact: bool | None = None, shape_when: str | None = None,
+                 holds: str = "", words: str = "", dtype_note: str = "", families: str = "",
+                 empty: str = "") -> None: ...
+    def replace(self, **changes: Any) -> BufferSpec: ...
+    def to_dict(self) -> dict[str, Any]: ...

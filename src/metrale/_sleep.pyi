@@ -1,1 +1,0 @@
-# metrale._sleep: BufferArena binds sleep and wake from here (typed in _arena.pyi).

@@ -1,2 +1,0 @@
-# metrale._transfer: CudaBackend binds upload, download and synchronize from here
-# (typed in cuda.pyi).

@@ -1,0 +1,2 @@
+from metrale._sizing.sizes import *
+from metrale._sizing.sizes import __all__ as __all__

@@ -1,0 +1,2 @@
+from metrale._arena.tp import *
+from metrale._arena.tp import __all__ as __all__
