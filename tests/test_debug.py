@@ -492,7 +492,7 @@ def test_gpu_and_host_agree_byte_for_byte(gpu, cfg, m):
     NaN counts and guard reports."""
     host = HostBackend()
     sizes = BufferSizes.from_config(cfg, m, 256, 16, 8, env={})
-    arenas = [BufferArena.from_sizes(cfg, sizes, m, 8, g, debug=True) for g in (gpu, host)]
+    arenas = [BufferArena.from_sizes(sizes, g, debug=True) for g in (gpu, host)]
     rng = np.random.default_rng(11)
     for name in live_names(arenas[0]):
         data = rng.integers(0, 256, getattr(sizes, name), dtype=np.uint8)

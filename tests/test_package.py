@@ -37,6 +37,19 @@ def test_import_is_light():
     assert r.stdout.strip() == "[]"
 
 
+def test_public_module_paths_load_on_first_use():
+    # After `import metrale` alone, metrale.fitting (and every public module
+    # path) is an attribute that loads its layer's module, the same object as
+    # `import metrale.fitting` gives; an unknown name is still an AttributeError.
+    code = ("import sys, metrale; m = metrale.fitting; "
+            "assert m is sys.modules['metrale._integrations.fitting']; "
+            "assert m is sys.modules['metrale.fitting']; "
+            "assert metrale.levers.LEVERS and metrale.tp.shared_arenas() == []; "
+            "assert not hasattr(metrale, 'fittings') and not hasattr(metrale, '_fitting'); "
+            "import metrale.sizes; assert metrale.sizes is sys.modules['metrale._sizing.sizes']")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
 def test_public_names():
     for name in ("ModelConfig", "BufferSizes", "BufferArena", "DecodeMetaLayout", "MoeFp8Scratch",
                  "Target", "HostBackend", "CudaBackend", "ScratchSpaceManager", "ScratchSpace",

@@ -47,6 +47,14 @@ _LAZY["__version__"] = "metrale._version"
 def __getattr__(name):
     mod = _LAZY.get(name)
     if mod is None:
+        # A public module path (metrale.sizes, metrale.fitting, ...), loaded on
+        # first use as well: `import metrale` then `metrale.fitting.X` works.
+        if not name.startswith("_"):
+            try:
+                return __import__(f"metrale.{name}", fromlist=["_"])
+            except ModuleNotFoundError as e:
+                if e.name != f"metrale.{name}":
+                    raise
         raise AttributeError(f"module 'metrale' has no attribute {name!r}")
     value = getattr(__import__(mod, fromlist=[name]), name)
     globals()[name] = value
