@@ -25,6 +25,7 @@ from metrale.catalogue import (CATALOGUE, DEFAULT_LIMITS, SYMBOLS, TERMS, depend
 from metrale.config import ModelConfig
 from metrale.levers import LEVERS, quantization_levers
 from metrale.sizes import BUFFER_NAMES, BufferSizes, Target
+from metrale._sizing._spec import ROW_WORDS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMMAND = "python tools/gen_docs.py"
@@ -193,9 +194,7 @@ declares its own. `metrale plan --explain NAME` prints one entry, evaluated for 
         zeroed = []
         if m["zero_all"]:
             zeroed.append("`zero_all`")
-            rows = {"M": "trimmed to `tokens` rows of M", "Mp": "trimmed to ceil16(`tokens`) rows of Mp",
-                    "M|Mp": "trimmed to the larger of `tokens` rows of M and ceil16(`tokens`) of Mp"}
-            zeroed.append(f"`zero_all_rows` ({rows.get(e.rows, m['zero_all_rows'])})")
+            zeroed.append(f"`zero_all_rows` ({ROW_WORDS[e.rows]})")
         if m["zero_prefill_essentials"]:
             zeroed.append("`zero_prefill_essentials`")
         w(f"| zeroed by | {', '.join(zeroed) or 'never'} |\n")

@@ -24,6 +24,12 @@ __all__ = ["BufferSpec", "ROW_RULES", "ACCESSORS", "MAX_BUFFERS", "MAX_ZERO_ALL"
 # that is the larger of layouts in either: the live part of each), "auto" (the
 # old divisibility guess, deprecated: trimmed as "M|Mp").
 ROW_RULES = ("whole", "M", "Mp", "M|Mp", "auto")
+# What zero_all_rows(tokens) clears of a buffer of each rule, in words (the
+# catalogue's pages and `metrale plan --explain` say it so).
+ROW_WORDS = {"whole": "cleared whole", "M": "trimmed to tokens rows of M",
+             "Mp": "trimmed to ceil16(tokens) rows of Mp",
+             "M|Mp": "trimmed to the larger of tokens rows of M and ceil16(tokens) of Mp",
+             "auto": "trimmed as M|Mp (rows='auto', deprecated)"}
 # The accessors the arena class has compiled in, for the reference buffers.
 ACCESSORS = ("pointer", "bytes")
 # The C core's limits (arena_core.h MT_MAX_BUFFERS; kernels/zero_ranges.h

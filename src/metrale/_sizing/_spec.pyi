@@ -6,6 +6,7 @@ __all__ = ["BufferSpec", "ROW_RULES", "ACCESSORS", "MAX_BUFFERS", "MAX_ZERO_ALL"
            "STEP_META", "RESERVED_NAMES", "check_spec", "dims_of"]
 
 ROW_RULES: tuple[str, ...]
+ROW_WORDS: dict[str, str]
 ACCESSORS: tuple[str, ...]
 MAX_BUFFERS: int
 MAX_ZERO_ALL: int

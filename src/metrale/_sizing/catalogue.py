@@ -17,6 +17,7 @@ Importing this module is cheap: it loads the buffer table and the lever table
 only; the sizing modules load on first use.
 """
 
+from ._spec import ROW_WORDS
 from .buffers import BufferSpec
 from .reference import REFERENCE, buffer_set_arg
 from .formulas import (ALIASES, SYMBOLS, TERMS, Symbol, Term, evaluate as _evaluate,
@@ -361,9 +362,7 @@ def explain(name, sizes=None, config=None, *, max_batch_tokens=None, max_seq_len
     lines.extend(_wrap(label, text) for label, text in formula)
     m = membership(name, buffers=buffers)
     zeroed = [h for h, on in (("zero_all", m["zero_all"]),
-                              (f"zero_all_rows ({m['zero_all_rows']}"
-                               + (f", rows={e.rows!r})" if e.rows != "whole" else ")"),
-                               m["zero_all_rows"]),
+                              (f"zero_all_rows ({ROW_WORDS[e.rows]})", m["zero_all_rows"]),
                               ("zero_prefill_essentials", m["zero_prefill_essentials"])) if on]
     add(_wrap("zeroed by:", ", ".join(zeroed) or "never (no helper writes it)"))
     add(_wrap("checksum:", "probed by debug_buffer_checksum" if m["checksum"] else "not probed"))
