@@ -314,6 +314,112 @@ void mt_scratch_reset_peaks(mt_scratch *s);
 /* Thread-local cache slot owner id of the calling thread (never reused). */
 uint64_t mt_thread_id(void);
 
+/* ---- the torch pool (src/pool.c) -----------------------------------------------
+ * A sub-allocator over one reserved address range of `npages` pages of
+ * `granule` bytes (the backend's allocation granularity): it hands out
+ * segments (runs of whole pages, torch's segments) and backs them with
+ * physical memory on demand, one handle per run it maps (a chunk).  A freed
+ * segment's pages stay mapped and are preferred by the next allocation, so a
+ * pool that has grown maps nothing new; mt_pool_trim unmaps the chunks no
+ * segment touches.  Sleep unmaps every chunk and keeps the segments (their
+ * addresses); wake maps the segments' pages again, one chunk per run.
+ * The device operations are the caller's (mt_pool_ops): driver calls made
+ * without the GIL for a CUDA pool, the backend's own methods otherwise.
+ * Every call locks the pool; a call that maps or unmaps is all-or-nothing. */
+typedef struct mt_pool_ops {
+    void *ctx;
+    /* Each returns 0, or a nonzero code the pool passes back (`*err`). */
+    int (*create)(void *ctx, uint64_t n, uint64_t *handle);
+    int (*release)(void *ctx, uint64_t handle, uint64_t n);
+    int (*map)(void *ctx, uint64_t p, uint64_t n, uint64_t handle);   /* whole, read/write */
+    int (*unmap)(void *ctx, uint64_t p, uint64_t n);
+} mt_pool_ops;
+
+typedef struct mt_pool mt_pool;
+
+enum {
+    MT_POOL_FULL = -10,        /* no run of free pages is long enough */
+    MT_POOL_ASLEEP = -11,      /* the pool sleeps: nothing is mapped */
+    MT_POOL_FOREIGN = -12,     /* not a segment of this pool (or not of that size) */
+    MT_POOL_DEVICE = -13,      /* an operation failed; *err holds its code */
+    MT_POOL_IN_USE = -14,      /* mt_pool_close: segments are still handed out */
+    MT_POOL_AWAKE = -15        /* mt_pool_wake: the pool does not sleep */
+};
+
+typedef struct mt_pool_stats {
+    uint64_t reserved;         /* bytes of the range */
+    uint64_t committed;        /* bytes mapped now */
+    uint64_t in_use;           /* bytes of the segments handed out */
+    uint64_t peak_committed, peak_in_use;
+    uint64_t segments;         /* handed out now */
+    uint64_t chunks;           /* physical handles mapped now */
+    uint64_t orphans;          /* handles unmapped whose release failed (retried) */
+    uint64_t creates;          /* physical handles ever created (each a cuMemCreate) */
+    uint64_t allocs, frees;    /* segments ever handed out / given back */
+    uint64_t refused;          /* allocations refused (full, asleep or a device failure) */
+    int asleep;
+} mt_pool_stats;
+
+/* A pool over [base, base + npages * granule) (reserved by the caller, who
+ * frees it after mt_pool_free); `ops` is copied.  NULL if malloc refuses. */
+mt_pool *mt_pool_new(uint64_t base, uint64_t npages, uint64_t granule, const mt_pool_ops *ops);
+/* Free the bookkeeping: whatever is still mapped is the caller's to know
+ * (mt_pool_close first; a forked child forgets). */
+void mt_pool_free(mt_pool *p);
+/* A segment of at least n bytes (whole pages, n = 0 counts as one byte):
+ * MT_OK and *out, or MT_POOL_FULL / MT_POOL_ASLEEP / MT_POOL_DEVICE (*err),
+ * nothing mapped by a refused call staying mapped. */
+int mt_pool_alloc(mt_pool *p, uint64_t n, uint64_t *out, int *err);
+/* Give a segment back: `ptr` where mt_pool_alloc put it and `n` (0: any) a
+ * size that rounds to its pages.  Its pages stay mapped.  MT_OK or
+ * MT_POOL_FOREIGN (nothing changes). */
+int mt_pool_release(mt_pool *p, uint64_t ptr, uint64_t n);
+/* Unmap and release every chunk no segment touches (the device waited for by
+ * the caller); every chunk is tried, each one whole or not at all, and
+ * *unmapped says how many bytes went.  MT_OK or MT_POOL_DEVICE (the first
+ * error); a handle whose release fails is kept and retried by later calls. */
+int mt_pool_trim(mt_pool *p, uint64_t *unmapped, int *err);
+/* Unmap every chunk (the device waited for by the caller), keeping the
+ * segments: all or nothing (an unmap that fails maps back what this call
+ * unmapped, with its handles, so nothing is lost); the handles are released
+ * once all are unmapped.  MT_OK, MT_POOL_ASLEEP or MT_POOL_DEVICE. */
+int mt_pool_sleep(mt_pool *p, int *err);
+/* Map the pages of every segment again (one handle per run of them): all or
+ * nothing.  MT_OK, MT_POOL_AWAKE or MT_POOL_DEVICE. */
+int mt_pool_wake(mt_pool *p, int *err);
+/* Unmap and release everything, refused (MT_POOL_IN_USE) while a segment is
+ * handed out unless `force`; MT_OK or MT_POOL_DEVICE (what failed stays
+ * recorded: call again). */
+int mt_pool_close(mt_pool *p, int force, int *err);
+void mt_pool_get_stats(mt_pool *p, mt_pool_stats *out);
+/* The segments handed out, in address order: up to `cap` of them into
+ * ptrs / bytes; returns how many there are. */
+uint64_t mt_pool_segments(mt_pool *p, uint64_t *ptrs, uint64_t *bytes, uint64_t cap);
+/* The mapped chunks, in address order: up to `cap` (offset, bytes) ranges;
+ * returns how many there are. */
+uint64_t mt_pool_chunks(mt_pool *p, mt_range *out, uint64_t cap);
+
+/* Torch's pluggable allocator is a pair of C functions with no context
+ * argument, so each pool that serves torch binds one of MT_POOL_SLOTS
+ * slots, each with its own pair: alloc(size, device, stream) and
+ * free(ptr, size, device, stream).  A slot is bound to a pool until
+ * mt_pool_unbind (which waits for calls in progress); a call to an unbound
+ * slot allocates nothing and frees nothing. */
+#define MT_POOL_SLOTS 64
+/* Bind `p` to a free slot: the slot, or MT_ERR_LIMIT when none is free
+ * (slots whose torch allocator may still be called stay taken: `retired`). */
+int mt_pool_bind(mt_pool *p);
+/* Unbind slot `slot`; with `retire` it stays taken (torch may still call
+ * it) until mt_pool_unretire. */
+void mt_pool_unbind(int slot, int retire);
+void mt_pool_unretire(int slot);
+/* The slot's two functions, as addresses for torch. */
+uint64_t mt_pool_slot_alloc(int slot);
+uint64_t mt_pool_slot_free(int slot);
+/* Calls of the slot functions that found no pool (a freed pointer not the
+ * pool's, or the slot unbound), for tests and stats. */
+uint64_t mt_pool_stray_calls(void);
+
 #ifdef __cplusplus
 }
 #endif

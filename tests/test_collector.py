@@ -164,6 +164,25 @@ def _cycle_cases():
     def peer_case():
         return _gc_arena("shared") == GIVEN_BACK
 
+    def pool_case():
+        # An idle pool goes with its arena; one whose segments torch may still
+        # use keeps its memory mapped (never unmapped under a graph), no crash.
+        import gc
+        from helpers import vm_counts
+        left = []
+        for held in (False, True):
+            gpu = HostBackend()
+            arena = _reserved(gpu)
+            pool = arena.open_pool(1 << 20)
+            seg = pool.alloc(5000)
+            if not held:
+                pool.free(seg)
+            _collect(pool=pool, arena=arena)
+            del pool, arena
+            gc.collect()
+            left.append(vm_counts(gpu))
+        return left == [(0, 0, 0), (1 << 20, 8192, 1)]
+
     def scratch_case():
         m = ScratchSpaceManager(4096, 2)
         s = m.get_scratch()
@@ -190,6 +209,7 @@ def _cycle_cases():
                       "arena's finalizer frees it: the arena case collects sleeping arenas",
         "_Plan": "owns nothing: a parameter block of addresses and a list of tuples",
         "ArenaBuffers": "owns nothing; holds its arena, which holds nothing of it back",
+        "Pool": pool_case,
         "ScratchSpaceManager": scratch_case, "ScratchSpace": scratch_case,
         "_TableRef": scratch_case, "_Region": scratch_case, "_Lease": scratch_case,
     }

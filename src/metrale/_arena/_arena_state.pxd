@@ -7,6 +7,7 @@ from libc.stdint cimport uint64_t, uintptr_t
 
 from metrale._backends._backend cimport Backend
 from metrale._base._core cimport mt_cursor, mt_layout, mt_life
+from metrale._arena._pool cimport Pool
 from metrale._arena._reservation cimport Reservation
 from metrale._arena._sleep_state cimport SleepState
 
@@ -57,6 +58,7 @@ cdef class ArenaState:
     cdef SleepState _sleep_state    # a reserved arena's sleep; None with _reservation
     cdef object _peers            # the peers' mappings of a shared arena (metrale.tp._Sharing),
                                   # or None (docs/tensor-parallel.md)
+    cdef Pool _pool               # the pool beside the buffers (open_pool, docs/torch.md), or None
 
     cdef object __weakref__
     # The process's arenas, a list linked through the arenas themselves (no

@@ -138,6 +138,11 @@ cdef class ArenaState:
         """`BufferArena.release` (its docstring says what it does)."""
         if gpu is not None and gpu is not self._gpu:
             raise MetraleError("release: this backend is not the arena's own")
+        if self._pool is not None and self._pool.in_use():
+            raise MetraleError(
+                f"release: torch still holds {self._pool.in_use()} segments of the arena's pool: "
+                "free what lives there first (the tensors, the CUDA graphs captured into it, "
+                "then the torch MemPool: metrale.torch.close_pool(arena) says what is left)")
         rc = mt_life_close(self._life)
         if rc == MT_LIFE_RELEASED:
             if self._freeing or not self.holds():
@@ -149,6 +154,7 @@ cdef class ArenaState:
                 if self._reservation is not None:
                     self._reservation.forget()
                     self._sleep_state.forget()
+                self._pool = None       # the parent's too (its C pool is left, not freed)
                 return 0
         elif rc != MT_LIFE_OK:
             raise_life(rc, "the buffer arena", "release", self._exported())
@@ -183,6 +189,13 @@ cdef class ArenaState:
                 self._peers.close()
             except Exception as e:
                 first = e
+        if self._pool is not None:
+            # Never forced: memory torch still holds stays mapped (leaked) rather
+            # than unmapped under a graph that may replay.
+            err, closed = self._pool.close(False)
+            if closed:
+                self._pool = None
+            first = first or err
         first = first or self._sleep_state.close(self._base)
         err, freed = self._reservation.close(self._base, self._alloc, self._layout.slab_bytes,
                                              bool(self._sleep_state.at_base))
@@ -215,7 +228,8 @@ cdef class ArenaState:
         """Whether it still holds memory, a reservation or a handle (what
         free_memory frees): a release or a finalizer has something left to free."""
         return bool(self._base or (self._reservation is not None and (
-            self._reservation.holds() or self._sleep_state.holds())))
+            self._reservation.holds() or self._sleep_state.holds()))
+            or (self._pool is not None and not self._pool.closed))
 
 
 cdef bint sleeping(ArenaState a):

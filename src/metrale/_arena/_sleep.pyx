@@ -43,6 +43,8 @@ def sleep(ArenaState self, keep=(), offload=()):
     it).  Accessors keep returning the same pointers; operations and new
     views raise MetraleError until `wake`; `resize` sets the limits
     `wake` maps for.  `release` of a sleeping arena frees everything.
+    The arena's pool (`open_pool`) sleeps with it: its memory is unmapped,
+    its segments keep their addresses, their contents are discarded.
 
     Parameters
     ----------
@@ -88,31 +90,49 @@ def sleep(ArenaState self, keep=(), offload=()):
         if st.sleeping:
             raise MetraleError("sleep: the buffer arena is already sleeping")
         be.quiesce()
-        if (off or ids) and not r.piece:
-            # Host memory, and from the next wake on device memory, in pieces
-            # of an eighth of the slab: a sleep unmaps the pieces it copies
-            # nothing from at once, and each other one (remapping an
-            # offloaded one at its addresses) as soon as its copy is done,
-            # while the next ones are still being copied.
-            r.piece = max(r.granule, (a._layout.slab_bytes // 8 + r.granule - 1)
-                          // r.granule * r.granule)
-        runs = _runs(a, off)
-        st.host_memory(runs, r.piece)
-        st.keep_copies(&a._layout, ids)
-        chunks = sorted(r.chunks)
-        events = []
+        if a._pool is not None:
+            a._pool.sleep()     # all or nothing; woken again below if the buffers' part fails
         try:
-            moved, copied = _copy_out(a, off, ids, chunks, events)
-            st.set_fates(moved, copied)
-            st.sleeping = True
-            _remap(a, chunks, events, st.overlapping(runs))
-        finally:
-            for ev in events:
-                if ev:
-                    be.event_destroy(ev)
+            _sleep_buffers(a, r, st, off, ids)
+        except BaseException:
+            if a._pool is not None and not st.sleeping:    # the buffers awake: so is the pool
+                try:
+                    a._pool.wake()
+                except Exception as e:
+                    logger().warning("buffer arena: waking the pool after a failed sleep "
+                                     "failed (it sleeps; wake() maps it): %s", e)
+            raise
     finally:
         mt_life_reshape_end(a._life, sleeping(a))    # paused while it sleeps
     return None
+
+
+cdef int _sleep_buffers(ArenaState a, Reservation r, SleepState st, list off, list ids) except -1:
+    """The buffers' part of `sleep`, after the device's work was waited for."""
+    cdef Backend be = a._gpu
+    if (off or ids) and not r.piece:
+        # Host memory, and from the next wake on device memory, in pieces
+        # of an eighth of the slab: a sleep unmaps the pieces it copies
+        # nothing from at once, and each other one (remapping an
+        # offloaded one at its addresses) as soon as its copy is done,
+        # while the next ones are still being copied.
+        r.piece = max(r.granule, (a._layout.slab_bytes // 8 + r.granule - 1)
+                      // r.granule * r.granule)
+    runs = _runs(a, off)
+    st.host_memory(runs, r.piece)
+    st.keep_copies(&a._layout, ids)
+    chunks = sorted(r.chunks)
+    events = []
+    try:
+        moved, copied = _copy_out(a, off, ids, chunks, events)
+        st.set_fates(moved, copied)
+        st.sleeping = True
+        _remap(a, chunks, events, st.overlapping(runs))
+    finally:
+        for ev in events:
+            if ev:
+                be.event_destroy(ev)
+    return 0
 
 
 cdef tuple _copy_out(ArenaState a, list off, list ids, list chunks, list events):
@@ -212,7 +232,8 @@ def wake(ArenaState self):
     addresses first: views of them stay valid) and those it kept (a kept
     or offloaded buffer of the zero_all set gets its contents; after a
     resize while asleep, up to the buffer's new size); every other
-    buffer's contents are undefined (fresh memory).  A CUDA graph
+    buffer's contents are undefined (fresh memory), as are those of the
+    pool's segments, which are mapped again first.  A CUDA graph
     captured before the sleep replays bit-identically afterwards.
 
     Raises
@@ -230,8 +251,14 @@ def wake(ArenaState self):
     try:
         if not st.sleeping:
             raise MetraleError("wake: the buffer arena is not sleeping")
+        if a._pool is not None:
+            a._pool.wake()      # all or nothing: the arena still sleeps if it fails
         at_base = list(st.at_base)
-        st.unmap_at(a._base)
+        try:
+            st.unmap_at(a._base)
+        except BaseException:
+            _pool_back_to_sleep(a)
+            raise
         try:
             _restore(a)
         except BaseException:
@@ -240,6 +267,7 @@ def wake(ArenaState self):
             except Exception as e:
                 logger().warning("buffer arena: mapping the offloaded buffers' host memory "
                                  "again after a failed wake failed: %s", e)
+            _pool_back_to_sleep(a)
             raise
         st.sleeping = False
         st.set_fates({}, {})
@@ -248,6 +276,18 @@ def wake(ArenaState self):
     finally:
         mt_life_reshape_end(a._life, sleeping(a))    # paused while it sleeps
     return None
+
+
+cdef void _pool_back_to_sleep(ArenaState a) noexcept:
+    """After a failed wake of the buffers: the pool sleeps again, as the arena."""
+    if a._pool is None:
+        return
+    try:
+        a._gpu.quiesce()
+        a._pool.sleep()
+    except Exception as e:
+        logger().warning("buffer arena: putting the pool back to sleep after a failed wake "
+                         "failed (it stays awake): %s", e)
 
 
 # -- what a sleep keeps and offloads --------------------------------------------------------

@@ -483,13 +483,18 @@ def memory_stats(ArenaState self):
         ``"imported_handles"``, ``"imported_bytes"``: peers' handles mapped
         here; ``"live_views"``: views (and arrays made from them) alive;
         ``"reserved"``, ``"sleeping"``, ``"released"``: bools;
-        ``"max_batch_tokens"``, ``"tp_size"``: the limits the sizes are for.
+        ``"max_batch_tokens"``, ``"tp_size"``: the limits the sizes are for;
+        ``"pool_reserved_bytes"``, ``"pool_committed_bytes"``,
+        ``"pool_in_use_bytes"``, ``"pool_peak_in_use_bytes"``,
+        ``"pool_segments"``: the pool's (`open_pool`; 0 without one).
+        ``committed_bytes`` counts the buffers' memory, not the pool's.
     """
     cdef ArenaState a = self
     cdef int i
     cdef Reservation r = a._reservation
     cdef SleepState st = a._sleep_state
     imported = a._peers.imported() if a._peers is not None else (0, 0)
+    pool = a._pool.stats() if a._pool is not None and not a._pool.closed else {}
     return {
         "slab_bytes": a._layout.slab_bytes,
         "reserved_bytes": a._layout.slab_bytes if r is not None and a._alloc else 0,
@@ -512,6 +517,11 @@ def memory_stats(ArenaState self):
         "released": bool(mt_life_released(a._life)),
         "max_batch_tokens": a._max_tokens,
         "tp_size": a._tp,
+        "pool_reserved_bytes": pool.get("reserved", 0),
+        "pool_committed_bytes": pool.get("committed", 0),
+        "pool_in_use_bytes": pool.get("in_use", 0),
+        "pool_peak_in_use_bytes": pool.get("peak_in_use", 0),
+        "pool_segments": pool.get("segments", 0),
     }
 
 

@@ -1,7 +1,7 @@
 # The backend interface the arena drives: one cdef call per device operation,
 # so no Python runs per memset, copy or free.
 from libc.stdint cimport uint64_t, uintptr_t
-from metrale._base._core cimport mt_range, mt_rows_args
+from metrale._base._core cimport mt_pool_ops, mt_range, mt_rows_args
 from metrale._base._debug_core cimport mt_debug_args, mt_debug_result
 from metrale._base._peer_core cimport mt_reduce_args
 
@@ -62,6 +62,14 @@ cdef class Backend:
     cdef int unmap(self, uintptr_t p, size_t n) except -1
     # Wait for all work on the device (before memory is unmapped).
     cdef int quiesce(self) except -1
+    # An arena's pool (src/pool.c) calls its device operations from any
+    # thread without the GIL (torch's allocator calls it): where the backend
+    # has such operations (CUDA: the driver's) it fills `ops` and returns 1;
+    # 0: the pool calls create / release_handle / map / unmap above, with
+    # the GIL (and cannot serve torch).  pool_error: the exception for a
+    # code those operations returned.
+    cdef int pool_ops(self, mt_pool_ops *ops) except -1
+    cdef object pool_error(self, int code, str call)
     # Host memory the device maps, for sleep(offload=...): a physical handle
     # in host memory (CUDA: a host-NUMA handle; host: a memfd), mapped and
     # unmapped like a device handle (map_host / unmap_host count it apart from

@@ -5,7 +5,7 @@ cimport cython
 from libc.stdint cimport int32_t, uint64_t, uintptr_t
 
 from metrale._base._common cimport as_stream, u64_arg
-from metrale._base._core cimport (MT_MAX_RANGES, MT_MAX_ROWS_ENTRIES, mt_range, mt_rows_args,
+from metrale._base._core cimport (MT_MAX_RANGES, MT_MAX_ROWS_ENTRIES, mt_pool_ops, mt_range, mt_rows_args,
                                   mt_rows_count, mt_rows_segment)
 from metrale._base._debug_core cimport mt_debug_args, mt_debug_result
 from metrale._base._peer_core cimport mt_reduce_args
@@ -147,6 +147,10 @@ cdef class Backend:
         return _unusable(self)
     cdef int quiesce(self) except -1:
         return _unusable(self)
+    cdef int pool_ops(self, mt_pool_ops *ops) except -1:
+        return 0
+    cdef object pool_error(self, int code, str call):
+        return MetraleError(f"pool.{call}: the backend's operation failed ({code})")
     cdef int create_host(self, size_t n, uint64_t *handle) except -1:
         return _unusable(self)
     cdef int release_host(self, uint64_t handle, size_t n) except -1:

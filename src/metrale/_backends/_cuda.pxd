@@ -3,7 +3,7 @@
 from libc.stdint cimport uint64_t
 
 from cuda.bindings cimport cydriver
-from metrale._backends cimport _kernels
+from metrale._backends cimport _kernels, _vmm
 from metrale._backends._backend cimport Backend
 
 
@@ -20,6 +20,7 @@ cdef class CudaBackend(Backend):
     cdef _kernels.PeerKernels _peer      # loaded when an arena is first shared
     cdef object _debug_lock              # serializes the calls that use _debug's results
     cdef cydriver.CUstream _side         # non-blocking: copies beside a wake's zeroing
+    cdef _vmm.pool_device _pool_dev      # what the pools' operations make current
 
     # Make the backend's context current on the calling thread: the step
     # before every checked driver call, without the GIL.

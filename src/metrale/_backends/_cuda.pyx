@@ -14,18 +14,18 @@ from libc.stdint cimport uint64_t, uintptr_t
 from cuda.bindings cimport cydriver
 from metrale._backends cimport _kernels
 from metrale._backends cimport _vmm
-from metrale._base._core cimport mt_range, mt_rows_args
+from metrale._base._core cimport mt_pool_ops, mt_range, mt_rows_args
 from metrale._base._life cimport mt_fork_generation
 from metrale._backends._backend cimport Backend
 from metrale._base._debug_core cimport MT_DBG_FILL, mt_debug_args, mt_debug_result
 from metrale._base._peer_core cimport MT_RED_BLOCKS, mt_reduce_args
 from metrale._base._common cimport as_stream, index_arg, u64_arg, mt_py_finalizing
-from metrale._base._driver cimport check
+from metrale._base._driver cimport check, error_name
 
 from threading import Lock as _Lock
 
 from metrale._backends import _transfer as transfer
-from metrale._base.errors import MetraleError
+from metrale._base.errors import MetraleError, OutOfMemoryError
 
 
 cdef int _forked() except -1 with gil:
@@ -362,6 +362,18 @@ An NVIDIA GPU through the CUDA driver.
             check(cydriver.cuMemcpyAsync(<cydriver.CUdeviceptr>dst, <cydriver.CUdeviceptr>src, n,
                                          <cydriver.CUstream>stream), "cuMemcpyAsync")
         return 0
+
+    cdef int pool_ops(self, mt_pool_ops *ops) except -1:
+        self._pool_dev.device = self.device_id
+        self._pool_dev.ctx = self._ctx
+        _vmm.pool_ops(ops, &self._pool_dev)
+        return 1
+
+    cdef object pool_error(self, int code, str call):
+        msg = f"pool.{call}: {error_name(<cydriver.CUresult>code)}"
+        if code == cydriver.CUDA_ERROR_OUT_OF_MEMORY:
+            return OutOfMemoryError(msg)
+        return MetraleError(msg)
 
     cdef int map(self, uintptr_t p, size_t n, uint64_t handle) except -1:
         with nogil:

@@ -7,6 +7,7 @@ cimport cython
 from libc.stdint cimport uint64_t, uintptr_t
 
 from metrale._backends._cuda cimport CudaBackend
+from metrale._base._core cimport mt_pool_ops
 from metrale._backends.testing cimport Faults
 
 
@@ -118,6 +119,9 @@ A CudaBackend whose nth next operation of a kind fails, on demand.
     cdef int release_host(self, uint64_t handle, size_t n) except -1:
         self._armed.check("release_handle", "release of a host handle")
         return CudaBackend.release_host(self, handle, n)
+
+    cdef int pool_ops(self, mt_pool_ops *ops) except -1:
+        return 0        # a pool calls the methods here, which fail on demand
 
     cdef int map(self, uintptr_t p, size_t n, uint64_t handle) except -1:
         self._armed.check("map", f"mapping {n} bytes at {p:#x}")

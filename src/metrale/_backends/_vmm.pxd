@@ -5,6 +5,9 @@
 # thin methods, which make the context current and keep the counters.
 from libc.stdint cimport uint64_t, uintptr_t
 
+from cuda.bindings cimport cydriver
+from metrale._base._core cimport mt_pool_ops
+
 # Whether [p, p + n) lies inside one allocation of device memory on `device`
 # that the driver knows, mapped at both ends (CudaBackend.check_range).
 cdef bint inside(uintptr_t p, size_t n, int device) noexcept nogil
@@ -30,3 +33,12 @@ cdef int unmap(uintptr_t p, size_t n) except -1 nogil
 # peer's descriptor (the caller still closes the descriptor).
 cdef int export_fd(uint64_t handle, int *fd) except -1 nogil
 cdef int import_fd(int fd, uint64_t *handle) except -1 nogil
+
+# The same operations for an arena's pool (src/pool.c), which torch's allocator
+# calls from any thread: no GIL, no exception, the driver's CUresult returned
+# (0: success); each makes `ctx`'s context current first.  `dev` must outlive
+# the pool (the backend holds it).
+ctypedef struct pool_device:
+    int device
+    cydriver.CUcontext ctx
+cdef void pool_ops(mt_pool_ops *ops, pool_device *dev) noexcept nogil

@@ -13,6 +13,7 @@ from libc.stdint cimport uint64_t, uintptr_t
 from libc.string cimport memset
 
 from cuda.bindings cimport cydriver
+from metrale._base._core cimport mt_pool_ops
 from metrale._base._driver cimport check, raise_error
 
 
@@ -161,3 +162,67 @@ cdef int import_fd(int fd, uint64_t *handle) except -1 nogil:
         "cuMemImportFromShareableHandle")
     handle[0] = <uint64_t>h
     return 0
+
+
+# -- the pool's operations: no GIL, no exception -----------------------------------------
+
+cdef inline cydriver.CUresult _enter(pool_device *d) noexcept nogil:
+    cdef cydriver.CUcontext cur = NULL
+    cdef cydriver.CUresult err = cydriver.cuCtxGetCurrent(&cur)
+    if err != cydriver.CUDA_SUCCESS or cur == d.ctx:
+        return err
+    return cydriver.cuCtxSetCurrent(d.ctx)
+
+
+cdef int _pool_create(void *ctx, uint64_t n, uint64_t *handle) noexcept nogil:
+    cdef pool_device *d = <pool_device *>ctx
+    cdef cydriver.CUmemAllocationProp prop
+    cdef cydriver.CUmemGenericAllocationHandle h = 0
+    cdef cydriver.CUresult err = _enter(d)
+    if err == cydriver.CUDA_SUCCESS:
+        _prop(&prop, d.device)
+        err = cydriver.cuMemCreate(&h, n, &prop, 0)
+        handle[0] = <uint64_t>h
+    return <int>err
+
+
+cdef int _pool_release(void *ctx, uint64_t handle, uint64_t n) noexcept nogil:
+    cdef cydriver.CUresult err = _enter(<pool_device *>ctx)
+    if err == cydriver.CUDA_SUCCESS:
+        err = cydriver.cuMemRelease(<cydriver.CUmemGenericAllocationHandle>handle)
+    return <int>err
+
+
+cdef int _pool_map(void *ctx, uint64_t p, uint64_t n, uint64_t handle) noexcept nogil:
+    cdef pool_device *d = <pool_device *>ctx
+    cdef cydriver.CUmemAccessDesc desc
+    cdef cydriver.CUresult err = _enter(d)
+    if err != cydriver.CUDA_SUCCESS:
+        return <int>err
+    memset(&desc, 0, sizeof(desc))
+    desc.location.type = cydriver.CU_MEM_LOCATION_TYPE_DEVICE
+    desc.location.id = d.device
+    desc.flags = cydriver.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+    err = cydriver.cuMemMap(<cydriver.CUdeviceptr>p, n, 0,
+                            <cydriver.CUmemGenericAllocationHandle>handle, 0)
+    if err != cydriver.CUDA_SUCCESS:
+        return <int>err
+    err = cydriver.cuMemSetAccess(<cydriver.CUdeviceptr>p, n, &desc, 1)
+    if err != cydriver.CUDA_SUCCESS:
+        cydriver.cuMemUnmap(<cydriver.CUdeviceptr>p, n)
+    return <int>err
+
+
+cdef int _pool_unmap(void *ctx, uint64_t p, uint64_t n) noexcept nogil:
+    cdef cydriver.CUresult err = _enter(<pool_device *>ctx)
+    if err == cydriver.CUDA_SUCCESS:
+        err = cydriver.cuMemUnmap(<cydriver.CUdeviceptr>p, n)
+    return <int>err
+
+
+cdef void pool_ops(mt_pool_ops *ops, pool_device *dev) noexcept nogil:
+    ops.ctx = <void *>dev
+    ops.create = _pool_create
+    ops.release = _pool_release
+    ops.map = _pool_map
+    ops.unmap = _pool_unmap

@@ -116,6 +116,55 @@ cdef extern from "arena_core.h" nogil:
     void mt_scratch_reset_peaks(mt_scratch *s)
     uint64_t mt_thread_id()
 
+    # The torch pool (src/pool.c, compiled into metrale._arena._pool alone).
+    ctypedef struct mt_pool_ops:
+        void *ctx
+        int (*create)(void *ctx, uint64_t n, uint64_t *handle) noexcept nogil
+        int (*release)(void *ctx, uint64_t handle, uint64_t n) noexcept nogil
+        int (*map)(void *ctx, uint64_t p, uint64_t n, uint64_t handle) noexcept nogil
+        int (*unmap)(void *ctx, uint64_t p, uint64_t n) noexcept nogil
+    ctypedef struct mt_pool:
+        pass
+    enum:
+        MT_POOL_FULL
+        MT_POOL_ASLEEP
+        MT_POOL_FOREIGN
+        MT_POOL_DEVICE
+        MT_POOL_IN_USE
+        MT_POOL_AWAKE
+        MT_POOL_SLOTS
+    ctypedef struct mt_pool_stats:
+        uint64_t reserved
+        uint64_t committed
+        uint64_t in_use
+        uint64_t peak_committed
+        uint64_t peak_in_use
+        uint64_t segments
+        uint64_t chunks
+        uint64_t orphans
+        uint64_t creates
+        uint64_t allocs
+        uint64_t frees
+        uint64_t refused
+        int asleep
+    mt_pool *mt_pool_new(uint64_t base, uint64_t npages, uint64_t granule, const mt_pool_ops *ops)
+    void mt_pool_free(mt_pool *p)
+    int mt_pool_alloc(mt_pool *p, uint64_t n, uint64_t *out, int *err)
+    int mt_pool_release(mt_pool *p, uint64_t ptr, uint64_t n)
+    int mt_pool_trim(mt_pool *p, uint64_t *unmapped, int *err)
+    int mt_pool_sleep(mt_pool *p, int *err)
+    int mt_pool_wake(mt_pool *p, int *err)
+    int mt_pool_close(mt_pool *p, int force, int *err)
+    void mt_pool_get_stats(mt_pool *p, mt_pool_stats *out)
+    uint64_t mt_pool_segments(mt_pool *p, uint64_t *ptrs, uint64_t *bytes, uint64_t cap)
+    uint64_t mt_pool_chunks(mt_pool *p, mt_range *out, uint64_t cap)
+    int mt_pool_bind(mt_pool *p)
+    void mt_pool_unbind(int slot, int retire)
+    void mt_pool_unretire(int slot)
+    uint64_t mt_pool_slot_alloc(int slot)
+    uint64_t mt_pool_slot_free(int slot)
+    uint64_t mt_pool_stray_calls()
+
 
 # Declarations of src/metrale/kernels/zero_ranges.h: the parameter blocks of
 # the zeroing kernels and the one evaluation of zero_all_rows' table.

@@ -1,0 +1,44 @@
+# The torch pool of an arena (see _pool.pyx): segments handed out of a range
+# the arena reserves beside its buffers, for the arena (sleep, release,
+# memory_stats) and metrale.torch.
+from libc.stdint cimport uint64_t, uintptr_t
+
+from metrale._backends._backend cimport Backend
+from metrale._base._core cimport mt_pool, mt_pool_ops
+
+
+cdef class Pool:
+    cdef mt_pool *_p              # the C pool (src/pool.c); NULL once closed
+    cdef Backend gpu
+    cdef mt_pool_ops ops          # the backend's, without the GIL, or this object's methods
+    cdef bint direct              # ops are the backend's (no GIL): torch may call the pool
+    cdef uintptr_t base           # the reserved range
+    cdef readonly uint64_t nbytes
+    cdef uint64_t granule
+    cdef readonly int slot        # the torch allocator slot bound to it, or -1
+    cdef bint retire              # the slot was handed to torch: it stays taken when unbound
+    cdef object error             # what a backend method raised inside the last operation
+    cdef int busy                 # calls inside the C pool without the GIL now
+    cdef bint dead                # closed: the last call out frees the C pool
+
+    cdef int _start(self, str call) except -1
+    cdef void _end(self) noexcept
+    cdef void _end_close(self) noexcept
+    cdef object _failure(self, int rc, int err, str call, uint64_t n=*)
+
+    # Unmap everything, keeping the segments (the device waited for first);
+    # all or nothing.
+    cdef int sleep(self) except -1
+    # Map the segments' pages again; all or nothing.
+    cdef int wake(self) except -1
+    cdef bint asleep(self)
+    # Segments handed out now.
+    cdef uint64_t in_use(self)
+    # Unbind the slot, unmap and release everything, free the range:
+    # (first error or None, whether it is closed).  Refused while segments
+    # are handed out unless `force`.
+    cdef tuple close(self, bint force)
+
+
+# A pool of `nbytes` (rounded up to the granularity) in a range reserved on `gpu`.
+cdef Pool pool_new(Backend gpu, object nbytes)

@@ -1,0 +1,455 @@
+# cython: language_level=3, binding=False
+"""The pool of an arena (docs/torch.md): memory for torch beside the buffers.
+
+A range the arena reserves beside its buffers, out of which the C pool
+(src/pool.c) hands out segments (torch's: `metrale.torch` makes the pool a
+``torch.cuda.MemPool``'s allocator), backing them with physical memory on
+demand at the allocation granularity.  A segment given back keeps its
+memory mapped for the next one; `trim` unmaps what no segment touches;
+sleep unmaps everything and keeps the segments' addresses, wake maps the
+segments again.  On CUDA the pool's device operations are driver calls
+made without the GIL, so torch's allocator can call the pool from any
+thread; on other backends they are the backend's own methods, with the
+GIL (the host tests, the backends that fail on demand).
+"""
+
+cimport cython
+from libc.stdint cimport uint64_t, uintptr_t
+from libc.stdlib cimport free, malloc
+
+from metrale._backends._backend cimport Backend
+from metrale._base._common cimport u64_arg
+from metrale._base._core cimport (MT_ERR_NOMEM, MT_OK, MT_POOL_ASLEEP, MT_POOL_AWAKE,
+                                  MT_POOL_DEVICE, MT_POOL_FOREIGN, MT_POOL_FULL, MT_POOL_IN_USE,
+                                  mt_pool_alloc, mt_pool_bind, mt_pool_chunks, mt_pool_close,
+                                  mt_pool_free, mt_pool_get_stats, mt_pool_new, mt_pool_release,
+                                  mt_pool_segments, mt_pool_sleep, mt_pool_slot_alloc,
+                                  mt_pool_slot_free, mt_pool_stats, mt_pool_stray_calls,
+                                  mt_pool_trim, mt_pool_unbind, mt_pool_unretire, mt_pool_wake,
+                                  mt_range)
+
+from metrale._base.errors import MetraleError, OutOfMemoryError
+
+cdef object _TOKEN = object()
+
+
+# -- the backend's own methods as the pool's operations (with the GIL) --------------------
+
+cdef int _create(void *ctx, uint64_t n, uint64_t *handle) noexcept with gil:
+    cdef Pool p = <Pool>ctx
+    try:
+        p.gpu.create(n, handle)
+        return 0
+    except BaseException as e:
+        p.error = e
+        return 1
+
+
+cdef int _release(void *ctx, uint64_t handle, uint64_t n) noexcept with gil:
+    cdef Pool p = <Pool>ctx
+    try:
+        p.gpu.release_handle(handle, n)
+        return 0
+    except BaseException as e:
+        p.error = e
+        return 1
+
+
+cdef int _map(void *ctx, uint64_t at, uint64_t n, uint64_t handle) noexcept with gil:
+    cdef Pool p = <Pool>ctx
+    try:
+        p.gpu.map(at, n, handle)
+        return 0
+    except BaseException as e:
+        p.error = e
+        return 1
+
+
+cdef int _unmap(void *ctx, uint64_t at, uint64_t n) noexcept with gil:
+    cdef Pool p = <Pool>ctx
+    try:
+        p.gpu.unmap(at, n)
+        return 0
+    except BaseException as e:
+        p.error = e
+        return 1
+
+
+# no_gc: it holds its backend and plain values only; the arena closes it.
+@cython.no_gc
+@cython.final
+cdef class Pool:
+    """Pool()
+--
+
+The pool of a reserved arena: segments of its own range (made by
+    ``BufferArena.open_pool``; ``metrale.torch.pool`` serves torch from it).
+
+    Addresses never move: a segment keeps its address through sleep and wake.
+
+    Attributes
+    ----------
+    nbytes : int
+        The range's bytes (a multiple of the granularity).
+    slot : int
+        The torch allocator slot bound to the pool (`allocator`), or -1.
+    """
+
+    def __cinit__(self, token=None):
+        if token is not _TOKEN:
+            raise TypeError("Pool is made by BufferArena.open_pool")
+        self.slot = -1
+
+    def __dealloc__(self):
+        # The arena closes the pool; one dropped unclosed (it failed to close)
+        # keeps what it maps rather than unmap memory torch may use.
+        if self._p != NULL and self.dead:
+            mt_pool_free(self._p)
+
+    cdef int _start(self, str call) except -1:
+        if self._p == NULL or self.dead:
+            raise MetraleError(f"pool.{call}: the pool is closed (its arena was released)")
+        self.error = None
+        self.busy += 1
+        return 0
+
+    cdef void _end(self) noexcept:
+        self.busy -= 1
+        if self.dead and self.busy == 0 and self._p != NULL:
+            mt_pool_free(self._p)
+            self._p = NULL
+
+    cdef object _failure(self, int rc, int err, str call, uint64_t n=0):
+        """The exception for the C pool's result `rc` of `call`."""
+        cdef mt_pool_stats s
+        if rc == MT_POOL_FULL or rc == MT_POOL_ASLEEP:
+            mt_pool_get_stats(self._p, &s)
+            figures = (f"{s.in_use:,} of {s.reserved:,} bytes in {s.segments} segments, "
+                       f"{s.committed:,} mapped")
+            if rc == MT_POOL_ASLEEP:
+                return MetraleError(f"pool.{call}: the pool sleeps with its arena ({figures})")
+            return OutOfMemoryError(f"pool.{call}({n:,} bytes): no run of free pages that long "
+                                    f"in the pool ({figures}); open a larger pool")
+        if rc == MT_ERR_NOMEM:
+            return MemoryError()
+        if rc == MT_POOL_DEVICE:
+            if self.error is not None:
+                e, self.error = self.error, None
+                return e
+            return self.gpu.pool_error(err, call)
+        if rc == MT_POOL_IN_USE:
+            return MetraleError(f"pool.{call}: torch still holds {self.in_use()} segments")
+        return MetraleError(f"pool.{call}: the C pool returned {rc}")
+
+    def alloc(self, nbytes):
+        """A segment of at least `nbytes` (whole pages of the granularity).
+
+        Parameters
+        ----------
+        nbytes : int
+
+        Returns
+        -------
+        int
+            Its address, a multiple of the granularity.
+
+        Raises
+        ------
+        OutOfMemoryError
+            No run of free pages is long enough, or physical memory was
+            refused; nothing stays mapped.
+        MetraleError
+            The pool sleeps or is closed.
+        """
+        cdef uint64_t n = u64_arg(nbytes, "nbytes"), out = 0
+        cdef int rc, err = 0
+        self._start("alloc")
+        try:
+            with nogil:
+                rc = mt_pool_alloc(self._p, n, &out, &err)
+            if rc != MT_OK:
+                raise self._failure(rc, err, "alloc", n)
+        finally:
+            self._end()
+        return out
+
+    def free(self, ptr, nbytes=0):
+        """Give a segment back; its pages stay mapped for the next one.
+
+        Parameters
+        ----------
+        ptr : int
+            Where `alloc` put it.
+        nbytes : int, optional
+            Its size as asked (0: not checked).
+
+        Raises
+        ------
+        ValueError
+            `ptr` is not a segment of this pool, or not of that size.
+        """
+        cdef uint64_t p = u64_arg(ptr, "ptr"), n = u64_arg(nbytes, "nbytes")
+        cdef int rc
+        self._start("free")
+        try:
+            rc = mt_pool_release(self._p, p, n)
+        finally:
+            self._end()
+        if rc != MT_OK:
+            raise ValueError(f"ptr: {p:#x} ({n} bytes) is not a segment of this pool")
+
+    def trim(self):
+        """Unmap the physical memory no segment touches (the range stays).
+
+        The device's pending work is waited for first.
+
+        Returns
+        -------
+        int
+            Bytes unmapped.
+        """
+        cdef uint64_t gone = 0
+        cdef int rc, err = 0
+        self._start("trim")
+        try:
+            self.gpu.quiesce()
+            with nogil:
+                rc = mt_pool_trim(self._p, &gone, &err)
+            if rc != MT_OK:
+                raise self._failure(rc, err, "trim")
+        finally:
+            self._end()
+        return gone
+
+    def stats(self):
+        """The pool's figures.
+
+        Returns
+        -------
+        dict
+            ``reserved``, ``committed`` (mapped now), ``in_use`` (in
+            segments), ``peak_committed``, ``peak_in_use``, ``segments``,
+            ``chunks`` (physical handles mapped), ``orphans``, ``creates``
+            (handles ever made), ``allocs``, ``frees``, ``refused`` and
+            ``asleep``.
+        """
+        cdef mt_pool_stats s
+        self._start("stats")
+        try:
+            mt_pool_get_stats(self._p, &s)
+        finally:
+            self._end()
+        return {"reserved": s.reserved, "committed": s.committed, "in_use": s.in_use,
+                "peak_committed": s.peak_committed, "peak_in_use": s.peak_in_use,
+                "segments": s.segments, "chunks": s.chunks, "orphans": s.orphans,
+                "creates": s.creates, "allocs": s.allocs, "frees": s.frees,
+                "refused": s.refused, "asleep": bool(s.asleep)}
+
+    def segments(self):
+        """The segments handed out: ``[(ptr, bytes)]`` in address order."""
+        cdef uint64_t n, k, *ptrs = NULL, *sizes = NULL
+        self._start("segments")
+        try:
+            while True:
+                n = mt_pool_segments(self._p, NULL, NULL, 0)
+                ptrs = <uint64_t *>malloc((n + 1) * sizeof(uint64_t))
+                sizes = <uint64_t *>malloc((n + 1) * sizeof(uint64_t))
+                if ptrs == NULL or sizes == NULL:
+                    raise MemoryError()
+                k = mt_pool_segments(self._p, ptrs, sizes, n)
+                if k <= n:
+                    return [(ptrs[i], sizes[i]) for i in range(k)]
+                free(ptrs); free(sizes)
+                ptrs = sizes = NULL
+        finally:
+            free(ptrs); free(sizes)
+            self._end()
+
+    def chunks(self):
+        """The physical memory mapped: ``[(offset, bytes)]`` from `base`."""
+        cdef uint64_t n, k
+        cdef mt_range *out = NULL
+        self._start("chunks")
+        try:
+            while True:
+                n = mt_pool_chunks(self._p, NULL, 0)
+                out = <mt_range *>malloc((n + 1) * sizeof(mt_range))
+                if out == NULL:
+                    raise MemoryError()
+                k = mt_pool_chunks(self._p, out, n)
+                if k <= n:
+                    return [(out[i].offset, out[i].length) for i in range(k)]
+                free(out)
+                out = NULL
+        finally:
+            free(out)
+            self._end()
+
+    @property
+    def base(self):
+        """Where the pool's range starts."""
+        return self.base
+
+    @property
+    def granularity(self):
+        """The page: every segment is a whole number of them."""
+        return self.granule
+
+    @property
+    def closed(self):
+        """Whether the pool is closed (its arena released it)."""
+        return self._p == NULL or self.dead
+
+    def allocator(self):
+        """The pool's pair of C functions for torch's pluggable allocator.
+
+        Binds a slot (src/pool.c) to the pool, once: torch calls
+        ``alloc(size, device, stream)`` and ``free(ptr, size, device,
+        stream)`` at these addresses, from any thread.
+
+        Returns
+        -------
+        tuple of (int, int)
+
+        Raises
+        ------
+        MetraleError
+            The backend's operations need the GIL (not CUDA), or every slot
+            is taken.
+        """
+        self._start("allocator")
+        try:
+            if not self.direct:
+                raise MetraleError(f"pool.allocator: a pool on {type(self.gpu).__name__} "
+                                   "cannot serve torch (its operations need the GIL): "
+                                   "torch's memory is CUDA memory")
+            if self.slot < 0:
+                slot = mt_pool_bind(self._p)
+                if slot < 0:
+                    raise MetraleError("pool.allocator: every slot of torch allocators is "
+                                       "taken (64 per process; a slot comes back when its "
+                                       "torch MemPool is gone)")
+                self.slot = slot
+                self.retire = True
+        finally:
+            self._end()
+        return mt_pool_slot_alloc(self.slot), mt_pool_slot_free(self.slot)
+
+    def __repr__(self):
+        if self.closed:
+            return "Pool(closed)"
+        s = self.stats()
+        return (f"Pool(base={self.base:#x}, reserved={s['reserved']:,}, "
+                f"committed={s['committed']:,}, in_use={s['in_use']:,}, "
+                f"segments={s['segments']}{', asleep' if s['asleep'] else ''})")
+
+    # -- for the arena -------------------------------------------------------------------
+    cdef int sleep(self) except -1:
+        cdef int rc, err = 0
+        self._start("sleep")
+        try:
+            with nogil:
+                rc = mt_pool_sleep(self._p, &err)
+            if rc != MT_OK:
+                raise self._failure(rc, err, "sleep")
+        finally:
+            self._end()
+        return 0
+
+    cdef int wake(self) except -1:
+        cdef int rc, err = 0
+        self._start("wake")
+        try:
+            with nogil:
+                rc = mt_pool_wake(self._p, &err)
+            if rc != MT_OK and rc != MT_POOL_AWAKE:
+                raise self._failure(rc, err, "wake")
+        finally:
+            self._end()
+        return 0
+
+    cdef bint asleep(self):
+        cdef mt_pool_stats s
+        if self._p == NULL or self.dead:
+            return False
+        mt_pool_get_stats(self._p, &s)
+        return s.asleep != 0
+
+    cdef uint64_t in_use(self):
+        cdef mt_pool_stats s
+        if self._p == NULL or self.dead:
+            return 0
+        mt_pool_get_stats(self._p, &s)
+        return s.segments
+
+    cdef tuple close(self, bint force):
+        cdef int rc, err = 0
+        if self._p == NULL or self.dead:
+            return None, True
+        if not force and self.in_use():
+            return MetraleError(f"torch still holds {self.in_use()} segments of the "
+                                "arena's pool"), False
+        if self.slot >= 0:
+            mt_pool_unbind(self.slot, self.retire)   # waits for torch's calls in progress
+            self.slot = -1
+        self.error = None
+        self.busy += 1
+        try:
+            with nogil:
+                rc = mt_pool_close(self._p, force, &err)
+            if rc != MT_OK:
+                return self._failure(rc, err, "close"), False
+            if self.base:
+                self.gpu.unreserve(self.base, self.nbytes)
+                self.base = 0
+        except Exception as e:
+            return e, False
+        finally:
+            self.busy -= 1
+        self.dead = True
+        self._end_close()
+        return None, True
+
+    cdef void _end_close(self) noexcept:
+        if self.busy == 0 and self._p != NULL:
+            mt_pool_free(self._p)
+            self._p = NULL
+
+
+cdef Pool pool_new(Backend gpu, object nbytes):
+    cdef uint64_t n = u64_arg(nbytes, "nbytes", 1)
+    cdef uint64_t g = gpu.granularity()
+    cdef uintptr_t at = 0
+    cdef Pool p = Pool.__new__(Pool, _TOKEN)
+    if n > (<uint64_t>1 << 62):
+        raise ValueError(f"nbytes: {n} is larger than any device's address space")
+    n = (n + g - 1) // g * g
+    p.gpu, p.granule, p.nbytes = gpu, g, n
+    p.direct = gpu.pool_ops(&p.ops) == 1
+    if not p.direct:
+        p.ops.ctx = <void *>p            # borrowed: the pool outlives its C pool
+        p.ops.create, p.ops.release, p.ops.map, p.ops.unmap = _create, _release, _map, _unmap
+    gpu.reserve(n, &at)
+    p._p = mt_pool_new(at, n // g, g, &p.ops)
+    if p._p == NULL:
+        gpu.unreserve(at, n)
+        raise MemoryError()
+    p.base = at
+    return p
+
+
+def unretire(int slot):
+    """Give a slot back once the torch allocator made of it is gone.
+
+    Parameters
+    ----------
+    slot : int
+        ``Pool.slot`` of the pool the allocator was made for.
+    """
+    mt_pool_unretire(slot)
+
+
+def stray_calls():
+    """Calls of torch's allocator functions that found no pool or freed a
+    pointer not the pool's (tests)."""
+    return mt_pool_stray_calls()

@@ -1,0 +1,97 @@
+# cython: language_level=3, binding=False
+"""The arena's pool (docs/torch.md): opening and closing it.  The pool's
+own state and operations are metrale._arena._pool; sleep and wake take it
+along (_sleep), release closes it (_arena_state)."""
+
+cimport cython
+
+from metrale._arena._arena_state cimport ArenaState, sleeping
+from metrale._arena._pool cimport Pool, pool_new
+from metrale._base._core cimport MT_LIFE_OK
+from metrale._base._life cimport mt_life_enter, mt_life_leave, raise_life
+
+from metrale._base.errors import MetraleError
+
+
+@cython.binding(True)
+def open_pool(ArenaState self, nbytes):
+    """Reserve a pool of `nbytes` beside the buffers (docs/torch.md).
+
+    The pool is a range of addresses of its own, out of which segments are
+    handed out (``pool.alloc``; ``metrale.torch.pool`` makes it the
+    allocator of a ``torch.cuda.MemPool``), backed by physical memory as
+    they are taken, at the backend's allocation granularity.  It sleeps
+    and wakes with the arena, which keeps its segments' addresses, and is
+    closed by `release` (which refuses while segments are handed out).
+
+    Parameters
+    ----------
+    nbytes : int
+        The range's bytes (rounded up to the granularity): the most the
+        pool's segments can hold at once.  ``metrale.fit`` can budget it
+        (``pool_bytes=``).
+
+    Returns
+    -------
+    Pool
+
+    Raises
+    ------
+    TypeError, ValueError
+        `nbytes` is not a positive int.
+    OutOfMemoryError
+        The address range could not be reserved.
+    MetraleError
+        The arena is not reserved (``reserve=``), already has a pool,
+        sleeps or is released.
+    """
+    cdef ArenaState a = self
+    cdef Pool p
+    if type(nbytes) is not int:     # no __index__ of user code while the arena is held
+        raise TypeError(f"nbytes must be an int, got {type(nbytes).__name__}")
+    if nbytes <= 0:
+        raise ValueError(f"nbytes: {nbytes} is not a positive number of bytes")
+    rc = mt_life_enter(a._life)
+    if rc != MT_LIFE_OK:
+        raise_life(rc, "the buffer arena", "open_pool")
+    try:
+        if a._reservation is None:
+            raise MetraleError("open_pool: a pool lives in a reserved arena's address space: "
+                               "make the arena with reserve= (docs/stable-addresses.md)")
+        if a._pool is not None:
+            raise MetraleError("open_pool: the arena already has a pool (arena.pool)")
+        if sleeping(a):
+            raise MetraleError("open_pool: the buffer arena is sleeping")
+        p = pool_new(a._gpu, nbytes)
+        a._pool = p
+        return p
+    finally:
+        mt_life_leave(a._life)
+
+
+@cython.binding(True)
+def pool(ArenaState self):
+    """The arena's pool (`open_pool`), or None."""
+    return self._pool
+
+
+@cython.binding(True)
+def close_pool(ArenaState self):
+    """Close the arena's pool: unmap its memory and free its range.
+
+    Raises
+    ------
+    MetraleError
+        Segments are still handed out (torch holds them: its tensors, the
+        graphs captured into the pool, the MemPool), or the backend failed
+        (what it could not free stays; call again).
+    """
+    cdef ArenaState a = self
+    if a._pool is None:
+        return None
+    err, closed = a._pool.close(False)
+    if closed:
+        a._pool = None
+    if err is not None:
+        raise err
+    return None

@@ -1,0 +1,218 @@
+"""metrale.torch: an arena's buffers as torch tensors, and torch's memory in
+the arena's pool (docs/torch.md).
+
+Optional (``pip install 'metrale[torch]'``): importing it imports torch;
+``import metrale`` never does.
+
+- `tensor` / `tensors`: a buffer as a tensor of its spec's dtype and shape,
+  no copy (the data pointer is the buffer's), pinned as a view is.
+- `pool` / `use_pool`: a ``torch.cuda.MemPool`` whose allocator is the
+  arena's pool (``BufferArena.open_pool``): torch's segments are handed
+  out of a range the arena reserves beside its buffers, mapped on demand,
+  at addresses that never move; they sleep and wake with the arena, and
+  CUDA graphs captured into the pool (``torch.cuda.graph(g,
+  pool=metrale.torch.pool(arena).id)``) replay after a wake.  The pool's
+  two C functions are metrale's own (src/pool.c), no library to load.
+- `close_pool`: give torch's pool back, then the arena's.
+"""
+
+import contextlib
+import gc
+import weakref
+
+try:
+    import torch
+except ImportError as e:        # the extra names what to install
+    raise ImportError("metrale.torch needs torch: pip install 'metrale[torch]'") from e
+
+from .._arena import _pool
+from .._base.errors import MetraleError
+
+__all__ = ["close_pool", "pool", "tensor", "tensors", "use_pool"]
+
+# The element types DLPack may not carry into torch (its FP8 codes are
+# DLPack 1.1's): exported as unsigned integers of their width, then
+# reinterpreted.  Every other type of metrale._base._dtypes crosses as it is.
+_CARRIED = {
+    "float8_e4m3fn": ("uint8", "float8_e4m3fn"),
+    "float8_e5m2": ("uint8", "float8_e5m2"),
+}
+
+# arena -> the torch MemPool over its pool (one per arena, made by `pool`).
+_MEMPOOLS = weakref.WeakKeyDictionary()
+
+
+def tensor(arena, name, dtype=None, shape=None):
+    """Buffer `name` of `arena` as a torch tensor, without a copy.
+
+    The tensor holds a view of the buffer (``arena.view``): while it is
+    alive the arena's `release` refuses, `pins()` names the buffer, and a
+    `sleep` that discards the buffer refuses (offload keeps it valid).
+
+    Parameters
+    ----------
+    arena : BufferArena
+    name : str
+        A buffer of the arena's set.
+    dtype : str, optional
+        As ``arena.view`` takes it; None: the buffer's own (its spec's).
+    shape : int or tuple of int, optional
+        As ``arena.view`` takes it; None with no `dtype`: the buffer's own
+        shape at the arena's limits.
+
+    Returns
+    -------
+    torch.Tensor
+        On the arena's device (``cuda:N``, or the CPU for a host backend),
+        ``data_ptr()`` the buffer's pointer.
+
+    Raises
+    ------
+    TypeError, ValueError, MetraleError
+        As ``arena.view`` raises them (unknown buffer, no dtype for a
+        buffer of raw bytes, a shape larger than the buffer, the arena
+        released or asleep).
+    """
+    view = arena.view(name, dtype, shape)
+    carried = _CARRIED.get(view.dtype)
+    if carried is not None:
+        view = arena.view(name, carried[0], view.shape)
+    t = torch.from_dlpack(view)
+    if carried is not None:
+        t = t.view(getattr(torch, carried[1]))
+    return t
+
+
+def tensors(arena, *names):
+    """Several buffers as tensors (`tensor` of each, in the order given).
+
+    Parameters
+    ----------
+    arena : BufferArena
+    *names : str
+        Buffers of the arena's set.
+
+    Returns
+    -------
+    tuple of torch.Tensor
+    """
+    return tuple(tensor(arena, n) for n in names)
+
+
+def _device_of(arena):
+    gpu = arena.backend()
+    if gpu.device_type != 2:
+        raise MetraleError(f"metrale.torch.pool: the arena's backend is {type(gpu).__name__}; "
+                           "torch's memory pool needs a CudaBackend arena")
+    return torch.device("cuda", gpu.device_id)
+
+
+def pool(arena, nbytes=None):
+    """The ``torch.cuda.MemPool`` whose memory is the arena's pool.
+
+    Made once per arena (the arena's pool opened with `nbytes` if it has
+    none yet) and kept until `close_pool`.  Route allocations with
+    ``metrale.torch.use_pool(arena)`` (or ``torch.cuda.use_mem_pool``), and
+    capture graphs into it with ``torch.cuda.graph(g, pool=pool.id)``.
+
+    Parameters
+    ----------
+    arena : BufferArena
+        A reserved arena on a CudaBackend.
+    nbytes : int, optional
+        The pool's range when the arena has no pool yet (required then).
+
+    Returns
+    -------
+    torch.cuda.MemPool
+
+    Raises
+    ------
+    ValueError
+        No `nbytes` for an arena without a pool, or more than its pool has.
+    MetraleError
+        The arena is not reserved, not on CUDA, asleep or released; or every
+        allocator slot is taken.
+    """
+    _device_of(arena)
+    p = arena.pool
+    if p is None:
+        if nbytes is None:
+            raise ValueError("nbytes: the arena has no pool yet: give the pool's size")
+        p = arena.open_pool(nbytes)
+    elif nbytes is not None and nbytes > p.nbytes:
+        raise ValueError(f"nbytes: the arena's pool has {p.nbytes:,} bytes, not {nbytes:,}")
+    mp = _MEMPOOLS.get(arena)
+    if mp is None:
+        alloc_fn, free_fn = p.allocator()
+        mp = torch.cuda.MemPool(torch._C._cuda_customAllocator(alloc_fn, free_fn))
+        # The slot's functions may be called until torch's pool object is gone.
+        weakref.finalize(mp, _pool.unretire, p.slot)
+        _MEMPOOLS[arena] = mp
+    return mp
+
+
+@contextlib.contextmanager
+def use_pool(arena):
+    """A context in which the calling thread's torch allocations on the
+    arena's device come from the arena's pool (``torch.cuda.use_mem_pool``).
+
+    Torch does not retry an allocation the pool refused (pytorch#159674):
+    the ``torch.OutOfMemoryError`` raised in the context is raised again
+    with the pool's figures added.
+
+    Parameters
+    ----------
+    arena : BufferArena
+        A reserved arena on a CudaBackend whose pool `pool` made or makes.
+
+    Yields
+    ------
+    torch.cuda.MemPool
+    """
+    mp = pool(arena)
+    try:
+        with torch.cuda.use_mem_pool(mp, device=_device_of(arena)):
+            yield mp
+    except torch.OutOfMemoryError as e:
+        s = arena.pool.stats()
+        raise torch.OutOfMemoryError(
+            f"{e}\nmetrale: the arena's pool has {s['in_use']:,} of {s['reserved']:,} bytes in "
+            f"{s['segments']} segments, {s['committed']:,} mapped; it refused "
+            f"{s['refused']} allocations (open a larger pool: metrale.torch.pool(arena, "
+            "nbytes), or metrale.fit)") from e
+
+
+def close_pool(arena):
+    """Give torch's pool back, then close the arena's pool.
+
+    Drops the MemPool `pool` made (torch then returns its cached segments),
+    and closes the arena's pool when no segment is left.
+
+    Parameters
+    ----------
+    arena : BufferArena
+
+    Raises
+    ------
+    MetraleError
+        Torch still holds segments: tensors allocated in the pool, or CUDA
+        graphs captured into it (or another reference to the MemPool), are
+        alive; the message gives their count and bytes.
+    """
+    p = arena.pool
+    if p is None:
+        return
+    mp = _MEMPOOLS.pop(arena, None)
+    if mp is not None:
+        torch.cuda.synchronize(_device_of(arena))
+        del mp
+        gc.collect()
+        torch.cuda.empty_cache()
+    s = p.stats()
+    if s["segments"]:
+        raise MetraleError(
+            f"close_pool: torch still holds {s['segments']} segments ({s['in_use']:,} bytes) "
+            "of the arena's pool: tensors allocated in it, CUDA graphs captured into it, or "
+            "another reference to its MemPool are alive")
+    arena.close_pool()
