@@ -186,8 +186,10 @@ def use_pool(arena):
 def close_pool(arena):
     """Give torch's pool back, then close the arena's pool.
 
-    Drops the MemPool `pool` made (torch then returns its cached segments),
-    and closes the arena's pool when no segment is left.
+    Drops the MemPool `pool` made (torch then returns its cached segments)
+    and torch's cuBLAS workspaces (remade at their next use; one made in
+    the pool, by a capture, holds a segment of it), and closes the arena's
+    pool when no segment is left.
 
     Parameters
     ----------
@@ -204,11 +206,16 @@ def close_pool(arena):
     if p is None:
         return
     mp = _MEMPOOLS.pop(arena, None)
-    if mp is not None:
-        torch.cuda.synchronize(_device_of(arena))
-        del mp
-        gc.collect()
-        torch.cuda.empty_cache()
+    del mp
+    # Torch frees the segments of a pool whose MemPool is gone when its
+    # cache is emptied (and those of a tensor that outlived it at the next
+    # emptying): every call empties it.
+    torch.cuda.synchronize(_device_of(arena))
+    gc.collect()
+    # cuBLAS keeps a workspace per (handle, stream), made through the caching
+    # allocator: one made inside the pool (a capture's) holds its segment.
+    torch._C._cuda_clearCublasWorkspaces()
+    torch.cuda.empty_cache()
     s = p.stats()
     if s["segments"]:
         raise MetraleError(
