@@ -8,8 +8,8 @@ import random
 
 import pytest
 
-from helpers import _reserved, vm_counts
-from metrale import HostBackend, MetraleError, OutOfMemoryError
+from helpers import COMPACT, _reserved, vm_counts
+from metrale import BufferArena, HostBackend, MetraleError, OutOfMemoryError
 from metrale.testing import FaultyBackend
 
 PAGES = 24
@@ -272,8 +272,7 @@ def test_bad_input_and_refusals():
     pool.free(p)
     arena.release()
     assert pool.closed and vm_counts(gpu) == (0, 0, 0)
-    plain = __import__("metrale").BufferArena.new(
-        __import__("helpers").COMPACT, 64, 512, 16, 8, gpu)
+    plain = BufferArena.new(COMPACT, 64, 512, 16, 8, gpu)
     with pytest.raises(MetraleError, match="reserved arena"):
         plain.open_pool(4096)
     plain.release()

@@ -138,9 +138,9 @@ cdef class ArenaState:
         """`BufferArena.release` (its docstring says what it does)."""
         if gpu is not None and gpu is not self._gpu:
             raise MetraleError("release: this backend is not the arena's own")
-        if self._pool is not None and self._pool.in_use():
+        if self._pool is not None and self._pool.segments_held():
             raise MetraleError(
-                f"release: torch still holds {self._pool.in_use()} segments of the arena's pool: "
+                f"release: torch still holds {self._pool.segments_held()} segments of the arena's pool: "
                 "free what lives there first (the tensors, the CUDA graphs captured into it, "
                 "then the torch MemPool: metrale.torch.close_pool(arena) says what is left)")
         rc = mt_life_close(self._life)

@@ -23,7 +23,8 @@ cdef class Pool:
 
     cdef int _start(self, str call) except -1
     cdef void _end(self) noexcept
-    cdef void _end_close(self) noexcept
+    # Free the C pool once it is closed and no call is inside it.
+    cdef void _free_if_idle(self) noexcept
     cdef object _failure(self, int rc, int err, str call, uint64_t n=*)
 
     # Unmap everything, keeping the segments (the device waited for first);
@@ -33,7 +34,7 @@ cdef class Pool:
     cdef int wake(self) except -1
     cdef bint asleep(self)
     # Segments handed out now.
-    cdef uint64_t in_use(self)
+    cdef uint64_t segments_held(self)
     # Unbind the slot, unmap and release everything, free the range:
     # (first error or None, whether it is closed).  Refused while segments
     # are handed out unless `force`.
@@ -41,4 +42,4 @@ cdef class Pool:
 
 
 # A pool of `nbytes` (rounded up to the granularity) in a range reserved on `gpu`.
-cdef Pool pool_new(Backend gpu, object nbytes)
+cdef Pool pool_new(Backend gpu, uint64_t nbytes)

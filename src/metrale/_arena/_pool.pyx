@@ -115,6 +115,9 @@ The pool of a reserved arena: segments of its own range (made by
 
     cdef void _end(self) noexcept:
         self.busy -= 1
+        self._free_if_idle()
+
+    cdef void _free_if_idle(self) noexcept:
         if self.dead and self.busy == 0 and self._p != NULL:
             mt_pool_free(self._p)
             self._p = NULL
@@ -138,7 +141,7 @@ The pool of a reserved arena: segments of its own range (made by
                 return e
             return self.gpu.pool_error(err, call)
         if rc == MT_POOL_IN_USE:
-            return MetraleError(f"pool.{call}: torch still holds {self.in_use()} segments")
+            return MetraleError(f"pool.{call}: torch still holds {self.segments_held()} segments")
         return MetraleError(f"pool.{call}: the C pool returned {rc}")
 
     def alloc(self, nbytes):
@@ -375,7 +378,7 @@ The pool of a reserved arena: segments of its own range (made by
         mt_pool_get_stats(self._p, &s)
         return s.asleep != 0
 
-    cdef uint64_t in_use(self):
+    cdef uint64_t segments_held(self):
         cdef mt_pool_stats s
         if self._p == NULL or self.dead:
             return 0
@@ -386,8 +389,8 @@ The pool of a reserved arena: segments of its own range (made by
         cdef int rc, err = 0
         if self._p == NULL or self.dead:
             return None, True
-        if not force and self.in_use():
-            return MetraleError(f"torch still holds {self.in_use()} segments of the "
+        if not force and self.segments_held():
+            return MetraleError(f"torch still holds {self.segments_held()} segments of the "
                                 "arena's pool"), False
         if self.slot >= 0:
             mt_pool_unbind(self.slot, self.retire)   # waits for torch's calls in progress
@@ -407,23 +410,15 @@ The pool of a reserved arena: segments of its own range (made by
         finally:
             self.busy -= 1
         self.dead = True
-        self._end_close()
+        self._free_if_idle()
         return None, True
 
-    cdef void _end_close(self) noexcept:
-        if self.busy == 0 and self._p != NULL:
-            mt_pool_free(self._p)
-            self._p = NULL
 
-
-cdef Pool pool_new(Backend gpu, object nbytes):
-    cdef uint64_t n = u64_arg(nbytes, "nbytes", 1)
+cdef Pool pool_new(Backend gpu, uint64_t nbytes):
     cdef uint64_t g = gpu.granularity()
+    cdef uint64_t n = (nbytes + g - 1) // g * g      # nbytes <= 2**62 (open_pool)
     cdef uintptr_t at = 0
     cdef Pool p = Pool.__new__(Pool, _TOKEN)
-    if n > (<uint64_t>1 << 62):
-        raise ValueError(f"nbytes: {n} is larger than any device's address space")
-    n = (n + g - 1) // g * g
     p.gpu, p.granule, p.nbytes = gpu, g, n
     p.direct = gpu.pool_ops(&p.ops) == 1
     if not p.direct:

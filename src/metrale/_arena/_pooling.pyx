@@ -4,9 +4,11 @@ own state and operations are metrale._arena._pool; sleep and wake take it
 along (_sleep), release closes it (_arena_state)."""
 
 cimport cython
+from libc.stdint cimport uint64_t
 
 from metrale._arena._arena_state cimport ArenaState, sleeping
 from metrale._arena._pool cimport Pool, pool_new
+from metrale._base._common cimport u64_arg
 from metrale._base._core cimport MT_LIFE_OK
 from metrale._base._life cimport mt_life_enter, mt_life_leave, raise_life
 
@@ -47,10 +49,9 @@ def open_pool(ArenaState self, nbytes):
     """
     cdef ArenaState a = self
     cdef Pool p
-    if type(nbytes) is not int:     # no __index__ of user code while the arena is held
-        raise TypeError(f"nbytes must be an int, got {type(nbytes).__name__}")
-    if nbytes <= 0:
-        raise ValueError(f"nbytes: {nbytes} is not a positive number of bytes")
+    # Converted before the arena is held (an __index__ is user code); at most
+    # 2**62, more than any device's address space.
+    cdef uint64_t n = u64_arg(nbytes, "nbytes", 1, <uint64_t>1 << 62)
     rc = mt_life_enter(a._life)
     if rc != MT_LIFE_OK:
         raise_life(rc, "the buffer arena", "open_pool")
@@ -62,7 +63,7 @@ def open_pool(ArenaState self, nbytes):
             raise MetraleError("open_pool: the arena already has a pool (arena.pool)")
         if sleeping(a):
             raise MetraleError("open_pool: the buffer arena is sleeping")
-        p = pool_new(a._gpu, nbytes)
+        p = pool_new(a._gpu, n)
         a._pool = p
         return p
     finally:

@@ -31,12 +31,10 @@ from .._base.errors import MetraleError
 __all__ = ["close_pool", "pool", "tensor", "tensors", "use_pool"]
 
 # The element types DLPack may not carry into torch (its FP8 codes are
-# DLPack 1.1's): exported as unsigned integers of their width, then
-# reinterpreted.  Every other type of metrale._base._dtypes crosses as it is.
-_CARRIED = {
-    "float8_e4m3fn": ("uint8", "float8_e4m3fn"),
-    "float8_e5m2": ("uint8", "float8_e5m2"),
-}
+# DLPack 1.1's) -> the unsigned integers of their width they are exported as,
+# then reinterpreted (torch names them as metrale does).  Every other type of
+# metrale._base._dtypes crosses as it is.
+_CARRIED = {"float8_e4m3fn": "uint8", "float8_e5m2": "uint8"}
 
 # arena -> the torch MemPool over its pool (one per arena, made by `pool`).
 _MEMPOOLS = weakref.WeakKeyDictionary()
@@ -74,13 +72,11 @@ def tensor(arena, name, dtype=None, shape=None):
         released or asleep).
     """
     view = arena.view(name, dtype, shape)
-    carried = _CARRIED.get(view.dtype)
-    if carried is not None:
-        view = arena.view(name, carried[0], view.shape)
-    t = torch.from_dlpack(view)
-    if carried is not None:
-        t = t.view(getattr(torch, carried[1]))
-    return t
+    carrier = _CARRIED.get(view.dtype)
+    if carrier is None:
+        return torch.from_dlpack(view)
+    own = getattr(torch, view.dtype)
+    return torch.from_dlpack(arena.view(name, carrier, view.shape)).view(own)
 
 
 def tensors(arena, *names):
