@@ -45,7 +45,13 @@ def test_the_layers_are_the_packages_and_the_top_folder_is_the_front_door():
     assert "metrale.__main__" in front
     import metrale
     for m in front - {"metrale.__main__"}:
-        mod = __import__(m, fromlist=["_"])
+        try:
+            mod = __import__(m, fromlist=["_"])
+        except ImportError as e:
+            # an optional extra's module (metrale.torch) without its extra
+            # installed: it must say which extra to install, and nothing else
+            assert "pip install 'metrale[" in str(e), (m, e)
+            continue
         assert mod.__name__ != m and mod.__name__.startswith("metrale._"), m
         assert getattr(metrale, m.split(".")[1]) is mod
     assert all(mods for mods in layers.values())
