@@ -8,6 +8,8 @@ back with their bytes once it is awake, it keeps working, and its release
 gives everything back (host backend; the CUDA half is in test_offload_cuda.py).
 """
 
+import ctypes
+
 import numpy as np
 import pytest
 
@@ -65,6 +67,24 @@ def _asleep_pieces(a):
     _asleep(a)
 
 
+# The arena's pool, its segments offloaded by name (docs/torch.md).
+POOLED = OFFLOAD + ("torch",)
+
+
+def _pieces_pooled(a):
+    a.sleep(offload=POOLED, keep=KEEP)          # the pool's host memory made too
+    a.wake()
+
+
+def _asleep_pooled(a):
+    a.sleep(offload=POOLED, keep=KEEP)
+
+
+def _asleep_pooled_pieces(a):
+    _pieces_pooled(a)
+    _asleep_pooled(a)
+
+
 SCENARIOS = {
     # name: (set-up, the step, whether views of the offloaded buffers live through it)
     "sleep offload+keep, fresh": (_plain, lambda a: a.sleep(offload=OFFLOAD, keep=KEEP), True),
@@ -82,6 +102,13 @@ SCENARIOS = {
     "release": (_plain, lambda a: a.release(), False),
     "release asleep": (_asleep, lambda a: a.release(), False),
     "release asleep, in pieces": (_asleep_pieces, lambda a: a.release(), False),
+    # with a pool whose segments hold bytes (the scenarios naming "torch")
+    "sleep offload torch, fresh": (_plain, lambda a: a.sleep(offload=POOLED, keep=KEEP), True),
+    "sleep offload torch, again": (_pieces_pooled,
+                                   lambda a: a.sleep(offload=POOLED, keep=KEEP), True),
+    "sleep discarding torch": (_plain, lambda a: a.sleep(offload=OFFLOAD, keep=KEEP), True),
+    "wake offload torch": (_asleep_pooled, lambda a: a.wake(), True),
+    "wake offload torch, again": (_asleep_pooled_pieces, lambda a: a.wake(), True),
 }
 
 
@@ -106,6 +133,7 @@ def _run(scenario, op, nth):
     before_process = process_resources()
     a = BufferArena.new(COMPACT, *LIMITS, gpu, reserve=TOP)
     m, before = stamp(a, gpu)
+    segments = _pooled(a) if "torch" in scenario else {}
     views = {n: np.asarray(a.view(n, "uint8")) for n in OFFLOAD} if with_views else {}
     setup(a)
     was_sleeping = a.is_sleeping()
@@ -118,8 +146,12 @@ def _run(scenario, op, nth):
     fired = not _armed(gpu, op)
     gpu.clear_faults()
     assert fired or failed is None, where
-    # 1. a live view of an offloaded buffer is readable, its bytes intact
+    # 1. a live view of an offloaded buffer is readable, its bytes intact (and
+    # the pool's segments, where they are offloaded or awake)
     assert [n for n, v in views.items() if not _same(v, before[n])] == [], where
+    offloaded = "offload torch" in scenario
+    if offloaded or not a.is_sleeping():
+        assert _changed(segments) == [], where
     # 2. the state is one the documentation names
     if failed is not None and not a.is_released():
         assert a.is_sleeping() in _allowed(scenario, op, was_sleeping), \
@@ -132,11 +164,17 @@ def _run(scenario, op, nth):
             OFFLOAD if scenario.startswith("sleep offload,") else WATCHED
         for n in kept:
             assert _same(m.read(n), before[n]), where + (n,)
-        a.sleep(offload=OFFLOAD, keep=KEEP)
+        if offloaded:
+            assert _changed(segments) == [], where
+        _refill(segments)
+        a.sleep(offload=POOLED if segments else OFFLOAD, keep=KEEP)
         a.wake()
         for n in kept:
             assert _same(m.read(n), before[n]), where + (n, "after a sleep and wake")
+        assert _changed(segments) == [], where + ("after a sleep and wake",)
     views.clear()
+    for ptr in segments:
+        a.pool.free(ptr)
     # 4. release gives everything back (a release that failed: when asked again)
     try:
         a.release()
@@ -150,6 +188,28 @@ def _run(scenario, op, nth):
     return fired
 
 
+def _pooled(a):
+    """A pool with three segments (two runs), each filled with its own
+    byte: ptr -> (bytes, byte)."""
+    pool = a.open_pool(16 * 4096)
+    segs = [pool.alloc(4096), pool.alloc(2 * 4096), pool.alloc(3 * 4096), pool.alloc(4096)]
+    pool.free(segs[1])
+    out = {p: (n, 0x60 + i) for i, (p, n) in enumerate(zip(segs, (4096, 0, 3 * 4096, 4096)))
+           if n}
+    _refill(out)
+    return out
+
+
+def _refill(segments):
+    for p, (n, byte) in segments.items():
+        ctypes.memset(p, byte, n)
+
+
+def _changed(segments):
+    return [hex(p) for p, (n, byte) in segments.items()
+            if ctypes.string_at(p, n) != bytes([byte]) * n]
+
+
 def _allowed(scenario, op, was_sleeping):
     """Whether the arena may be asleep after the step failed at `op`, as the
     documentation says (sleep, wake: docs/stable-addresses.md)."""
@@ -159,6 +219,10 @@ def _allowed(scenario, op, was_sleeping):
         # addresses wakes it again; an unmap or a release leaves it asleep
         # (awake again where a chunk stays under offloaded memory)
         if op in ("unmap",):
+            return {True, False}
+        # the pool gives its memory back once the buffers sleep: its unmap or
+        # the mapping of its host memory failing leaves the arena asleep
+        if "torch" in scenario and op in ("map", "set_access"):
             return {True, False}
         if op in ("release_handle", "unreserve"):
             return {True}

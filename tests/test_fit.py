@@ -152,6 +152,60 @@ def test_kv_beside_the_largest_arena():
     assert r.kv_tokens == r.left_bytes // 4096
 
 
+def test_the_torch_pool_is_set_aside_first():
+    # The pool is rounded up to the granularity (as open_pool rounds it) and
+    # taken from the budget before the arena is searched for.
+    g = 2**21
+    pool = 3 * g + 1                              # four granules
+    r = fit(LLAMA, 6 * GIB, *LIMITS, env=NOENV, reserve=True, granularity=g,
+            torch_pool_bytes=pool, kv_bytes_per_token=4096)
+    m = r.max_batch_tokens
+    assert r.pool_bytes == 4 * g
+    assert arena_bytes(sizes_at(LLAMA, m), granularity=g) == r.arena_bytes <= 6 * GIB - 4 * g
+    assert arena_bytes(sizes_at(LLAMA, m + 1), granularity=g) == r.next_arena_bytes \
+        > 6 * GIB - 4 * g
+    assert r.arena_bytes + r.pool_bytes + r.kv_bytes + r.headroom_bytes == 6 * GIB
+    assert r.left_bytes == 6 * GIB - 4 * g - r.arena_bytes
+    assert "pool:" in str(r) and f"{4 * g:,} bytes" in str(r)
+    assert "pool:" not in str(fit(LLAMA, 6 * GIB, *LIMITS, env=NOENV))
+    assert fit(LLAMA, 6 * GIB, *LIMITS, env=NOENV).pool_bytes == 0
+
+
+def test_the_torch_pool_on_the_host_backend_maps_what_fit_says():
+    gpu = HostBackend()
+    cfg = ModelConfig.preset("qwen3-30b-a3b")
+    g = gpu.allocation_granularity()
+    budget = 32 * 2**20
+    r = fit(cfg, budget, *LIMITS, env=NOENV, gpu=gpu, reserve=True, torch_pool_bytes="5MiB")
+    m = r.max_batch_tokens
+    with BufferArena.new(cfg, m, *LIMITS, gpu, env=NOENV, reserve=(m, *LIMITS)) as a:
+        pool = a.open_pool(5 * 2**20)
+        segs = [pool.alloc(g) for _ in range(5 * 2**20 // g)]     # the pool all mapped
+        s = a.memory_stats()
+        assert s["committed_bytes"] == r.arena_bytes
+        assert s["pool_committed_bytes"] == r.pool_bytes == 5 * 2**20
+        assert s["committed_bytes"] + s["pool_committed_bytes"] <= budget
+        for p in segs:
+            pool.free(p)
+
+
+def test_the_torch_pool_refusals():
+    with pytest.raises(ValueError, match="torch_pool_bytes: .*reserve=True"):
+        fit(LLAMA, 6 * GIB, *LIMITS, env=NOENV, torch_pool_bytes=2**21)
+    with pytest.raises(ValueError, match="torch_pool_bytes: .*leave nothing"):
+        fit(LLAMA, 6 * GIB, *LIMITS, env=NOENV, reserve=True, granularity=2**21,
+            torch_pool_bytes=6 * GIB)
+    with pytest.raises(ValueError, match="torch_pool_bytes"):
+        fit(LLAMA, 6 * GIB, *LIMITS, env=NOENV, reserve=True, granularity=2**21,
+            torch_pool_bytes=0)
+    with pytest.raises(TypeError, match="torch_pool_bytes"):
+        fit(LLAMA, 6 * GIB, *LIMITS, env=NOENV, reserve=True, granularity=2**21,
+            torch_pool_bytes=1.5)
+    with pytest.raises(ValueError, match="less the pool's"):
+        fit(LLAMA, 2**23, *LIMITS, env=NOENV, reserve=True, granularity=2**21,
+            torch_pool_bytes=2**21)
+
+
 # -- the free memory of a device -------------------------------------------------------------
 
 class Device(HostBackend):
@@ -342,6 +396,11 @@ def test_cli_fit_options(capsys):
     r = fit(ModelConfig.preset("qwen3-next-80b"), 4 * GIB, *LIMITS, tp_size=2,
             target=Target(132, "auto"), reserve=True, granularity=2**21, debug=True)
     assert status == 0 and got == {n: getattr(r, n) for n in r.__slots__}
+    status, out, _ = run(capsys, "fit", "--preset", "llama-3.1-8b", "--budget", "8GiB",
+                         "--reserve", "--torch-pool", "3GiB")
+    r = fit(LLAMA, 8 * GIB, *LIMITS, reserve=True, granularity=2**21, torch_pool_bytes=3 * GIB)
+    assert status == 0 and f"max_batch_tokens: {r.max_batch_tokens:,}" in out
+    assert f"pool:     {3 * GIB:,} bytes" in out
     status, out, _ = run(capsys, "fit", "--preset", "llama-3.1-8b", "--budget", "1GiB",
                          "--reserve", "--granularity", "64KiB", "--guard-bytes", "512", "--json")
     got = json.loads(out)["fit"]

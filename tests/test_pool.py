@@ -9,7 +9,8 @@ import random
 import pytest
 
 from helpers import COMPACT, _reserved, vm_counts
-from metrale import BufferArena, HostBackend, MetraleError, OutOfMemoryError
+from metrale import BufferArena, BufferSpec, HostBackend, MetraleError, OutOfMemoryError
+from metrale._arena._summary import Pin
 from metrale.testing import FaultyBackend
 
 PAGES = 24
@@ -225,6 +226,90 @@ def test_sleep_keeps_the_addresses_and_wake_maps_each_run_once():
     assert vm_counts(gpu) == (0, 0, 0)
 
 
+def test_an_offloaded_pool_keeps_its_bytes_at_its_addresses():
+    # sleep(offload=["torch"]): the segments' bytes move to host memory mapped
+    # at their own addresses (readable while asleep), come back with wake;
+    # the freed pages are neither copied nor mapped again.
+    gpu = HostBackend()
+    arena, pool, before = _pool(gpu)
+    g = pool.granularity
+    a, b, c = pool.alloc(2 * g), pool.alloc(g), pool.alloc(3 * g)
+    pool.free(b)
+    _fill(a, 2 * g, 0x11)
+    _fill(c, 3 * g, 0x22)
+    m0 = arena.memory_stats()
+    assert (m0["pool_offloaded_bytes"], m0["pool_host_bytes"]) == (0, 0)
+    for round_ in range(2):
+        _fill(a, 2 * g, 0x11)
+        arena.sleep(offload=["torch", "residual"])
+        m = arena.memory_stats()
+        assert m["pool_committed_bytes"] == 0 and vm_counts(gpu)[1] == 0
+        assert m["pool_offloaded_bytes"] == m["pool_host_bytes"] == 5 * g
+        # two runs of segment pages, one host handle each, made once
+        assert gpu.host_handle_count == 2 + m["host_handles"]
+        assert _read(a, 2 * g) == b"\x11" * 2 * g and _read(c, 3 * g) == b"\x22" * 3 * g
+        _fill(a, g, 0x33 + round_)              # written while asleep: kept too
+        assert "offloaded" in str(arena.summary())
+        arena.wake()
+        assert pool.chunks() == [(a - pool.base, 2 * g), (c - pool.base, 3 * g)]
+        assert _read(a, g) == bytes([0x33 + round_]) * g
+        assert _read(a + g, g) == b"\x11" * g and _read(c, 3 * g) == b"\x22" * 3 * g
+        assert arena.memory_stats()["pool_offloaded_bytes"] == 0
+    # a segment freed while asleep is not mapped again
+    arena.sleep(offload=["torch"])
+    pool.free(c)
+    with pytest.raises(MetraleError, match="sleeps with its arena"):
+        pool.alloc(g)
+    arena.wake()
+    assert pool.chunks() == [(a - pool.base, 2 * g)]
+    assert _read(a + g, g) == b"\x11" * g
+    # a discarding sleep after an offloading one maps no host memory at them
+    arena.sleep()
+    assert arena.memory_stats()["pool_offloaded_bytes"] == 0
+    arena.wake()
+    pool.free(a)
+    arena.release()
+    assert vm_counts(gpu) == (0, 0, 0) and gpu.host_handle_count == 0
+
+
+def test_the_pool_by_name_in_sleep():
+    gpu = HostBackend()
+    arena = _reserved(gpu)
+    with pytest.raises(ValueError, match="offload: 'torch' names the arena's pool, .* none"):
+        arena.sleep(offload="torch")
+    pool = arena.open_pool(4 * 4096)
+    with pytest.raises(ValueError, match="keep: 'torch' .* is offloaded, not kept"):
+        arena.sleep(keep=["torch"])
+    with pytest.raises(ValueError, match="offload: "):
+        arena.sleep(offload=["torch", "nope"])
+    with pytest.raises(TypeError, match="offload"):
+        arena.sleep(offload=["torch", 1])
+    assert not arena.is_sleeping() and not pool.stats()["asleep"]
+    arena.sleep(offload=("torch",))             # no segments: nothing to move
+    assert pool.stats()["asleep"] and arena.memory_stats()["pool_host_bytes"] == 0
+    arena.wake()
+    arena.release()
+    with pytest.raises(ValueError, match="reserved: sleep.*'torch'"):
+        BufferSpec("torch", size="M")
+
+
+def test_the_pool_in_summary_and_pins():
+    gpu = HostBackend()
+    arena = _reserved(gpu)
+    assert arena.summary().pool is None and "pool:" not in str(arena.summary())
+    pool = arena.open_pool(8 * 4096)
+    p, q = pool.alloc(4096), pool.alloc(3 * 4096)
+    s = arena.summary()
+    assert s.pool == pool.stats()
+    assert "pool:      32,768 bytes (0.03 MiB) reserved, 16,384 mapped, 16,384 in 2 segments " \
+        "(peak 16,384)" in str(s)
+    assert arena.pins() == (Pin("pool", None, 2),)
+    pool.free(p)
+    pool.free(q)
+    assert arena.pins() == ()
+    arena.release()
+
+
 def test_memory_stats_and_the_arena_name_the_pool():
     gpu = HostBackend()
     arena = _reserved(gpu)
@@ -324,7 +409,7 @@ def test_a_refused_allocation_leaves_nothing_mapped(op, nth):
 
 
 @pytest.mark.parametrize("nth", [1, 2, 3])
-def test_a_failed_pool_sleep_leaves_everything_awake_and_intact(nth):
+def test_a_failed_pool_sleep_leaves_the_arena_asleep_and_the_pool_awake_and_intact(nth):
     gpu, arena, pool, before = _faulty()
     g = pool.granularity
     segs = [pool.alloc(g), pool.alloc(g), pool.alloc(g)]
@@ -334,17 +419,21 @@ def test_a_failed_pool_sleep_leaves_everything_awake_and_intact(nth):
         if i != 1:
             _fill(p, g, 0x40 + i)
     chunks = pool.chunks()
-    gpu.inject_fault("unmap", nth)
+    # the buffers sleep first (one unmap per handle), then the pool
+    gpu.inject_fault("unmap", arena.memory_stats()["physical_handles"] + nth)
     with pytest.raises(MetraleError):
         arena.sleep()
-    assert not arena.is_sleeping() and not pool.stats()["asleep"]
+    assert arena.is_sleeping() and not pool.stats()["asleep"]
     assert pool.chunks() == chunks             # mapped back with the same handles
+    assert arena.memory_stats()["physical_handles"] == 0
     # A host handle is a token (anonymous pages, unlike a device's): only the
     # chunks this sleep did not unmap keep their bytes here; the GPU test
     # checks the others.
     for i in (0, 2):
         if i >= nth - 1:
             assert _read(segs[i], g) == bytes([0x40 + i]) * g
+    arena.wake()                               # the pool awake already: the buffers wake
+    assert not pool.stats()["asleep"] and pool.chunks() == chunks
     arena.sleep()
     arena.wake()
 

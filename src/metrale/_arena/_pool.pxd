@@ -3,6 +3,7 @@
 # memory_stats) and metrale.torch.
 from libc.stdint cimport uint64_t, uintptr_t
 
+from metrale._arena._sleep_state cimport SleepState
 from metrale._backends._backend cimport Backend
 from metrale._base._core cimport mt_pool, mt_pool_ops
 
@@ -20,6 +21,10 @@ cdef class Pool:
     cdef object error             # what a backend method raised inside the last operation
     cdef int busy                 # calls inside the C pool without the GIL now
     cdef bint dead                # closed: the last call out frees the C pool
+    cdef SleepState host          # host memory of an offloading sleep (made by the first one,
+                                  # reused, freed by close), or None
+    cdef list moved               # [(offset, bytes)] the offloading sleep now moved, or []
+    cdef bint offloaded           # the sleep now (or the last) offloaded the segments
 
     cdef int _start(self, str call) except -1
     cdef void _end(self) noexcept
@@ -28,10 +33,19 @@ cdef class Pool:
     cdef object _failure(self, int rc, int err, str call, uint64_t n=*)
 
     # Unmap everything, keeping the segments (the device waited for first);
+    # with `offload`, the segments' contents move to host memory mapped at
+    # their own addresses.  All or nothing.  In two steps: `stage` copies
+    # the segments out for an offload (changing nothing else; the runs
+    # copied), `sleep_staged` unmaps and maps the host memory in their place.
+    cdef int sleep(self, bint offload) except -1
+    cdef list stage(self, bint offload)
+    cdef int sleep_staged(self, bint offload, list runs) except -1
+    # Map the segments' pages again (an offload's contents copied back);
     # all or nothing.
-    cdef int sleep(self) except -1
-    # Map the segments' pages again; all or nothing.
     cdef int wake(self) except -1
+    cdef void _undo_sleep(self) noexcept
+    cdef list _runs(self)
+    cdef int _copy(self, list runs, bint back) except -1
     cdef bint asleep(self)
     # Segments handed out now.
     cdef uint64_t segments_held(self)

@@ -14,6 +14,8 @@ class PoolStats(TypedDict):
     frees: int
     refused: int
     asleep: bool
+    offloaded: int
+    host_bytes: int
 
 @final
 class Pool:

@@ -17,8 +17,9 @@ cimport cython
 from libc.stdint cimport uint64_t, uintptr_t
 from libc.stdlib cimport free, malloc
 
+from metrale._arena._sleep_state cimport SleepState, sleep_state_new
 from metrale._backends._backend cimport Backend
-from metrale._base._common cimport u64_arg
+from metrale._base._common cimport logger, u64_arg
 from metrale._base._core cimport (MT_ERR_NOMEM, MT_OK, MT_POOL_ASLEEP, MT_POOL_AWAKE,
                                   MT_POOL_DEVICE, MT_POOL_FOREIGN, MT_POOL_FULL, MT_POOL_IN_USE,
                                   mt_pool_alloc, mt_pool_bind, mt_pool_chunks, mt_pool_close,
@@ -99,6 +100,7 @@ The pool of a reserved arena: segments of its own range (made by
         if token is not _TOKEN:
             raise TypeError("Pool is made by BufferArena.open_pool")
         self.slot = -1
+        self.moved = []
 
     def __dealloc__(self):
         # The arena closes the pool; one dropped unclosed (it failed to close)
@@ -233,8 +235,10 @@ The pool of a reserved arena: segments of its own range (made by
             ``reserved``, ``committed`` (mapped now), ``in_use`` (in
             segments), ``peak_committed``, ``peak_in_use``, ``segments``,
             ``chunks`` (physical handles mapped), ``orphans``, ``creates``
-            (handles ever made), ``allocs``, ``frees``, ``refused`` and
-            ``asleep``.
+            (handles ever made), ``allocs``, ``frees``, ``refused``,
+            ``asleep``, ``offloaded`` (bytes of segments an offloading
+            sleep holds on the host now) and ``host_bytes`` (the host
+            memory held for offloads: made by the first, reused).
         """
         cdef mt_pool_stats s
         self._start("stats")
@@ -246,7 +250,9 @@ The pool of a reserved arena: segments of its own range (made by
                 "peak_committed": s.peak_committed, "peak_in_use": s.peak_in_use,
                 "segments": s.segments, "chunks": s.chunks, "orphans": s.orphans,
                 "creates": s.creates, "allocs": s.allocs, "frees": s.frees,
-                "refused": s.refused, "asleep": bool(s.asleep)}
+                "refused": s.refused, "asleep": bool(s.asleep),
+                "offloaded": sum(n for _, n in self.moved),
+                "host_bytes": self.host.host_offload_bytes() if self.host is not None else 0}
 
     def segments(self):
         """The segments handed out: ``[(ptr, bytes)]`` in address order."""
@@ -347,28 +353,129 @@ The pool of a reserved arena: segments of its own range (made by
                 f"segments={s['segments']}{', asleep' if s['asleep'] else ''})")
 
     # -- for the arena -------------------------------------------------------------------
-    cdef int sleep(self) except -1:
+    cdef int sleep(self, bint offload) except -1:
+        self.sleep_staged(offload, self.stage(offload))
+        return 0
+
+    cdef list stage(self, bint offload):
+        cdef SleepState h
+        if not offload:
+            return []
+        self._start("sleep")
+        try:
+            runs = self._runs()
+            if runs:
+                # Host memory mapped at a staging range (made once, reused),
+                # the segments copied there while still on the device.
+                if self.host is None:
+                    self.host = sleep_state_new(self.gpu, 0, self.nbytes)
+                h = self.host
+                h.host_memory(runs, 0)
+                self._copy(runs, False)
+        finally:
+            self._end()
+        return runs
+
+    cdef int sleep_staged(self, bint offload, list runs) except -1:
         cdef int rc, err = 0
+        cdef SleepState h = self.host
         self._start("sleep")
         try:
             with nogil:
                 rc = mt_pool_sleep(self._p, &err)
             if rc != MT_OK:
-                raise self._failure(rc, err, "sleep")
+                e = self._failure(rc, err, "sleep")
+                if runs:
+                    # Mapped back with the same handles; the bytes copied back
+                    # all the same (a host backend's handles are fresh pages).
+                    try:
+                        self._copy(runs, True)
+                    except Exception as e2:
+                        logger().warning("buffer arena: copying the pool's segments back "
+                                         "after a failed sleep failed: %s", e2)
+                raise e
+            self.offloaded, self.moved = offload, runs
+            if runs:
+                try:
+                    h.map_at(self.base, h.overlapping(runs))
+                except BaseException:
+                    self._undo_sleep()
+                    raise
         finally:
             self._end()
         return 0
 
-    cdef int wake(self) except -1:
+    cdef void _undo_sleep(self) noexcept:
+        """After a failed mapping of an offload's host memory: the pool
+        awake again with its contents, or (a second failure) asleep with
+        them on the host for `wake`."""
         cdef int rc, err = 0
-        self._start("wake")
         try:
             with nogil:
                 rc = mt_pool_wake(self._p, &err)
+            if rc != MT_OK:
+                raise self._failure(rc, err, "sleep")
+            self._copy(self.moved, True)
+            self.moved = []
+        except Exception as e:
+            logger().warning("buffer arena: waking the pool after a failed offload failed "
+                             "(it sleeps, its segments on the host; wake() brings them "
+                             "back): %s", e)
+
+    cdef int wake(self) except -1:
+        cdef int rc, err = 0
+        cdef SleepState h = self.host
+        self._start("wake")
+        try:
+            if h is not None:
+                h.unmap_at(self.base)       # the device waited for first
+            with nogil:
+                rc = mt_pool_wake(self._p, &err)
             if rc != MT_OK and rc != MT_POOL_AWAKE:
+                if self.moved:
+                    h.map_at(self.base, h.overlapping(self.moved))    # asleep as before
                 raise self._failure(rc, err, "wake")
+            if self.moved:
+                # What is still a segment (one freed while asleep is not).
+                now = self._runs()
+                back = [(max(a, b), min(a + m, b + k) - max(a, b))
+                        for a, m in self.moved for b, k in now if max(a, b) < min(a + m, b + k)]
+                try:
+                    self._copy(back, True)
+                except BaseException:
+                    with nogil:
+                        rc = mt_pool_sleep(self._p, &err)
+                    if rc == MT_OK:
+                        h.map_at(self.base, h.overlapping(self.moved))
+                    raise
+                self.moved = []
         finally:
             self._end()
+        return 0
+
+    cdef list _runs(self):
+        """The segments as merged (offset, bytes) runs from `base`."""
+        out = []
+        for ptr, n in self.segments():
+            lo = ptr - self.base
+            if out and out[-1][0] + out[-1][1] == lo:
+                out[-1] = (out[-1][0], out[-1][1] + n)
+            else:
+                out.append((lo, n))
+        return out
+
+    cdef int _copy(self, list runs, bint back) except -1:
+        """Copy `runs` to the staging range of the host memory (`back`:
+        from it), and wait."""
+        cdef uintptr_t stage = self.host.stage
+        try:
+            for lo, n in runs:
+                if back:
+                    self.gpu.copy(self.base + lo, stage + lo, n, 0)
+                else:
+                    self.gpu.copy(stage + lo, self.base + lo, n, 0)
+        finally:
+            self.gpu.sync(0)
         return 0
 
     cdef bint asleep(self):
@@ -398,6 +505,11 @@ The pool of a reserved arena: segments of its own range (made by
         self.error = None
         self.busy += 1
         try:
+            if self.host is not None:       # an offload's host memory
+                e = self.host.close(self.base)
+                if e is not None:
+                    return e, False
+                self.host, self.moved = None, []
             with nogil:
                 rc = mt_pool_close(self._p, force, &err)
             if rc != MT_OK:

@@ -31,7 +31,7 @@ def open_pool(ArenaState self, nbytes):
     nbytes : int
         The range's bytes (rounded up to the granularity): the most the
         pool's segments can hold at once.  ``metrale.fit`` can budget it
-        (``pool_bytes=``).
+        (``torch_pool_bytes=``).
 
     Returns
     -------

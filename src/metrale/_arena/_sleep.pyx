@@ -19,12 +19,14 @@ from metrale._base._common cimport buffer_ids, logger
 from metrale._base._core cimport (MT_IN_ZERO_ALL, MT_MAX_BUFFERS, MT_MAX_RANGES, mt_group_ranges,
                                   mt_range)
 from metrale._arena._debug cimport refill_guards
+from metrale._arena._pool cimport Pool
 from metrale._base._life cimport mt_life_reshape_end
 from metrale._arena._reserve cimport begin
 from metrale._arena._reservation cimport Reservation
 from metrale._arena._sleep_state cimport FATE_KEPT, FATE_OFFLOADED, SleepState
 
 from metrale._base.errors import MetraleError
+from metrale._sizing._spec import POOL_NAME
 
 
 @cython.binding(True)
@@ -43,8 +45,13 @@ def sleep(ArenaState self, keep=(), offload=()):
     it).  Accessors keep returning the same pointers; operations and new
     views raise MetraleError until `wake`; `resize` sets the limits
     `wake` maps for.  `release` of a sleeping arena frees everything.
-    The arena's pool (`open_pool`) sleeps with it: its memory is unmapped,
-    its segments keep their addresses, their contents are discarded.
+    The arena's pool (`open_pool`) sleeps with it: its memory is
+    unmapped and its segments keep their addresses; their contents are
+    discarded, or, with ``"torch"`` in `offload`, moved to host memory
+    mapped at their own addresses as an offloaded buffer's are (tensors
+    in the pool stay readable, graphs captured into it replay after
+    `wake` without refilling them).  Segments torch takes while the
+    sleep begins are discarded; none can be taken while it sleeps.
 
     Parameters
     ----------
@@ -52,13 +59,15 @@ def sleep(ArenaState self, keep=(), offload=()):
         Buffers whose contents `wake` restores (copied out and back).
     offload : iterable of str, optional
         Buffers moved to host memory at their own addresses for the sleep,
-        and back to device memory by `wake`.
+        and back to device memory by `wake`; ``"torch"``: the pool's
+        segments.
 
     Raises
     ------
     TypeError, ValueError
-        `keep` or `offload` holds something other than a buffer name, or a
-        buffer is in both.
+        `keep` or `offload` holds something other than a buffer name (or,
+        in `offload`, ``"torch"`` for an arena with a pool), or a buffer is
+        in both.
     BufferError
         A view of a buffer not offloaded is alive; nothing changed.
     OutOfMemoryError
@@ -72,12 +81,23 @@ def sleep(ArenaState self, keep=(), offload=()):
         released again later), an unmap (the arena then sleeps with that
         chunk still mapped, `wake` works; or, where the chunk lies under an
         offloaded buffer's host memory, it is awake again as for a failed
-        mapping).
+        mapping); the pool's unmap or the mapping of its host memory (the
+        arena sleeps, the pool awake with its segments' contents: `wake`
+        works).
     """
     cdef ArenaState a = self
     cdef Backend be = a._gpu
     cdef Reservation r
     cdef SleepState st
+    cdef Pool pool
+    keep, in_keep = _pool_named(keep)
+    if in_keep:
+        raise ValueError(f"keep: {POOL_NAME!r} (the arena's pool) is offloaded, not kept: "
+                         f"sleep(offload=[{POOL_NAME!r}])")
+    offload, pool_off = _pool_named(offload)
+    if pool_off and a._pool is None:
+        raise ValueError(f"offload: {POOL_NAME!r} names the arena's pool, and the arena has "
+                         "none (open_pool)")
     ids = buffer_ids(keep, "keep", a._buffers)
     off = buffer_ids(offload, "offload", a._buffers)
     both = [a._buffers.names[i] for i in ids if i in off]
@@ -90,21 +110,42 @@ def sleep(ArenaState self, keep=(), offload=()):
         if st.sleeping:
             raise MetraleError("sleep: the buffer arena is already sleeping")
         be.quiesce()
-        if a._pool is not None:
-            a._pool.sleep()     # all or nothing; woken again below if the buffers' part fails
+        # The pool's offload copied out first (nothing else changes), its
+        # memory given back once the buffers sleep: if the buffers' part
+        # fails awake, the pool is untouched; if the pool's part fails, the
+        # arena sleeps with the pool awake (wake works).  A pool already
+        # asleep (a failed undo) sleeps on, for wake.
+        pool = a._pool if a._pool is not None and not a._pool.asleep() else None
+        staged = pool.stage(pool_off) if pool is not None else None
+        err = None
         try:
             _sleep_buffers(a, r, st, off, ids)
-        except BaseException:
-            if a._pool is not None and not st.sleeping:    # the buffers awake: so is the pool
-                try:
-                    a._pool.wake()
-                except Exception as e:
-                    logger().warning("buffer arena: waking the pool after a failed sleep "
-                                     "failed (it sleeps; wake() maps it): %s", e)
-            raise
+        except BaseException as e:
+            err = e
+        if pool is not None and st.sleeping:
+            try:
+                pool.sleep_staged(pool_off, staged)
+            except BaseException as e:
+                err = err or e
+        if err is not None:
+            raise err
     finally:
         mt_life_reshape_end(a._life, sleeping(a))    # paused while it sleeps
     return None
+
+
+cdef tuple _pool_named(object names):
+    """`names` without the pool's name (a list, or `names` itself when it is
+    not iterable: buffer_ids says so), and whether it was there.  Only str
+    items are compared: no user code runs."""
+    if isinstance(names, str):
+        names = (names,)
+    try:
+        names = list(names)
+    except TypeError:
+        return names, False
+    rest = [n for n in names if not (type(n) is str and <str>n == POOL_NAME)]
+    return rest, len(rest) != len(names)
 
 
 cdef int _sleep_buffers(ArenaState a, Reservation r, SleepState st, list off, list ids) except -1:
@@ -232,9 +273,10 @@ def wake(ArenaState self):
     addresses first: views of them stay valid) and those it kept (a kept
     or offloaded buffer of the zero_all set gets its contents; after a
     resize while asleep, up to the buffer's new size); every other
-    buffer's contents are undefined (fresh memory), as are those of the
-    pool's segments, which are mapped again first.  A CUDA graph
-    captured before the sleep replays bit-identically afterwards.
+    buffer's contents are undefined (fresh memory).  The pool's segments
+    are mapped again first, their contents copied back if the sleep
+    offloaded them, else undefined.  A CUDA graph captured before the
+    sleep replays bit-identically afterwards.
 
     Raises
     ------
@@ -284,7 +326,7 @@ cdef void _pool_back_to_sleep(ArenaState a) noexcept:
         return
     try:
         a._gpu.quiesce()
-        a._pool.sleep()
+        a._pool.sleep(a._pool.offloaded)
     except Exception as e:
         logger().warning("buffer arena: putting the pool back to sleep after a failed wake "
                          "failed (it stays awake): %s", e)

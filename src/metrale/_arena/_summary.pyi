@@ -1,6 +1,7 @@
 from typing import Any, Iterator, Mapping, TypeVar, final
 
 from metrale._arena._buffer_arena import BufferArena
+from metrale._arena._pool import PoolStats
 from metrale._base._record import Record
 
 _T = TypeVar("_T")
@@ -43,7 +44,8 @@ class ArenaSummary(Record):
                  committed_bytes: int = 0, sleeping: bool = False,
                  guard_bytes: int = 0, unreleased_handles: int = 0,
                  max_seq_len: int | None = None, kv_block_size: int | None = None,
-                 max_batch_size: int | None = None, tp_size: int = 1) -> None: ...
+                 max_batch_size: int | None = None, tp_size: int = 1,
+                 pool: PoolStats | None = None) -> None: ...
     @property
     def backend(self) -> str: ...
     @property
@@ -84,5 +86,7 @@ class ArenaSummary(Record):
     def max_batch_size(self) -> int | None: ...
     @property
     def tp_size(self) -> int: ...
+    @property
+    def pool(self) -> PoolStats | None: ...
 
 def stats() -> dict[str, int]: ...

@@ -60,11 +60,13 @@ class Pin(Record):
         ``"peer_export"``: the arena's physical handles exported to its
         tensor-parallel peers, whose mappings keep the pages however this
         process unmaps them; ``"peer_import"``: peers' handles this arena
-        maps.
+        maps; ``"pool"``: segments of the arena's pool handed out (to
+        torch: its tensors, cached blocks and graphs), which `release`
+        waits for (they sleep with the arena, at their addresses).
     name : str or None
         The buffer, for views; else None.
     count : int
-        Views, or handles.
+        Views, handles, or segments.
     """
 
     __slots__ = ("kind", "name", "count")
@@ -125,15 +127,18 @@ class ArenaSummary(Record):
         The decode batch limit (it sets the decode metadata layout).
     tp_size : int
         The tensor-parallel ranks the buffers are per-rank sizes for.
+    pool : dict or None
+        The figures of the arena's pool (``Pool.stats``; `open_pool`), or
+        None without one.
     """
 
     __slots__ = ("backend", "max_batch_tokens", "slab_bytes", "total_bytes", "live_buffers",
                  "null_buffers", "zero_all", "zero_prefill", "groups", "levers", "released",
                  "reserved", "committed_bytes", "sleeping", "guard_bytes", "unreleased_handles",
-                 "max_seq_len", "kv_block_size", "max_batch_size", "tp_size")
+                 "max_seq_len", "kv_block_size", "max_batch_size", "tp_size", "pool")
     _defaults = {"reserved": False, "committed_bytes": 0, "sleeping": False, "guard_bytes": 0,
                  "unreleased_handles": 0, "max_seq_len": None, "kv_block_size": None,
-                 "max_batch_size": None, "tp_size": 1}
+                 "max_batch_size": None, "tp_size": 1, "pool": None}
 
     def __hash__(self):
         return hash((self.backend, self.slab_bytes, self.zero_all, self.released))
@@ -169,6 +174,13 @@ class ArenaSummary(Record):
             f"  zero_all_rows:           {len(self.groups['rows'])} buffers row-trimmed",
             "  levers:    " + (", ".join(f"{k}={v}" for k, v in self.levers.items()) or "none"),
         ]
+        if self.pool is not None:
+            p = self.pool
+            lines.append(
+                f"  pool:      {p['reserved']:,} bytes ({_mib(p['reserved'])}) reserved, "
+                f"{p['committed']:,} mapped, {p['in_use']:,} in {p['segments']} segments "
+                f"(peak {p['peak_in_use']:,})"
+                + (f", {p['offloaded']:,} offloaded" if p['offloaded'] else ""))
         if self.unreleased_handles:
             lines.append(f"  WARNING:   {self.unreleased_handles} physical handle(s) unmapped but "
                          "not released (the backend refused); retried at the next reshape "
@@ -301,7 +313,8 @@ def summary(ArenaState self):
         a._sizes.levers(), bool(mt_life_released(a._life)), a._reservation is not None,
         a.committed_bytes(), sleeping(a), a._layout.guard,
         len(a._reservation.orphans) if a._reservation is not None else 0,
-        max_seq_len(a), kv_block_size(a), a._max_seqs, a._tp)
+        max_seq_len(a), kv_block_size(a), a._max_seqs, a._tp,
+        a._pool.stats() if a._pool is not None and not a._pool.closed else None)
 
 
 @cython.binding(True)
@@ -438,7 +451,8 @@ def pins(ArenaState self):
     -------
     tuple of Pin
         The views of each buffer that has some, in the set's order, then
-        the peer exports and imports of a shared arena.
+        the peer exports and imports of a shared arena, then the pool's
+        segments handed out.
     """
     cdef ArenaState a = self
     cdef int i
@@ -451,6 +465,8 @@ def pins(ArenaState self):
             out.append(Pin("peer_export", None, a._peers.exported))
         if imported[0]:
             out.append(Pin("peer_import", None, imported[0]))
+    if a._pool is not None and a._pool.segments_held():
+        out.append(Pin("pool", None, a._pool.segments_held()))
     return tuple(out)
 
 
@@ -486,8 +502,12 @@ def memory_stats(ArenaState self):
         ``"max_batch_tokens"``, ``"tp_size"``: the limits the sizes are for;
         ``"pool_reserved_bytes"``, ``"pool_committed_bytes"``,
         ``"pool_in_use_bytes"``, ``"pool_peak_in_use_bytes"``,
-        ``"pool_segments"``: the pool's (`open_pool`; 0 without one).
-        ``committed_bytes`` counts the buffers' memory, not the pool's.
+        ``"pool_segments"``: the pool's (`open_pool`; 0 without one);
+        ``"pool_offloaded_bytes"``, ``"pool_host_bytes"``: its segments'
+        bytes a sleep moved to host memory (``offload=["torch"]``), and
+        the host memory held for that (made once, reused, freed with the
+        pool).  ``committed_bytes`` counts the buffers' memory, not the
+        pool's.
     """
     cdef ArenaState a = self
     cdef int i
@@ -522,6 +542,8 @@ def memory_stats(ArenaState self):
         "pool_in_use_bytes": pool.get("in_use", 0),
         "pool_peak_in_use_bytes": pool.get("peak_in_use", 0),
         "pool_segments": pool.get("segments", 0),
+        "pool_offloaded_bytes": pool.get("offloaded", 0),
+        "pool_host_bytes": pool.get("host_bytes", 0),
     }
 
 

@@ -43,6 +43,9 @@ def _fit_parser(sub):
     fit.add_argument("--granularity", metavar="SIZE", default=None,
                      help="allocation granularity of a reserved arena (default with --reserve: "
                      "2MiB, CUDA's on H100/H200)")
+    fit.add_argument("--torch-pool", metavar="SIZE", default=None,
+                     help="with --reserve: set aside the arena's pool for torch's memory "
+                     "(metrale.torch.pool(arena, SIZE)) before sizing the arena")
     fit.add_argument("--debug", action="store_true",
                      help="size a debug arena: a guard band after every live buffer")
     fit.add_argument("--guard-bytes", type=int, default=None, metavar="N",
@@ -114,7 +117,8 @@ def _fit_answer(args):
     limits = (args.max_seq_len, args.kv_block_size, args.max_batch_size)
     result = fit(config, budget, *limits, reserve=args.reserve, debug=debug,
                  granularity=granularity, max_batch_tokens=args.max_batch_tokens,
-                 kv_bytes_per_token=args.kv_bytes_per_token, **sizing)
+                 kv_bytes_per_token=args.kv_bytes_per_token,
+                 torch_pool_bytes=args.torch_pool, **sizing)
     m = result.max_batch_tokens
     sizes = BufferSizes.from_config(config, m, *limits, **sizing)
     answer = {

@@ -107,8 +107,9 @@ def parse_size(value, name="size"):
 class ArenaFit(Record):
     """What `fit` found: an arena's bytes in a budget, and what is left.
 
-    ``arena_bytes + kv_bytes + headroom_bytes == budget`` always (the KV
-    terms are 0 without `kv_bytes_per_token`).  ``str(result)`` is the
+    ``arena_bytes + pool_bytes + kv_bytes + headroom_bytes == budget``
+    always (the KV terms are 0 without `kv_bytes_per_token`, `pool_bytes`
+    without `torch_pool_bytes`).  ``str(result)`` is the
     one-screen answer `metrale fit` prints.
 
     Attributes
@@ -124,7 +125,7 @@ class ArenaFit(Record):
     budget : int
         The budget in bytes.
     left_bytes : int
-        ``budget - arena_bytes``.
+        ``budget - pool_bytes - arena_bytes``.
     limited_by : str
         ``"budget"``: the arena at ``max_batch_tokens + 1`` takes
         `next_arena_bytes`, more than the budget; ``"formulas"``: at
@@ -157,12 +158,19 @@ class ArenaFit(Record):
     evaluations : int
         Sizing evaluations (the sizes and the layout at one
         max_batch_tokens) the answer took.
+    pool_bytes : int
+        The arena's pool (``BufferArena.open_pool``, torch's memory in
+        the arena: docs/torch.md) as `torch_pool_bytes` asked for it,
+        rounded up to `granularity`: all of it mapped, the most it takes;
+        0 without.
     """
 
     __slots__ = ("max_batch_tokens", "arena_bytes", "budget", "left_bytes", "limited_by",
                  "next_arena_bytes", "kv_bytes_per_token", "kv_tokens", "kv_bytes",
                  "headroom_bytes", "max_seq_len", "kv_block_size", "max_batch_size", "tp_size",
-                 "reserved", "granularity", "guard_bytes", "margin_bytes", "evaluations")
+                 "reserved", "granularity", "guard_bytes", "margin_bytes", "evaluations",
+                 "pool_bytes")
+    _defaults = {"pool_bytes": 0}
 
     def __str__(self):
         def size(n):
@@ -192,6 +200,9 @@ class ArenaFit(Record):
                if self.margin_bytes else ""),
             f"arena:    {size(self.arena_bytes)} {share(self.arena_bytes)}  ({kind})",
         ]
+        if self.pool_bytes:
+            lines.append(f"pool:     {size(self.pool_bytes)} {share(self.pool_bytes)}  "
+                         "(torch's memory in the arena, all of it mapped)")
         if self.kv_bytes_per_token is not None:
             lines.append(f"KV cache: {size(self.kv_bytes)} {share(self.kv_bytes)}  "
                          f"({self.kv_tokens:,} tokens x {self.kv_bytes_per_token:,} bytes)")
@@ -408,7 +419,8 @@ def _free_budget(gpu, margin):
 
 def fit(config, budget, max_seq_len, kv_block_size, max_batch_size, *, tp_size=1,
         buffers=None, reserve=False, debug=None, granularity=None, max_batch_tokens=None,
-        kv_bytes_per_token=None, env=None, target=None, gpu=None, margin=None):
+        kv_bytes_per_token=None, env=None, target=None, gpu=None, margin=None,
+        torch_pool_bytes=None):
     """The largest max_batch_tokens whose arena fits in a budget, or the KV
     cache that fits beside a given one.
 
@@ -428,7 +440,8 @@ def fit(config, budget, max_seq_len, kv_block_size, max_batch_size, *, tp_size=1
     With `max_batch_tokens` given, nothing is searched: the arena at that M
     must fit, and the answer says what it leaves.  With
     `kv_bytes_per_token`, it also says how many tokens of KV cache fit in
-    what the arena leaves.
+    what the arena leaves.  With `torch_pool_bytes`, the arena's pool
+    (torch's memory in the arena, docs/torch.md) is set aside first.
 
     Parameters
     ----------
@@ -486,6 +499,12 @@ def fit(config, budget, max_seq_len, kv_block_size, max_batch_size, *, tp_size=1
         default `FREE_MEMORY_MARGIN` (64 MiB: the 2 MiB allocation
         granularity plus an allowance for what the CUDA context creates on
         first use).  Refused with a budget given.
+    torch_pool_bytes : int or str, optional
+        The pool the arena will open (``arena.open_pool(n)``,
+        ``metrale.torch.pool(arena, n)``), set aside from the budget
+        before the arena is sized: rounded up to `granularity`, as
+        ``open_pool`` rounds it, and counted whole (the most it maps).
+        Needs ``reserve=True``.
 
     Returns
     -------
@@ -506,7 +525,9 @@ def fit(config, budget, max_seq_len, kv_block_size, max_batch_size, *, tp_size=1
         1; its size is in the message), or than the arena at a given
         `max_batch_tokens`; `kv_bytes_per_token` of 0; `granularity`
         missing with ``reserve=True``, given without it, or not a power of
-        two >= 256; `target` with `gpu`; `margin` with a budget; a size of
+        two >= 256; `target` with `gpu`; `margin` with a budget;
+        `torch_pool_bytes` not a positive size, without ``reserve=True``,
+        or not less than the budget; a size of
         `buffers` not seen to grow with max_batch_tokens (named), or one
         that cannot be computed at an M the search probes; and every value
         error of `BufferSizes.from_config` at max_batch_tokens = 1.
@@ -550,6 +571,18 @@ def fit(config, budget, max_seq_len, kv_block_size, max_batch_size, *, tp_size=1
             raise ValueError("margin applies to budget=None (the free memory of gpu=)")
         margin = 0
         budget = parse_size(budget, "budget")
+    pool = 0
+    if torch_pool_bytes is not None:
+        if not reserve:
+            raise ValueError("torch_pool_bytes: the pool lives in a reserved arena's address "
+                             "space: pass reserve=True")
+        pool = -(-parse_size(torch_pool_bytes, "torch_pool_bytes") // gran) * gran
+        if pool >= budget:
+            raise ValueError(f"torch_pool_bytes: the pool's {pool:,} bytes (rounded up to the "
+                             f"granularity) leave nothing of the budget of {budget:,} bytes")
+    # What the arena (and the KV cache) may take: the budget less the pool.
+    room = budget - pool
+    less = f" less the pool's {pool:,}" if pool else ""
     kv = None if kv_bytes_per_token is None else check_index(kv_bytes_per_token,
                                                               "kv_bytes_per_token", 1)
     tp = check_index(tp_size, "tp_size", 1)
@@ -558,14 +591,15 @@ def fit(config, budget, max_seq_len, kv_block_size, max_batch_size, *, tp_size=1
     if max_batch_tokens is not None:
         m = check_index(max_batch_tokens, "max_batch_tokens", 1)
         nbytes = arena(m)
-        if nbytes > budget:
+        if nbytes > room:
             raise ValueError(f"max_batch_tokens: the arena at max_batch_tokens={m} takes "
-                             f"{nbytes:,} bytes, more than the budget of {budget:,} bytes")
+                             f"{nbytes:,} bytes, more than the budget of {budget:,} bytes"
+                             + less)
         limited_by, following = "given", None
     else:
         first = arena(1)
-        if first > budget:
-            raise ValueError(f"budget: {budget:,} bytes is less than the smallest arena "
+        if first > room:
+            raise ValueError(f"budget: {budget:,} bytes{less} is less than the smallest arena "
                              f"(max_batch_tokens=1) of these limits, {first:,} bytes")
         shrinks = first_shrinking(buffers, arena.symbols(1))
         if shrinks is not None:
@@ -575,13 +609,13 @@ def fit(config, budget, max_seq_len, kv_block_size, max_batch_size, *, tp_size=1
                 "shrinks as M grows), so the largest max_batch_tokens that fits cannot be "
                 "searched for; give max_batch_tokens to size one, or write the size with "
                 "max() and min()")
-        m, nbytes, following = _largest_fitting(arena, first, budget)
+        m, nbytes, following = _largest_fitting(arena, first, room)
         limited_by = "budget" if following is not None else "formulas"
-    left = budget - nbytes
+    left = room - nbytes
     kv_tokens = left // kv if kv else 0
     return ArenaFit(m, nbytes, budget, left, limited_by, following, kv, kv_tokens,
                     kv_tokens * (kv or 0), left - kv_tokens * (kv or 0),
                     check_index(max_seq_len, "max_seq_len"),
                     check_index(kv_block_size, "kv_block_size"),
                     check_index(max_batch_size, "max_batch_size"), tp, reserve, gran, guard,
-                    margin, arena.evaluations)
+                    margin, arena.evaluations, pool)

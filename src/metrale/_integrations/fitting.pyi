@@ -54,6 +54,8 @@ class ArenaFit(Record):
     def margin_bytes(self) -> int: ...
     @property
     def evaluations(self) -> int: ...
+    @property
+    def pool_bytes(self) -> int: ...
 
 def fit(config: ModelConfig, budget: SupportsIndex | str | None, max_seq_len: SupportsIndex,
         kv_block_size: SupportsIndex, max_batch_size: SupportsIndex, *,
@@ -62,7 +64,8 @@ def fit(config: ModelConfig, budget: SupportsIndex | str | None, max_seq_len: Su
         max_batch_tokens: SupportsIndex | None = ...,
         kv_bytes_per_token: SupportsIndex | None = ..., env: Mapping[str, str] | None = ...,
         target: Target | None = ..., gpu: Backend | None = ...,
-        margin: SupportsIndex | str | None = ...) -> ArenaFit: ...
+        margin: SupportsIndex | str | None = ...,
+        torch_pool_bytes: SupportsIndex | str | None = ...) -> ArenaFit: ...
 def growth(config: ModelConfig, max_batch_tokens: SupportsIndex, max_seq_len: SupportsIndex,
            kv_block_size: SupportsIndex, max_batch_size: SupportsIndex, *,
            tp_size: SupportsIndex = ..., env: Mapping[str, str] | None = ...,

@@ -16,7 +16,7 @@ from ._reference_table import RECORDS
 from .._base._dtypes import ITEMSIZE
 from .._base._math import U64_MAX
 
-__all__ = ["BufferSpec", "ROW_RULES", "ACCESSORS", "MAX_BUFFERS", "MAX_ZERO_ALL", "STEP_IDS",
+__all__ = ["BufferSpec", "POOL_NAME", "ROW_RULES", "ACCESSORS", "MAX_BUFFERS", "MAX_ZERO_ALL", "STEP_IDS",
            "STEP_META", "RESERVED_NAMES", "check_spec", "dims_of"]
 
 # zero_all_rows rules: "whole" (cleared whole), "M" (rows of max_batch_tokens),
@@ -44,6 +44,9 @@ _MAX_NAME = 64
 STEP_IDS, STEP_META = "token_ids", "scratch"
 # The accessors the arena compiles (tools/gen_buffers.py), by reference buffer.
 _COMPILED = {r["name"]: r["accessors"] for r in RECORDS}
+# The name `BufferArena.sleep(offload=...)` gives the arena's pool (the
+# memory torch allocates in it, docs/torch.md): no buffer may have it.
+POOL_NAME = "torch"
 # Names a buffer cannot have: BufferSizes' attributes and methods.
 RESERVED_NAMES = frozenset({
     "buffers", "limits", "levers", "config", "target", "from_config", "total_bytes", "as_dict",
@@ -140,6 +143,9 @@ def check_spec(name, dtype, shape, size, itemsize, floor, zero_all, prefill, row
     if name in RESERVED_NAMES:
         raise ValueError(f"{where}: name is reserved (a BufferSizes attribute): "
                          + ", ".join(sorted(RESERVED_NAMES)))
+    if name == POOL_NAME:
+        raise ValueError(f"{where}: name is reserved: sleep(offload=[{POOL_NAME!r}]) names the "
+                         "arena's pool (docs/torch.md)")
     if dtype is not None:
         if not isinstance(dtype, str):
             raise TypeError(f"{where}: dtype must be a str or None, got {type(dtype).__name__}")

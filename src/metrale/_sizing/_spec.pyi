@@ -2,7 +2,7 @@ from typing import Any, Sequence
 
 from metrale._base._record import Record
 
-__all__ = ["BufferSpec", "ROW_RULES", "ACCESSORS", "MAX_BUFFERS", "MAX_ZERO_ALL", "STEP_IDS",
+__all__ = ["BufferSpec", "POOL_NAME", "ROW_RULES", "ACCESSORS", "MAX_BUFFERS", "MAX_ZERO_ALL", "STEP_IDS",
            "STEP_META", "RESERVED_NAMES", "check_spec", "dims_of"]
 
 ROW_RULES: tuple[str, ...]
@@ -12,6 +12,7 @@ MAX_BUFFERS: int
 MAX_ZERO_ALL: int
 STEP_IDS: str
 STEP_META: str
+POOL_NAME: str
 RESERVED_NAMES: frozenset[str]
 
 def dims_of(text: str) -> tuple[str, ...]: ...
