@@ -4,16 +4,15 @@
 bytes, the largest ``max_batch_tokens`` whose arena fits, found from the
 sizing formulas and the slab layout (nothing is allocated); or, for a given
 ``max_batch_tokens``, how many tokens of KV cache fit in what the arena
-leaves.  `parse_size` reads the byte counts it takes ("12GiB", "80 GB").
+leaves.  `parse_size` (metrale._base._size_arg) reads the byte counts it
+takes ("12GiB", "80 GB").
 
 Pure Python over the sizing formulas and `metrale._sizing._layout`; loaded on first
 use of ``metrale.fit``.
 """
 
-import re
-from fractions import Fraction
-
 from .._base._common import check_index
+from .._base._size_arg import SIZE_UNITS, parse_size
 from .._sizing._layout import plan_layout, plan_reserved
 from .._base._math import U64_MAX
 from .._base._record import Record
@@ -26,15 +25,6 @@ from .._sizing.sizes import BufferSizes, sizing_inputs
 __all__ = ["fit", "ArenaFit", "parse_size", "growth", "growth_span", "FREE_MEMORY_MARGIN",
            "SIZE_UNITS"]
 
-# Bytes per unit of a size string: SI (powers of 1000) and IEC (powers of 1024).
-SIZE_UNITS = {
-    "B": 1,
-    "kB": 10**3, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "PB": 10**15,
-    "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40, "PiB": 2**50,
-}
-_SIZE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*")
-_SIZE_CHARS = 100
-
 # What fit(budget=None) keeps back from the device's free memory: 2 MiB, the
 # allocation granularity of H100/H200 (the driver backs a large cuMemAlloc with
 # 2 MiB pages, so the one slab may cost up to that much more than its bytes;
@@ -46,62 +36,6 @@ _SIZE_CHARS = 100
 FREE_MEMORY_MARGIN = 64 * 2**20
 
 _ALIGN = 256            # the slab's placement alignment (MT_ALIGN, src/arena_core.h)
-
-
-def parse_size(value, name="size"):
-    """A byte count given as an int or as a size string.
-
-    The grammar of a size string: a decimal number (digits, optionally a
-    ``.`` and more digits), optional spaces, then a unit: ``B``; SI units,
-    powers of 1000: ``kB`` (or ``KB``), ``MB``, ``GB``, ``TB``, ``PB``; IEC
-    units, powers of 1024: ``KiB``, ``MiB``, ``GiB``, ``TiB``, ``PiB``.  No
-    unit means bytes.  Units are case-sensitive (``Gb`` is refused: it
-    reads as gigabits); the value must come to a whole, positive number of
-    bytes (``"1.5 TiB"`` does, ``"0.5 B"`` does not).  Spaces around the
-    string are ignored.
-
-    Parameters
-    ----------
-    value : int or str
-        The byte count (any object with ``__index__`` but ``bool``), or a
-        size string such as ``"12GiB"``, ``"80 GB"`` or ``"1.5 TiB"``.
-    name : str, optional
-        The argument's name, for the error messages.
-
-    Returns
-    -------
-    int
-        The bytes, >= 1 and <= 2**64 - 1.
-
-    Raises
-    ------
-    TypeError
-        `value` is neither an int nor a str; the message names `name`.
-    ValueError
-        The string does not follow the grammar, names an unknown unit, is
-        not a whole number of bytes, or the value is not positive or does
-        not fit 64 bits; the message names `name`.
-    """
-    if isinstance(value, str):
-        # No size of 64 bits needs more characters; more digits would reach
-        # the interpreter's own limit on converting them (a ValueError naming
-        # nothing).
-        m = _SIZE.fullmatch(value) if len(value) <= _SIZE_CHARS else None
-        unit = SIZE_UNITS.get(m.group(2) or "B") if m else None
-        if unit is None:
-            raise ValueError(
-                f"{name}: {value[:_SIZE_CHARS]!r}{'...' if len(value) > _SIZE_CHARS else ''} is "
-                "not a size: a number of bytes, or a number with a unit: "
-                "B, kB, MB, GB, TB, PB (powers of 1000) or KiB, MiB, GiB, TiB, PiB "
-                "(powers of 1024), e.g. '12GiB' or '80 GB'")
-        nbytes = Fraction(m.group(1)) * unit
-        if nbytes.denominator != 1:
-            raise ValueError(f"{name}: {value!r} is not a whole number of bytes ({float(nbytes)})")
-        return check_index(int(nbytes), name, 1)
-    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
-        raise TypeError(f"{name} must be an int or a size string such as '12GiB', "
-                        f"got {type(value).__name__}")
-    return check_index(value, name, 1)
 
 
 class ArenaFit(Record):

@@ -21,14 +21,14 @@ font or image.
 
 import math
 import operator
-import re
 import warnings
 
+from ._svg import _MONO, _MUTED, _SANS, _TEXT, _attrs, _esc, _human, _num, _shorten, _text
 from .._sizing._layout import SlabPlan, plan_layout
 from .._sizing.sizes import BufferSizes
 from .._sizing.target import Target
 
-__all__ = ["render_svg"]
+__all__ = ["pool_svg", "render_svg"]
 
 # -- the layout, in SVG user units (1 unit = 1 CSS pixel at 100 % zoom) --------
 _WIDTH = 1200
@@ -43,7 +43,6 @@ _TOP = 286                   # y of slab offset 0
 _MIN_HEIGHT = 760            # the column is at least this tall ...
 _ROW_MIN = 20                # ... and each table row at least this tall
 _ROW_MAX = 26                # rows spread over the column's height, up to this
-_DECIMALS = 4                # coordinates are written rounded to 1e-4 units
 _THIN = 2.0                  # a range thinner than this (units) also gets a marker
 
 # Table columns: x positions (anchor noted where it is not "start").
@@ -55,8 +54,6 @@ _C_OFFSET = 902              # end
 _C_PAD = 962                 # end
 _C_ZERO = (1008, 1068, 1140)  # middle: zero_all, prefill, rows
 
-_SANS = "DejaVu Sans, Verdana, Arial, Helvetica, sans-serif"
-_MONO = "DejaVu Sans Mono, Menlo, Consolas, monospace"
 
 # Buffer fills cycle through pale colours so that neighbours differ and dark
 # text stays readable on them; the zeroing ranges use saturated colours that no
@@ -64,8 +61,6 @@ _MONO = "DejaVu Sans Mono, Menlo, Consolas, monospace"
 _FILLS = ("#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94", "#f7b6d2",
           "#dbdb8d", "#9edae5")
 _RANGE_COLOURS = {"zero_all": "#d62728", "zero_prefill": "#ff7f0e", "zero_all_rows": "#1f77b4"}
-_TEXT = "#202124"
-_MUTED = "#5f6368"
 
 # (plan key, name of the helper, short name for lane and table headers) for
 # the three zeroing overlays, in lane order.
@@ -73,9 +68,7 @@ _RANGE_KINDS = (("zero_all", "zero_all", "zero_all"),
                 ("zero_prefill", "zero_prefill_essentials", "prefill"),
                 ("zero_all_rows", "zero_all_rows", "rows"))
 
-# Characters XML 1.0 cannot carry at all (escaping does not help); a model name
-# from a user's path may hold any of them, and lone surrogates too.
-_NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
 
 
 # -- what is drawn ----------------------------------------------------------------
@@ -128,55 +121,6 @@ def _layout_facts(layout, tokens):
     # Everything _Plan reads from a SlabPlan.
     return (layout.max_batch_tokens, layout.slab_bytes, layout.slab_order, layout.offsets,
             layout.zero_all, layout.zero_prefill, layout.rows_ranges(tokens))
-
-
-# -- text helpers ---------------------------------------------------------------
-
-def _esc(text):
-    """`text` made safe for XML character data and attribute values."""
-    text = _NOT_XML.sub("\ufffd", str(text))
-    return (text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-            .replace('"', "&quot;").replace("'", "&#39;"))
-
-
-def _num(v):
-    """A coordinate, rounded to _DECIMALS places, without trailing zeros."""
-    s = f"{v:.{_DECIMALS}f}".rstrip("0").rstrip(".")
-    return "0" if s in ("", "-0") else s
-
-
-def _human(n):
-    """Bytes as a short binary size: 256 B, 864.8 KiB, 46.4 MiB, 2.1 GiB."""
-    if n < 1024:
-        return f"{n} B"
-    units = ("KiB", "MiB", "GiB", "TiB")
-    v, i = n / 1024, 0
-    # Compare the rounded value, so that 1023.97 KiB reads 1 MiB, not 1024 KiB.
-    while round(v, 1) >= 1024 and i < len(units) - 1:
-        v, i = v / 1024, i + 1
-    return f"{round(v, 1):.1f}".rstrip("0").rstrip(".") + " " + units[i]
-
-
-def _shorten(text, limit):
-    # Keep both ends of a long config path: the directory and the file name
-    # are the parts a reader recognises.
-    if len(text) <= limit:
-        return text
-    keep = limit - 1
-    return text[:keep // 2] + "\u2026" + text[len(text) - (keep - keep // 2):]
-
-
-def _attrs(**kw):
-    # data_buffer -> data-buffer; values escaped; None values dropped.
-    return " ".join(f'{k.rstrip("_").replace("_", "-")}="{_esc(v)}"'
-                    for k, v in kw.items() if v is not None)
-
-
-def _text(x, y, body, size=11, anchor="start", weight=None, fill=_TEXT, family=None,
-          **extra):
-    attrs = _attrs(x=_num(x), y=_num(y), font_size=size, text_anchor=anchor,
-                   font_weight=weight, fill=fill, font_family=family, **extra)
-    return f"<text {attrs}>{_esc(body)}</text>"
 
 
 # -- geometry -------------------------------------------------------------------
@@ -515,3 +459,107 @@ def _null_list(w, p, top, cols):
         x = _MARGIN + (i % cols) * col_w
         y = top + 20 + (i // cols) * 18
         w(_text(x, y, name, size=11, family=_MONO, fill=_MUTED, data_null=name))
+
+
+# -- an arena's reservation: its buffers, and its pool with torch's segments ----
+
+_BAR_X, _BAR_W, _BAR_H = 20, 860, 40
+_POOL_FILLS = {"chunk": "#d2e3fc", "segment": "#1a73e8"}
+
+
+def pool_svg(arena):
+    """Draw a reserved arena's address space, to scale: its buffers, and its
+    pool (``open_pool``) with the memory mapped and the segments handed out.
+
+    Two bars, each scaled to its own range: the buffers' reservation (every
+    live buffer one rectangle at its offset), and the pool's (the mapped
+    chunks pale, the segments dark: what torch holds; asleep, nothing is
+    mapped and the segments keep their places).  Offsets only, no
+    addresses: the same arena draws the same picture in every process.
+
+    Parameters
+    ----------
+    arena : BufferArena
+        A reserved arena with a pool.
+
+    Returns
+    -------
+    str
+        The SVG document.  Each buffer is a ``<rect data-buffer=NAME
+        data-offset=.. data-bytes=..>``, each mapped chunk of the pool a
+        ``<rect data-chunk="mapped" ...>`` and each segment a ``<rect
+        data-segment="in use" ...>``, with ``x`` and ``width`` at the scale
+        of their bar (``width / bytes`` units per byte of its
+        ``data-range`` rectangle).
+
+    Raises
+    ------
+    MetraleError
+        The arena has no pool (or is released).
+    """
+    from .._base.errors import MetraleError
+    pool = arena.pool
+    if pool is None or pool.closed:
+        raise MetraleError("pool_svg: the arena has no pool (open_pool)")
+    stats = arena.memory_stats()
+    ps = pool.stats()
+    placed = sorted((b.offset, b.nbytes, b.name) for b in arena.buffers.values()
+                    if b.offset is not None and b.nbytes)
+    slab = stats["slab_bytes"]
+    segments = [(p - pool.base, n) for p, n in pool.segments()]
+    out = []
+    w = out.append
+    height = 290
+    w('<?xml version="1.0" encoding="UTF-8"?>')
+    w(f'<svg xmlns="http://www.w3.org/2000/svg" width="900" height="{height}" '
+      f'viewBox="0 0 900 {height}" font-family="{_SANS}" role="img" '
+      f'aria-labelledby="picture-title">')
+    w(f'<title id="picture-title">The arena\'s reservation: {len(placed)} buffers in '
+      f'{slab:,} bytes; its pool of {ps["reserved"]:,} bytes, {ps["segments"]} segments'
+      '</title>')
+    w('<rect x="0" y="0" width="900" height="{}" fill="#ffffff"/>'.format(height))
+    state = " (asleep)" if stats["sleeping"] else ""
+    w(_text(_MARGIN, 28, f"An arena's reservation{state}: its buffers, and beside them the "
+            "pool torch allocates from", size=15, weight="bold"))
+
+    def bar(y, label, total, rects, kind_of):
+        scale = _BAR_W / total
+        w(_text(_BAR_X, y - 8, label, size=12, fill=_TEXT))
+        w('<g shape-rendering="crispEdges">')
+        w(f'<rect {_attrs(data_range=kind_of, data_bytes=total)} x="{_BAR_X}" y="{y}" '
+          f'width="{_BAR_W}" height="{_BAR_H}" fill="#f1f3f4" stroke="{_MUTED}"/>')
+        for attrs, off, n, fill, tip in rects:
+            # a white edge: two neighbours stay two
+            w(f'<rect {_attrs(**attrs, data_offset=off, data_bytes=n)} '
+              f'x="{_num(_BAR_X + off * scale)}" y="{y}" width="{_num(max(n * scale, 0.5))}" '
+              f'height="{_BAR_H}" fill="{fill}" stroke="#ffffff" stroke-width="0.5">'
+              f'<title>{_esc(tip)}</title></rect>')
+        w("</g>")
+        w(_text(_BAR_X, y + _BAR_H + 14, "0", size=10, fill=_MUTED))
+        w(_text(_BAR_X + _BAR_W, y + _BAR_H + 14, _human(total), size=10, anchor="end",
+                fill=_MUTED))
+
+    bar(70, f"buffers: {len(placed)} live in {slab:,} bytes reserved ({_human(slab)}), "
+        f"{stats['committed_bytes']:,} mapped",
+        slab, [({"data_buffer": name}, off, n, _FILLS[i % len(_FILLS)],
+                f"{name}: {n:,} bytes at offset {off:,}")
+               for i, (off, n, name) in enumerate(placed)], "buffers")
+    rects = [({"data_chunk": "mapped"}, off, n, _POOL_FILLS["chunk"],
+              f"mapped: {n:,} bytes at offset {off:,}") for off, n in pool.chunks()]
+    rects += [({"data_segment": "in use"}, off, n, _POOL_FILLS["segment"],
+               f"segment: {n:,} bytes at offset {off:,}") for off, n in segments]
+    bar(170, f"pool: {ps['reserved']:,} bytes reserved ({_human(ps['reserved'])}), "
+        f"{ps['committed']:,} mapped, {ps['in_use']:,} in {ps['segments']} segments"
+        + (f", {ps['offloaded']:,} offloaded to host memory" if ps["offloaded"] else ""),
+        ps["reserved"], rects, "pool")
+    y = 250
+    for i, (label, fill) in enumerate((("a buffer", _FILLS[0]),
+                                       ("mapped, free (kept for reuse)",
+                                        _POOL_FILLS["chunk"]),
+                                       ("a segment (torch's)", _POOL_FILLS["segment"]),
+                                       ("reserved, not mapped", "#f1f3f4"))):
+        x = _BAR_X + i * 215
+        w(f'<rect x="{x}" y="{y}" width="14" height="14" fill="{fill}" stroke="{_MUTED}"/>')
+        w(_text(x + 20, y + 11, label, size=11, fill=_TEXT))
+    w("</svg>")
+    return "\n".join(out) + "\n"

@@ -14,6 +14,9 @@ Optional (``pip install 'metrale[torch]'``): importing it imports torch;
   pool=metrale.torch.pool(arena).id)``) replay after a wake.  The pool's
   two C functions are metrale's own (src/pool.c), no library to load.
 - `close_pool`: give torch's pool back, then the arena's.
+- `install_workspaces`: declared buffers as torch's cuBLAS workspace and
+  Triton's scratch allocator, so their memory is inside the slab (and so
+  what a CUDA graph captures); `Workspaces.remove` takes them back.
 """
 
 import contextlib
@@ -27,8 +30,11 @@ except ImportError as e:        # the extra names what to install
 
 from .._arena import _pool
 from .._base.errors import MetraleError
+from ._torch_workspaces import Workspaces, install_workspaces, rearm_cublas
+from ._torch_workspaces import _device_of
 
-__all__ = ["close_pool", "pool", "tensor", "tensors", "use_pool"]
+__all__ = ["Workspaces", "close_pool", "install_workspaces", "pool", "tensor", "tensors",
+           "use_pool"]
 
 # The element types DLPack may not carry into torch (its FP8 codes are
 # DLPack 1.1's) -> the unsigned integers of their width they are exported as,
@@ -93,14 +99,6 @@ def tensors(arena, *names):
     tuple of torch.Tensor
     """
     return tuple(tensor(arena, n) for n in names)
-
-
-def _device_of(arena):
-    gpu = arena.backend()
-    if gpu.device_type != 2:
-        raise MetraleError(f"metrale.torch.pool: the arena's backend is {type(gpu).__name__}; "
-                           "torch's memory pool needs a CudaBackend arena")
-    return torch.device("cuda", gpu.device_id)
 
 
 def pool(arena, nbytes=None):
@@ -184,8 +182,9 @@ def close_pool(arena):
 
     Drops the MemPool `pool` made (torch then returns its cached segments)
     and torch's cuBLAS workspaces (remade at their next use; one made in
-    the pool, by a capture, holds a segment of it), and closes the arena's
-    pool when no segment is left.
+    the pool, by a capture, holds a segment of it; one `install_workspaces`
+    put in a buffer is made there again), and closes the arena's pool when
+    no segment is left.
 
     Parameters
     ----------
@@ -212,6 +211,7 @@ def close_pool(arena):
     # allocator: one made inside the pool (a capture's) holds its segment.
     torch._C._cuda_clearCublasWorkspaces()
     torch.cuda.empty_cache()
+    rearm_cublas()      # an installed workspace was dropped with the rest
     s = p.stats()
     if s["segments"]:
         raise MetraleError(

@@ -2,8 +2,11 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from metrale._arena._buffer_arena import BufferArena
+from metrale._integrations._torch_workspaces import Workspaces as Workspaces
+from metrale._integrations._torch_workspaces import install_workspaces as install_workspaces
 
-__all__ = ["close_pool", "pool", "tensor", "tensors", "use_pool"]
+__all__ = ["Workspaces", "close_pool", "install_workspaces", "pool", "tensor", "tensors",
+           "use_pool"]
 
 def tensor(arena: BufferArena, name: str, dtype: Any = None, shape: Any = None) -> Any: ...
 def tensors(arena: BufferArena, *names: str) -> tuple[Any, ...]: ...
