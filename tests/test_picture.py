@@ -529,3 +529,38 @@ def test_chromium_screenshot_shows_the_picture(tool, tmp_path):
     tool.screenshot(svg, png, chromium)
     report = tool.check_screenshot(svg, png)
     assert any(line.startswith("buffer fills") for line in report)
+
+
+# -- pool_svg: an arena's reservation and its pool ---------------------------------
+
+def test_the_pool_picture_is_to_scale():
+    from metrale import HostBackend, MetraleError
+    from metrale.picture import pool_svg
+    arena = helpers._reserved(HostBackend())
+    with pytest.raises(MetraleError, match="no pool"):
+        pool_svg(arena)
+    pool = arena.open_pool(64 * 4096)
+    segs = [pool.alloc(n * 4096) for n in (2, 5, 1, 3)]
+    pool.free(segs[1])
+    root = ET.fromstring(pool_svg(arena))
+    rects = root.iter(NS + "rect")
+
+    def geometry(attr):
+        return sorted((int(r.get("data-offset")), int(r.get("data-bytes")), float(r.get("x")),
+                       float(r.get("width"))) for r in root.iter(NS + "rect") if r.get(attr))
+
+    bars = {r.get("data-range"): r for r in rects if r.get("data-range")}
+    scale = float(bars["pool"].get("width")) / int(bars["pool"].get("data-bytes"))
+    x0 = float(bars["pool"].get("x"))
+    want = [(p - pool.base, n) for p, n in pool.segments()]
+    assert [(o, n) for o, n, _, _ in geometry("data-segment")] == want
+    assert [(o, n) for o, n, _, _ in geometry("data-chunk")] == pool.chunks()
+    for o, n, x, width in geometry("data-segment") + geometry("data-chunk"):
+        assert x == pytest.approx(x0 + o * scale, abs=1e-3)
+        assert width == pytest.approx(n * scale, abs=1e-3)
+    placed = geometry("data-buffer")
+    live = sorted((b.offset, b.nbytes) for b in arena.buffers.values() if b.nbytes)
+    assert [(o, n) for o, n, _, _ in placed] == live
+    for p in (segs[0], segs[2], segs[3]):
+        pool.free(p)
+    arena.release()
