@@ -756,3 +756,125 @@ def test_prepare_and_finish_on_shared_host_arenas(tmp_path):
     for sub in ("g0", "g1", "filled", "prepared", "read"):
         (tmp_path / sub).mkdir()
     assert run_ranks(_detach_attach_rank, 2, 120, (str(tmp_path),)) == [[True, True]] * 2
+
+
+# -- prepare(sleep=...): the arenas that are not shared sleep through a checkpoint ---------
+
+@pytest.fixture(autouse=True)
+def _own_sleepers(monkeypatch):
+    # Each test its own record of the arenas prepare put to sleep.
+    import weakref
+    monkeypatch.setattr(ckpt, "_SLEPT", weakref.WeakKeyDictionary())
+
+
+def _pooled_arena(gpu):
+    from helpers import _reserved
+    a = _reserved(gpu)
+    pool = a.open_pool(8 * 4096)
+    seg = pool.alloc(4096)
+    ctypes.memset(seg, 0x7E, 4096)
+    ctypes.memset(a.ptr("residual"), 0x3C, 4096)
+    return a, seg
+
+
+def _free(*pairs):
+    for a, seg in pairs:
+        a.pool.free(seg)
+        a.release()
+
+
+def test_prepare_sleeps_the_arenas_and_finish_wakes_them(arenas):
+    (a, b, _), log = arenas
+    gpu = metrale.HostBackend()
+    x, xs = _pooled_arena(gpu)
+    y, ys = _pooled_arena(gpu)
+    done = ckpt.prepare([a, x, y], sleep=True)
+    assert done == [a, x, y] and x.is_sleeping() and y.is_sleeping()
+    for r in (x, y):                            # nothing of them left on the device
+        m = r.memory_stats()
+        assert m["committed_bytes"] == m["pool_committed_bytes"] == 0
+    assert ckpt.prepare([a, x, y], sleep=True) == [a, x, y]    # asleep: not again
+    assert ckpt.finish([x]) == [x] and not x.is_sleeping() and y.is_sleeping()
+    assert ckpt.finish() == [y, a] and not y.is_sleeping()           # woken, then attached
+    assert ckpt.finish() == []
+    _free((x, xs), (y, ys))
+
+
+def test_prepare_keeps_and_offloads_what_it_is_told(arenas):
+    gpu = metrale.HostBackend()
+    x, seg = _pooled_arena(gpu)
+    ckpt.prepare([x], sleep={"offload": ["torch"], "keep": ["residual"]})
+    assert x.memory_stats()["pool_offloaded_bytes"] == 4096
+    assert ctypes.string_at(seg, 4) == b"\x7e" * 4          # readable while asleep
+    assert ckpt.finish([x]) == [x]
+    assert ctypes.string_at(seg, 4096) == b"\x7e" * 4096
+    assert ctypes.string_at(x.ptr("residual"), 4096) == b"\x3c" * 4096
+    _free((x, seg))
+
+
+def test_prepare_checks_sleep_before_changing_anything(arenas):
+    (a, b, _), log = arenas
+    gpu = metrale.HostBackend()
+    x, seg = _pooled_arena(gpu)
+    for bad, exc, what in (("yes", TypeError, "sleep must be a bool or a mapping"),
+                           (3, TypeError, "sleep must be"),
+                           ({"keep": [], "nope": []}, ValueError, "sleep: unknown key.*'nope'")):
+        with pytest.raises(exc, match=what):
+            ckpt.prepare([a, x], sleep=bad)
+    assert log == [] and not x.is_sleeping()
+    _free((x, seg))
+
+
+def test_a_sleep_refused_stops_prepare_and_finish_undoes_the_rest(arenas):
+    gpu = metrale.HostBackend()
+    x, xs = _pooled_arena(gpu)
+    y, ys = _pooled_arena(gpu)
+    z, zs = _pooled_arena(gpu)
+    view = y.view("residual")
+    with pytest.raises(BufferError, match="residual"):
+        ckpt.prepare([x, y, z], sleep=True)
+    assert x.is_sleeping() and not y.is_sleeping() and not z.is_sleeping()
+    with pytest.raises(ValueError, match="offload: "):       # a name not its buffer's
+        ckpt.prepare([z], sleep={"offload": ["nope"]})
+    assert not z.is_sleeping()
+    assert ckpt.finish() == [x] and not x.is_sleeping()
+    del view
+    _free((x, xs), (y, ys), (z, zs))
+
+
+def test_a_failed_wake_is_raised_after_the_others_and_tried_again():
+    from metrale.testing import FaultyBackend
+    from helpers import _reserved
+    gpu = FaultyBackend()
+    x, y = _reserved(gpu), _reserved(gpu)
+    assert ckpt.prepare([x, y], sleep=True) == [x, y]
+    gpu.inject_fault("create")                 # x's wake maps no memory
+    with pytest.raises(metrale.OutOfMemoryError):
+        ckpt.finish([x, y])
+    assert x.is_sleeping() and not y.is_sleeping()
+    assert ckpt.finish([x, y]) == [x] and not x.is_sleeping()
+    x.release()
+    y.release()
+
+
+def test_the_default_set_is_every_reserved_arena_awake():
+    # In a fresh interpreter: the process's own arenas and nothing else.
+    code = """if True:
+        import metrale, metrale.checkpoint as ckpt
+        from metrale import BufferArena, ModelConfig
+        cfg, gpu = ModelConfig.preset("qwen3-30b-a3b"), metrale.HostBackend()
+        lim = (64, 512, 16, 8)
+        first = BufferArena.new(cfg, *lim, gpu, reserve=lim)
+        plain = BufferArena.new(cfg, *lim, gpu)
+        asleep = BufferArena.new(cfg, *lim, gpu, reserve=lim)
+        asleep.sleep()
+        last = BufferArena.new(cfg, *lim, gpu, reserve=lim)
+        gone = BufferArena.new(cfg, *lim, gpu, reserve=lim)
+        gone.release()
+        assert ckpt.prepare() == []                      # no sleep asked: none sleeps
+        assert ckpt.prepare(sleep=True) == [first, last]
+        assert ckpt.finish() == [first, last] and asleep.is_sleeping()
+        print("ok")
+    """
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr

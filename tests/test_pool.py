@@ -272,6 +272,21 @@ def test_an_offloaded_pool_keeps_its_bytes_at_its_addresses():
     assert vm_counts(gpu) == (0, 0, 0) and gpu.host_handle_count == 0
 
 
+def test_a_resize_leaves_the_pool_alone():
+    gpu = HostBackend()
+    arena, pool, _ = _pool(gpu)
+    g = pool.granularity
+    p = pool.alloc(3 * g)
+    _fill(p, 3 * g, 0x42)
+    before = (pool.chunks(), pool.segments(), pool.stats()["creates"])
+    for m in (128, 16, 64):
+        arena.resize(max_batch_tokens=m)
+        assert (pool.chunks(), pool.segments(), pool.stats()["creates"]) == before
+        assert _read(p, 3 * g) == b"\x42" * 3 * g
+    pool.free(p)
+    arena.release()
+
+
 def test_the_pool_by_name_in_sleep():
     gpu = HostBackend()
     arena = _reserved(gpu)

@@ -283,6 +283,20 @@ def shared_arenas():
     return sorted(shared, key=lambda a: (<ArenaState>a)._peers.serial)
 
 
+def reserved_arenas():
+    """The live reserved arenas of this process that are not shared
+    (`metrale.checkpoint.prepare` puts them to sleep).
+
+    Returns
+    -------
+    list of BufferArena
+        Not released, in the order they were built.
+    """
+    return [a for a in reversed(live_arenas())     # the list is kept newest first
+            if (<ArenaState>a)._reservation is not None and (<ArenaState>a)._peers is None
+            and not mt_life_released((<ArenaState>a)._life)]
+
+
 # -- zeroing at construction -----------------------------------------------------------------
 
 cdef int init_zero(ArenaState a) except -1:

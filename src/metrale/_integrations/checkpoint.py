@@ -27,8 +27,11 @@ reached through ctypes, on first use: importing this module loads nothing
 but the standard library.  See docs/checkpoint.md.
 """
 
+import itertools
 import os
 import time
+import weakref
+from collections.abc import Mapping
 
 # The driver's calls on one pid, and the constants, are metrale._integrations._checkpoint_driver's;
 # the public ones are this module's API too (__all__).
@@ -254,8 +257,31 @@ def _check_running(arenas, what):
                            "it is restored and unlocked (resume it first)")
 
 
-def prepare(arenas=None):
-    """Get this process ready for a checkpoint: every shared arena detaches its peers.
+# The arenas `prepare` put to sleep -> the order it did, for `finish` to wake
+# them in (weakly: one released or collected meanwhile is simply gone).
+_SLEPT = weakref.WeakKeyDictionary()
+_ORDER = itertools.count()
+
+
+def _sleep_args(sleep):
+    """`prepare`'s sleep= as arena.sleep's keyword arguments, or None."""
+    if sleep is False or sleep is None:
+        return None
+    if sleep is True:
+        return {}
+    if not isinstance(sleep, Mapping):
+        raise TypeError(f"sleep must be a bool or a mapping with 'keep' and 'offload', got "
+                        f"{type(sleep).__name__}")
+    unknown = [k for k in sleep if k not in ("keep", "offload")]
+    if unknown:
+        raise ValueError(f"sleep: unknown key(s) {', '.join(map(repr, unknown))}: 'keep' and "
+                         "'offload' are arena.sleep's")
+    return dict(sleep)
+
+
+def prepare(arenas=None, *, sleep=False):
+    """Get this process ready for a checkpoint: every shared arena detaches
+    its peers, and with `sleep` every other reserved arena sleeps.
 
     Each tensor-parallel arena unmaps and releases the peers' memory it
     imported, keeping the address ranges reserved, so that the driver can
@@ -264,40 +290,74 @@ def prepare(arenas=None):
     a peer's checkpoint cannot free memory this process still maps.  No
     kernel may read a peer's buffers from then until `finish`.
 
+    With `sleep`, each arena that is not shared sleeps (``arena.sleep``):
+    the device memory it gives back (its buffers', its pool's, what torch
+    holds there) is then not in the driver's image, so the checkpoint
+    writes and the restore reads only what the engine keeps; `finish`
+    wakes it at the same addresses, graphs captured over it valid.
+
     Parameters
     ----------
     arenas : iterable of BufferArena, optional
         The arenas; None (the default): every live shared arena of this
-        process (``metrale.tp.shared_arenas()``).  An arena that is not
-        shared is left alone.
+        process (``metrale.tp.shared_arenas()``) and, with `sleep`, every
+        live reserved arena that is not shared and not asleep, in the
+        order they were built.  A shared arena is detached (it cannot
+        sleep); with `sleep`, every other arena given sleeps (a plain one,
+        built without ``reserve=``, refuses: MetraleError), but one asleep
+        already is left as it is (and `finish` leaves it asleep).
+    sleep : bool or mapping, optional
+        False (the default): no arena sleeps.  True: each sleeps
+        discarding its memory (``arena.sleep()``).  A mapping with the
+        keys ``"keep"`` and ``"offload"`` (either may be left out): passed
+        to every arena's ``sleep``, e.g. ``{"offload": ["torch"]}`` (kept
+        buffers go to pinned host memory, offloaded ones to host memory
+        mapped at their addresses: both then are in the image).
 
     Returns
     -------
     list of BufferArena
-        The arenas whose peers are detached now.
+        The arenas whose peers are detached or that sleep now because of
+        this call or an earlier one.
 
     Raises
     ------
-    TypeError
-        `arenas` is not an iterable of arenas.
-    MetraleError
+    TypeError, ValueError
+        `arenas` is not an iterable of arenas, or `sleep` is not a bool or
+        a mapping of those keys; nothing changed.
+    MetraleError, BufferError, OutOfMemoryError
         This process is already locked or checkpointed, or an arena failed
-        to detach (those detached before it stay detached: `finish`
-        attaches them again).
+        to detach or to sleep (as ``arena.sleep`` raises: a view alive, a
+        name not its buffer's, ...).  Prepare stops there: the arenas
+        before it stay detached or asleep (`finish` attaches and wakes
+        them); that arena stays as ``detach_peers`` or ``sleep`` left it.
     """
-    arenas = _arenas(arenas, "prepare")
+    kwargs = _sleep_args(sleep)
+    if arenas is None and kwargs is not None:
+        from .._arena._arena_state import reserved_arenas
+        arenas = _arenas(None, "prepare") + [a for a in reserved_arenas()
+                                             if not a.is_sleeping()]
+    else:
+        arenas = _arenas(arenas, "prepare")
     _check_running(arenas, "prepare")
     done = []
     for a in arenas:
         if not a.peers_detached():
-            a.detach_peers()
+            a.detach_peers()            # nothing for an arena that is not shared
         if a.peers_detached():
+            done.append(a)              # shared: detached (it cannot sleep)
+        elif kwargs is not None and not a.is_sleeping():
+            a.sleep(**kwargs)
+            _SLEPT[a] = next(_ORDER)
+            done.append(a)
+        elif a in _SLEPT and a.is_sleeping():
             done.append(a)
     return done
 
 
 def finish(arenas=None, *, timeout=60.0):
-    """After a restore: every shared arena whose peers are detached attaches them again.
+    """After a restore: every arena `prepare` put to sleep wakes, and every
+    shared arena whose peers are detached attaches them again.
 
     A collective call: every rank on the host must make it, with its arenas
     in the same order (each arena's attach waits for its peers).  By
@@ -311,29 +371,49 @@ def finish(arenas=None, *, timeout=60.0):
     ----------
     arenas : iterable of BufferArena, optional
         The arenas; None (the default): every live shared arena of this
-        process.
+        process, and every arena `prepare` put to sleep.  Given, only those
+        of them are woken.
     timeout : float, optional
         Seconds each arena waits for its peers (default 60).
 
     Returns
     -------
     list of BufferArena
-        The arenas whose peers were attached.
+        The arenas woken (in the order `prepare` put them to sleep), then
+        those whose peers were attached.
 
     Raises
     ------
     TypeError, ValueError
         An argument is not valid.
-    MetraleError
-        This process is still locked or checkpointed (resume it first), or
-        an arena failed to attach (a peer missing past `timeout`, say).
+    MetraleError, OutOfMemoryError
+        This process is still locked or checkpointed (resume it first), an
+        arena failed to wake (it still sleeps, and the next `finish` tries
+        again; the others woke and the peers attached before this is
+        raised), or an arena failed to attach (a peer missing past
+        `timeout`, say).
     """
     timeout = seconds_arg(timeout, "timeout")
+    given = arenas is not None
     arenas = _arenas(arenas, "finish")
-    _check_running(arenas, "finish")
-    done = []
+    slept = sorted(((n, a) for a, n in list(_SLEPT.items())
+                    if not given or any(a is b for b in arenas)), key=lambda t: t[0])
+    _check_running(arenas + [a for _, a in slept], "finish")
+    done, first = [], None
+    for n, a in slept:
+        del _SLEPT[a]
+        if a.is_released() or not a.is_sleeping():
+            continue
+        try:
+            a.wake()
+            done.append(a)
+        except Exception as e:      # the others still wake, and the peers attach
+            _SLEPT[a] = n           # for the next finish
+            first = first or e
     for a in arenas:
         if a.peers_detached():
             a.attach_peers(timeout=timeout)
             done.append(a)
+    if first is not None:
+        raise first
     return done
