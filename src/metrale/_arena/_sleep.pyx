@@ -26,7 +26,7 @@ from metrale._arena._reservation cimport Reservation
 from metrale._arena._sleep_state cimport FATE_KEPT, FATE_OFFLOADED, SleepState
 
 from metrale._base.errors import MetraleError
-from metrale._sizing._spec import POOL_NAME
+from metrale._sizing._spec import POOL_NAME as _POOL_NAME
 
 
 @cython.binding(True)
@@ -92,11 +92,11 @@ def sleep(ArenaState self, keep=(), offload=()):
     cdef Pool pool
     keep, in_keep = _pool_named(keep)
     if in_keep:
-        raise ValueError(f"keep: {POOL_NAME!r} (the arena's pool) is offloaded, not kept: "
-                         f"sleep(offload=[{POOL_NAME!r}])")
+        raise ValueError(f"keep: {_POOL_NAME!r} (the arena's pool) is offloaded, not kept: "
+                         f"sleep(offload=[{_POOL_NAME!r}])")
     offload, pool_off = _pool_named(offload)
     if pool_off and a._pool is None:
-        raise ValueError(f"offload: {POOL_NAME!r} names the arena's pool, and the arena has "
+        raise ValueError(f"offload: {_POOL_NAME!r} names the arena's pool, and the arena has "
                          "none (open_pool)")
     ids = buffer_ids(keep, "keep", a._buffers)
     off = buffer_ids(offload, "offload", a._buffers)
@@ -144,7 +144,7 @@ cdef tuple _pool_named(object names):
         names = list(names)
     except TypeError:
         return names, False
-    rest = [n for n in names if not (type(n) is str and <str>n == POOL_NAME)]
+    rest = [n for n in names if not (type(n) is str and <str>n == _POOL_NAME)]
     return rest, len(rest) != len(names)
 
 
