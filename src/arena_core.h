@@ -387,6 +387,9 @@ int mt_pool_sleep(mt_pool *p, int *err);
 /* Map the pages of every segment again (one handle per run of them): all or
  * nothing.  MT_OK, MT_POOL_AWAKE or MT_POOL_DEVICE. */
 int mt_pool_wake(mt_pool *p, int *err);
+/* Refuse allocations (MT_POOL_ASLEEP) while `on`, awake or not: the segments
+ * stay what they are from the moment a sleep starts copying them. */
+void mt_pool_hold(mt_pool *p, int on);
 /* Unmap and release everything, refused (MT_POOL_IN_USE) while a segment is
  * handed out unless `force`; MT_OK or MT_POOL_DEVICE (what failed stays
  * recorded: call again). */

@@ -28,6 +28,7 @@ struct mt_pool {
     uint64_t peak_mapped, peak_used;
     uint64_t creates, allocs, frees, refused;
     int asleep;
+    int held;                   /* mt_pool_hold: allocations refused, as asleep */
     int release_err;            /* the last failed release's code */
 };
 
@@ -196,7 +197,7 @@ int mt_pool_alloc_locked(mt_pool *p, uint64_t n, uint64_t *out, int *err)
     uint64_t need, best = UINT64_MAX, best_cost = UINT64_MAX, best_run = UINT64_MAX;
     int rc;
     need = n == 0 ? 1 : (n - 1) / p->granule + 1;
-    if (p->asleep) {
+    if (p->asleep || p->held) {
         rc = MT_POOL_ASLEEP;
         goto refused;
     }
@@ -372,6 +373,13 @@ int mt_pool_sleep(mt_pool *p, int *err)
 out:
     pthread_mutex_unlock(&p->mu);
     return rc;
+}
+
+void mt_pool_hold(mt_pool *p, int on)
+{
+    pthread_mutex_lock(&p->mu);
+    p->held = on != 0;
+    pthread_mutex_unlock(&p->mu);
 }
 
 int mt_pool_wake(mt_pool *p, int *err)

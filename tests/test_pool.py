@@ -495,3 +495,75 @@ def test_a_failed_trim_and_a_failed_release_keep_the_books():
     model.alloc(1)
     assert pool.stats()["orphans"] == 0
     _agree(pool, model, gpu, before, arena)
+
+
+# -- threads --------------------------------------------------------------------------------
+
+def test_threads_allocating_while_the_arena_sleeps_and_wakes():
+    # Torch calls the pool from any thread; on the host backend its device
+    # operations take the GIL while the pool's lock is held, so every pool
+    # call releases the GIL before taking the lock (else: a deadlock).  Four
+    # threads allocate, write, check and free while the main thread puts the
+    # arena to sleep (offloading the pool) and wakes it, and trims it: the
+    # books balance and no segment loses its bytes.
+    import threading
+    gpu = HostBackend()
+    arena, pool, before = _pool(gpu, 64)
+    g = pool.granularity
+    stop = threading.Event()
+    moving = threading.Lock()        # held by the main thread across a sleep and a wake
+    errors = []
+    counts = [0] * 4                 # segments each thread took and wrote
+
+    def worker(k):
+        rng = random.Random(k)
+        mine = []
+        try:
+            while not stop.is_set():
+                if mine and (len(mine) > 3 or rng.random() < 0.4):
+                    p, n, byte = mine.pop(rng.randrange(len(mine)))
+                    with moving:
+                        if _read(p, n) != bytes([byte]) * n:
+                            errors.append(("lost", k, hex(p)))
+                    pool.free(p)
+                    continue
+                n = rng.choice((1, 2, 3)) * g
+                try:
+                    p = pool.alloc(n)
+                except (MetraleError, OutOfMemoryError):       # asleep, or full
+                    continue
+                byte = rng.randrange(1, 256)
+                with moving:
+                    _fill(p, n, byte)
+                mine.append((p, n, byte))
+                counts[k] += 1
+                pool.stats()
+                pool.segments()
+        except BaseException as e:          # noqa: BLE001 -- reported below
+            errors.append(e)
+        finally:
+            for p, _, _ in mine:
+                pool.free(p)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    i = 0
+    while (i < 60 or min(counts) < 20) and i < 5000:     # every thread had its turns
+        i += 1
+        with moving:
+            arena.sleep(offload=["torch"])
+        with moving:
+            arena.wake()
+        if i % 7 == 0:
+            pool.trim()
+    stop.set()
+    for t in threads:
+        t.join(30)
+    assert not any(t.is_alive() for t in threads)
+    assert errors == []
+    s = pool.stats()
+    assert min(counts) >= 20 and s["allocs"] == s["frees"] >= sum(counts)
+    assert s["segments"] == s["in_use"] == 0
+    arena.release()
+    assert vm_counts(gpu) == (0, 0, 0) and gpu.host_handle_count == 0

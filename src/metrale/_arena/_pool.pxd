@@ -35,10 +35,13 @@ cdef class Pool:
     # Unmap everything, keeping the segments (the device waited for first);
     # with `offload`, the segments' contents move to host memory mapped at
     # their own addresses.  All or nothing.  In two steps: `stage` copies
-    # the segments out for an offload (changing nothing else; the runs
-    # copied), `sleep_staged` unmaps and maps the host memory in their place.
+    # the segments out for an offload, refusing allocations from then on
+    # (the runs copied), `sleep_staged` unmaps and maps the host memory in
+    # their place.
     cdef int sleep(self, bint offload) except -1
     cdef list stage(self, bint offload)
+    # Take allocations again after `stage` when no `sleep_staged` follows.
+    cdef void unhold(self) noexcept
     cdef int sleep_staged(self, bint offload, list runs) except -1
     # Map the segments' pages again (an offload's contents copied back);
     # all or nothing.

@@ -23,11 +23,11 @@ from metrale._base._common cimport logger, u64_arg
 from metrale._base._core cimport (MT_ERR_NOMEM, MT_OK, MT_POOL_ASLEEP, MT_POOL_AWAKE,
                                   MT_POOL_DEVICE, MT_POOL_FOREIGN, MT_POOL_FULL, MT_POOL_IN_USE,
                                   mt_pool_alloc, mt_pool_bind, mt_pool_chunks, mt_pool_close,
-                                  mt_pool_free, mt_pool_get_stats, mt_pool_new, mt_pool_release,
-                                  mt_pool_segments, mt_pool_sleep, mt_pool_slot_alloc,
-                                  mt_pool_slot_free, mt_pool_stats, mt_pool_stray_calls,
-                                  mt_pool_trim, mt_pool_unbind, mt_pool_unretire, mt_pool_wake,
-                                  mt_range)
+                                  mt_pool_free, mt_pool_get_stats, mt_pool_hold, mt_pool_new,
+                                  mt_pool_release, mt_pool_segments, mt_pool_sleep,
+                                  mt_pool_slot_alloc, mt_pool_slot_free, mt_pool_stats,
+                                  mt_pool_stray_calls, mt_pool_trim, mt_pool_unbind,
+                                  mt_pool_unretire, mt_pool_wake, mt_range)
 
 from metrale._base.errors import MetraleError, OutOfMemoryError
 
@@ -128,7 +128,8 @@ The pool of a reserved arena: segments of its own range (made by
         """The exception for the C pool's result `rc` of `call`."""
         cdef mt_pool_stats s
         if rc == MT_POOL_FULL or rc == MT_POOL_ASLEEP:
-            mt_pool_get_stats(self._p, &s)
+            with nogil:
+                mt_pool_get_stats(self._p, &s)
             figures = (f"{s.in_use:,} of {s.reserved:,} bytes in {s.segments} segments, "
                        f"{s.committed:,} mapped")
             if rc == MT_POOL_ASLEEP:
@@ -197,7 +198,8 @@ The pool of a reserved arena: segments of its own range (made by
         cdef int rc
         self._start("free")
         try:
-            rc = mt_pool_release(self._p, p, n)
+            with nogil:
+                rc = mt_pool_release(self._p, p, n)
         finally:
             self._end()
         if rc != MT_OK:
@@ -243,7 +245,8 @@ The pool of a reserved arena: segments of its own range (made by
         cdef mt_pool_stats s
         self._start("stats")
         try:
-            mt_pool_get_stats(self._p, &s)
+            with nogil:
+                mt_pool_get_stats(self._p, &s)
         finally:
             self._end()
         return {"reserved": s.reserved, "committed": s.committed, "in_use": s.in_use,
@@ -260,12 +263,14 @@ The pool of a reserved arena: segments of its own range (made by
         self._start("segments")
         try:
             while True:
-                n = mt_pool_segments(self._p, NULL, NULL, 0)
+                with nogil:
+                    n = mt_pool_segments(self._p, NULL, NULL, 0)
                 ptrs = <uint64_t *>malloc((n + 1) * sizeof(uint64_t))
                 sizes = <uint64_t *>malloc((n + 1) * sizeof(uint64_t))
                 if ptrs == NULL or sizes == NULL:
                     raise MemoryError()
-                k = mt_pool_segments(self._p, ptrs, sizes, n)
+                with nogil:
+                    k = mt_pool_segments(self._p, ptrs, sizes, n)
                 if k <= n:
                     return [(ptrs[i], sizes[i]) for i in range(k)]
                 free(ptrs); free(sizes)
@@ -281,11 +286,13 @@ The pool of a reserved arena: segments of its own range (made by
         self._start("chunks")
         try:
             while True:
-                n = mt_pool_chunks(self._p, NULL, 0)
+                with nogil:
+                    n = mt_pool_chunks(self._p, NULL, 0)
                 out = <mt_range *>malloc((n + 1) * sizeof(mt_range))
                 if out == NULL:
                     raise MemoryError()
-                k = mt_pool_chunks(self._p, out, n)
+                with nogil:
+                    k = mt_pool_chunks(self._p, out, n)
                 if k <= n:
                     return [(out[i].offset, out[i].length) for i in range(k)]
                 free(out)
@@ -326,6 +333,7 @@ The pool of a reserved arena: segments of its own range (made by
             The backend's operations need the GIL (not CUDA), or every slot
             is taken.
         """
+        cdef int slot
         self._start("allocator")
         try:
             if not self.direct:
@@ -333,7 +341,8 @@ The pool of a reserved arena: segments of its own range (made by
                                    "cannot serve torch (its operations need the GIL): "
                                    "torch's memory is CUDA memory")
             if self.slot < 0:
-                slot = mt_pool_bind(self._p)
+                with nogil:
+                    slot = mt_pool_bind(self._p)
                 if slot < 0:
                     raise MetraleError("pool.allocator: every slot of torch allocators is "
                                        "taken (64 per process; a slot comes back when its "
@@ -363,18 +372,31 @@ The pool of a reserved arena: segments of its own range (made by
             return []
         self._start("sleep")
         try:
-            runs = self._runs()
-            if runs:
-                # Host memory mapped at a staging range (made once, reused),
-                # the segments copied there while still on the device.
-                if self.host is None:
-                    self.host = sleep_state_new(self.gpu, 0, self.nbytes)
-                h = self.host
-                h.host_memory(runs, 0)
-                self._copy(runs, False)
+            # No segment is taken from here on (one taken between the copy and
+            # the unmap would be left with no memory at its addresses).
+            with nogil:
+                mt_pool_hold(self._p, 1)
+            try:
+                runs = self._runs()
+                if runs:
+                    # Host memory mapped at a staging range (made once,
+                    # reused), the segments copied there while on the device.
+                    if self.host is None:
+                        self.host = sleep_state_new(self.gpu, 0, self.nbytes)
+                    h = self.host
+                    h.host_memory(runs, 0)
+                    self._copy(runs, False)
+            except BaseException:
+                self.unhold()
+                raise
         finally:
             self._end()
         return runs
+
+    cdef void unhold(self) noexcept:
+        if self._p != NULL and not self.dead:
+            with nogil:
+                mt_pool_hold(self._p, 0)
 
     cdef int sleep_staged(self, bint offload, list runs) except -1:
         cdef int rc, err = 0
@@ -383,6 +405,7 @@ The pool of a reserved arena: segments of its own range (made by
         try:
             with nogil:
                 rc = mt_pool_sleep(self._p, &err)
+            self.unhold()           # asleep refuses allocations now; awake takes them again
             if rc != MT_OK:
                 e = self._failure(rc, err, "sleep")
                 if runs:
@@ -482,14 +505,16 @@ The pool of a reserved arena: segments of its own range (made by
         cdef mt_pool_stats s
         if self._p == NULL or self.dead:
             return False
-        mt_pool_get_stats(self._p, &s)
+        with nogil:
+            mt_pool_get_stats(self._p, &s)
         return s.asleep != 0
 
     cdef uint64_t segments_held(self):
         cdef mt_pool_stats s
         if self._p == NULL or self.dead:
             return 0
-        mt_pool_get_stats(self._p, &s)
+        with nogil:
+            mt_pool_get_stats(self._p, &s)
         return s.segments
 
     cdef tuple close(self, bint force):
@@ -500,7 +525,8 @@ The pool of a reserved arena: segments of its own range (made by
             return MetraleError(f"torch still holds {self.segments_held()} segments of the "
                                 "arena's pool"), False
         if self.slot >= 0:
-            mt_pool_unbind(self.slot, self.retire)   # waits for torch's calls in progress
+            with nogil:     # waits for torch's calls in progress
+                mt_pool_unbind(self.slot, self.retire)
             self.slot = -1
         self.error = None
         self.busy += 1

@@ -50,8 +50,10 @@ def sleep(ArenaState self, keep=(), offload=()):
     discarded, or, with ``"torch"`` in `offload`, moved to host memory
     mapped at their own addresses as an offloaded buffer's are (tensors
     in the pool stay readable, graphs captured into it replay after
-    `wake` without refilling them).  Segments torch takes while the
-    sleep begins are discarded; none can be taken while it sleeps.
+    `wake` without refilling them).  No segment can be taken from the
+    moment the sleep begins until `wake` (torch's allocation is refused).
+    Discarded segments have no memory while the arena sleeps: nothing
+    may touch them until `wake`.
 
     Parameters
     ----------
@@ -127,6 +129,8 @@ def sleep(ArenaState self, keep=(), offload=()):
                 pool.sleep_staged(pool_off, staged)
             except BaseException as e:
                 err = err or e
+        elif pool is not None:
+            pool.unhold()               # awake: it takes allocations again
         if err is not None:
             raise err
     finally:

@@ -154,6 +154,7 @@ cdef extern from "arena_core.h" nogil:
     int mt_pool_trim(mt_pool *p, uint64_t *unmapped, int *err)
     int mt_pool_sleep(mt_pool *p, int *err)
     int mt_pool_wake(mt_pool *p, int *err)
+    void mt_pool_hold(mt_pool *p, int on)
     int mt_pool_close(mt_pool *p, int force, int *err)
     void mt_pool_get_stats(mt_pool *p, mt_pool_stats *out)
     uint64_t mt_pool_segments(mt_pool *p, uint64_t *ptrs, uint64_t *bytes, uint64_t cap)
