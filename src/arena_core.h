@@ -387,8 +387,9 @@ int mt_pool_sleep(mt_pool *p, int *err);
 /* Map the pages of every segment again (one handle per run of them): all or
  * nothing.  MT_OK, MT_POOL_AWAKE or MT_POOL_DEVICE. */
 int mt_pool_wake(mt_pool *p, int *err);
-/* Refuse allocations (MT_POOL_ASLEEP) while `on`, awake or not: the segments
- * stay what they are from the moment a sleep starts copying them. */
+/* Refuse allocations (MT_POOL_ASLEEP) while `on`, awake or not, and trim
+ * nothing: the segments and their pages stay what they are while a sleep or
+ * a wake copies them. */
 void mt_pool_hold(mt_pool *p, int on);
 /* Unmap and release everything, refused (MT_POOL_IN_USE) while a segment is
  * handed out unless `force`; MT_OK or MT_POOL_DEVICE (what failed stays
@@ -422,6 +423,18 @@ uint64_t mt_pool_slot_free(int slot);
 /* Calls of the slot functions that found no pool (a freed pointer not the
  * pool's, or the slot unbound), for tests and stats. */
 uint64_t mt_pool_stray_calls(void);
+/* One buffer lent to torch as a MemPool's one segment (metrale.torch's
+ * cuBLAS workspace): mt_lend_set(ptr, size) arms it (ptr 0: nothing to
+ * lend); the pair at mt_lend_alloc_fn / mt_lend_free_fn is torch's
+ * allocator, `alloc(size, device, stream)` handing the buffer out once for
+ * a request of at most `size` bytes, NULL otherwise (the largest refused:
+ * mt_lend_refused), `free` taking it back.  No GIL, no lock: callable from
+ * any thread under torch's allocator mutex.  Process-wide, one buffer. */
+void mt_lend_set(uint64_t ptr, uint64_t size);
+int mt_lend_out(void);
+uint64_t mt_lend_refused(void);
+uint64_t mt_lend_alloc_fn(void);
+uint64_t mt_lend_free_fn(void);
 
 #ifdef __cplusplus
 }

@@ -303,6 +303,10 @@ int mt_pool_trim(mt_pool *p, uint64_t *unmapped, int *err)
     int rc = MT_OK;
     *unmapped = 0;
     pthread_mutex_lock(&p->mu);
+    if (p->held) {              /* a sleep or wake is copying the segments' pages */
+        pthread_mutex_unlock(&p->mu);
+        return MT_OK;
+    }
     retry_orphans(p);
     for (uint64_t i = 0; i < p->nchunks;) {
         chunk c = p->chunks[i];

@@ -137,3 +137,53 @@ uint64_t mt_pool_slot_free(int slot)
     static const uint64_t fns[MT_POOL_SLOTS] = {FN64(free)};
     return slot >= 0 && slot < MT_POOL_SLOTS ? fns[slot] : 0;
 }
+
+/* ---- the lent buffer: one declared buffer handed to torch as one segment ---- */
+
+/* metrale.torch.install_workspaces makes torch's cuBLAS workspace in a
+ * MemPool whose allocator is this pair: it hands out the buffer set by
+ * mt_lend_set once (a request no larger than it), and takes it back.
+ * Torch calls them with its allocator's mutex held, from any thread: plain
+ * C, no GIL, no lock beyond the atomics.  One per process. */
+static _Atomic uint64_t lend_ptr, lend_size, lend_refused;
+static atomic_int lend_out;
+
+void mt_lend_set(uint64_t ptr, uint64_t size)
+{
+    atomic_store(&lend_out, 0);
+    atomic_store(&lend_refused, 0);
+    atomic_store(&lend_size, size);
+    atomic_store(&lend_ptr, ptr);
+}
+
+static void *lend_alloc(size_t size, int device, void *stream)
+{
+    int no = 0;
+    uint64_t ptr = atomic_load(&lend_ptr);
+    (void)device;
+    (void)stream;
+    if (ptr == 0 || size > atomic_load(&lend_size)
+            || !atomic_compare_exchange_strong(&lend_out, &no, 1)) {
+        uint64_t seen = atomic_load(&lend_refused);
+        while (size > seen && !atomic_compare_exchange_weak(&lend_refused, &seen, size))
+            ;
+        return NULL;
+    }
+    return (void *)(uintptr_t)ptr;
+}
+
+static void lend_free(void *ptr, size_t size, int device, void *stream)
+{
+    (void)size;
+    (void)device;
+    (void)stream;
+    if ((uint64_t)(uintptr_t)ptr == atomic_load(&lend_ptr))
+        atomic_store(&lend_out, 0);
+    else
+        atomic_fetch_add(&stray, 1);
+}
+
+int mt_lend_out(void) { return atomic_load(&lend_out); }
+uint64_t mt_lend_refused(void) { return atomic_load(&lend_refused); }
+uint64_t mt_lend_alloc_fn(void) { return (uint64_t)(uintptr_t)&lend_alloc; }
+uint64_t mt_lend_free_fn(void) { return (uint64_t)(uintptr_t)&lend_free; }

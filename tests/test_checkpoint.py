@@ -812,13 +812,33 @@ def test_prepare_keeps_and_offloads_what_it_is_told(arenas):
     _free((x, seg))
 
 
+def test_one_mapping_serves_arenas_with_and_without_a_pool(arenas):
+    # "torch" goes only to an arena with a pool; names given as an iterator
+    # serve every arena, not the first alone.
+    from helpers import _reserved
+    gpu = metrale.HostBackend()
+    x, seg = _pooled_arena(gpu)
+    y = _reserved(gpu)
+    ctypes.memset(y.ptr("residual"), 0x5D, 4096)
+    ckpt.prepare([x, y], sleep={"offload": iter(["torch", "residual"])})
+    assert x.is_sleeping() and y.is_sleeping()
+    assert x.memory_stats()["pool_offloaded_bytes"] == 4096
+    assert y.memory_stats()["offloaded_bytes"] == x.memory_stats()["offloaded_bytes"] > 0
+    assert ckpt.finish() == [x, y]
+    assert ctypes.string_at(y.ptr("residual"), 4096) == b"\x5d" * 4096
+    assert ctypes.string_at(seg, 4096) == b"\x7e" * 4096
+    y.release()
+    _free((x, seg))
+
+
 def test_prepare_checks_sleep_before_changing_anything(arenas):
     (a, b, _), log = arenas
     gpu = metrale.HostBackend()
     x, seg = _pooled_arena(gpu)
     for bad, exc, what in (("yes", TypeError, "sleep must be a bool or a mapping"),
                            (3, TypeError, "sleep must be"),
-                           ({"keep": [], "nope": []}, ValueError, "sleep: unknown key.*'nope'")):
+                           ({"keep": [], "nope": []}, ValueError, "sleep: unknown key.*'nope'"),
+                           ({"keep": 3}, TypeError, "sleep: keep must be a buffer name")):
         with pytest.raises(exc, match=what):
             ckpt.prepare([a, x], sleep=bad)
     assert log == [] and not x.is_sleeping()

@@ -497,6 +497,56 @@ def test_a_failed_trim_and_a_failed_release_keep_the_books():
     _agree(pool, model, gpu, before, arena)
 
 
+# -- what runs while a sleep or a wake copies the segments ---------------------------------
+# (FaultyBackend.inject_call runs the other thread's calls inside the copy.)
+
+def test_no_segment_is_taken_while_wake_copies_the_bytes_back():
+    gpu = FaultyBackend()
+    arena, pool, _ = _pool(gpu, 16)
+    g = pool.granularity
+    a, b = pool.alloc(g), pool.alloc(g)
+    _fill(a, g, 0x11)
+    _fill(b, g, 0x22)
+    arena.sleep(offload=["torch"])
+    seen = []
+
+    def other_thread():
+        pool.free(b)                       # torch empties its cache, then allocates
+        try:
+            seen.append(pool.alloc(g))
+        except MetraleError as e:
+            seen.append(e)
+    gpu.inject_call("copy", other_thread)
+    arena.wake()
+    assert isinstance(seen[0], MetraleError)            # held: refused until the copy is done
+    assert _read(a, g) == b"\x11" * g
+    assert pool.alloc(g) == b                           # taken again afterwards
+    pool.free(a)
+    pool.free(b)
+    arena.release()
+
+
+def test_nothing_is_trimmed_while_a_sleep_copies_the_segments():
+    gpu = FaultyBackend()
+    arena, pool, _ = _pool(gpu, 16)
+    g = pool.granularity
+    a, x = pool.alloc(g), pool.alloc(4 * g)
+    _fill(a, g, 0x33)
+    trimmed = []
+
+    def other_thread():
+        pool.free(x)
+        trimmed.append(pool.trim())        # would unmap the pages being copied
+    gpu.inject_call("copy", other_thread)
+    arena.sleep(offload=["torch"])
+    assert trimmed == [0]
+    arena.wake()
+    assert _read(a, g) == b"\x33" * g
+    assert pool.chunks() == [(a - pool.base, g)]       # x's pages not mapped again
+    pool.free(a)
+    arena.release()
+
+
 # -- threads --------------------------------------------------------------------------------
 
 def test_threads_allocating_while_the_arena_sleeps_and_wakes():

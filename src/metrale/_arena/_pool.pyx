@@ -27,7 +27,8 @@ from metrale._base._core cimport (MT_ERR_NOMEM, MT_OK, MT_POOL_ASLEEP, MT_POOL_A
                                   mt_pool_release, mt_pool_segments, mt_pool_sleep,
                                   mt_pool_slot_alloc, mt_pool_slot_free, mt_pool_stats,
                                   mt_pool_stray_calls, mt_pool_trim, mt_pool_unbind,
-                                  mt_pool_unretire, mt_pool_wake, mt_range)
+                                  mt_pool_unretire, mt_pool_wake, mt_range, mt_lend_alloc_fn,
+                                  mt_lend_free_fn, mt_lend_out, mt_lend_refused, mt_lend_set)
 
 from metrale._base.errors import MetraleError, OutOfMemoryError
 
@@ -405,18 +406,20 @@ The pool of a reserved arena: segments of its own range (made by
         try:
             with nogil:
                 rc = mt_pool_sleep(self._p, &err)
-            self.unhold()           # asleep refuses allocations now; awake takes them again
             if rc != MT_OK:
                 e = self._failure(rc, err, "sleep")
                 if runs:
                     # Mapped back with the same handles; the bytes copied back
-                    # all the same (a host backend's handles are fresh pages).
+                    # all the same (a host backend's handles are fresh pages),
+                    # where they are mapped (a failed map-back leaves some not).
                     try:
-                        self._copy(runs, True)
+                        self._copy(_overlap(runs, self.chunks()), True)
                     except Exception as e2:
                         logger().warning("buffer arena: copying the pool's segments back "
                                          "after a failed sleep failed: %s", e2)
+                self.unhold()
                 raise e
+            self.unhold()           # asleep: allocations are refused as such
             self.offloaded, self.moved = offload, runs
             if runs:
                 try:
@@ -435,11 +438,16 @@ The pool of a reserved arena: segments of its own range (made by
         cdef int rc, err = 0
         try:
             with nogil:
-                rc = mt_pool_wake(self._p, &err)
-            if rc != MT_OK:
-                raise self._failure(rc, err, "sleep")
-            self._copy(self.moved, True)
-            self.moved = []
+                mt_pool_hold(self._p, 1)        # nothing taken before the bytes are back
+            try:
+                with nogil:
+                    rc = mt_pool_wake(self._p, &err)
+                if rc != MT_OK:
+                    raise self._failure(rc, err, "sleep")
+                self._copy(self.moved, True)
+                self.moved = []
+            finally:
+                self.unhold()
         except Exception as e:
             logger().warning("buffer arena: waking the pool after a failed offload failed "
                              "(it sleeps, its segments on the host; wake() brings them "
@@ -450,28 +458,32 @@ The pool of a reserved arena: segments of its own range (made by
         cdef SleepState h = self.host
         self._start("wake")
         try:
-            if h is not None:
-                h.unmap_at(self.base)       # the device waited for first
+            # No segment taken, none trimmed, until the bytes are back.
             with nogil:
-                rc = mt_pool_wake(self._p, &err)
-            if rc != MT_OK and rc != MT_POOL_AWAKE:
+                mt_pool_hold(self._p, 1)
+            try:
+                if h is not None:
+                    h.unmap_at(self.base)       # the device waited for first
+                with nogil:
+                    rc = mt_pool_wake(self._p, &err)
+                if rc != MT_OK and rc != MT_POOL_AWAKE:
+                    if self.moved:
+                        h.map_at(self.base, h.overlapping(self.moved))    # asleep as before
+                    raise self._failure(rc, err, "wake")
                 if self.moved:
-                    h.map_at(self.base, h.overlapping(self.moved))    # asleep as before
-                raise self._failure(rc, err, "wake")
-            if self.moved:
-                # What is still a segment (one freed while asleep is not).
-                now = self._runs()
-                back = [(max(a, b), min(a + m, b + k) - max(a, b))
-                        for a, m in self.moved for b, k in now if max(a, b) < min(a + m, b + k)]
-                try:
-                    self._copy(back, True)
-                except BaseException:
-                    with nogil:
-                        rc = mt_pool_sleep(self._p, &err)
-                    if rc == MT_OK:
-                        h.map_at(self.base, h.overlapping(self.moved))
-                    raise
-                self.moved = []
+                    # What is still a segment (one freed while asleep is not).
+                    back = _overlap(self.moved, self._runs())
+                    try:
+                        self._copy(back, True)
+                    except BaseException:
+                        with nogil:
+                            rc = mt_pool_sleep(self._p, &err)
+                        if rc == MT_OK:
+                            h.map_at(self.base, h.overlapping(self.moved))
+                        raise
+                    self.moved = []
+            finally:
+                self.unhold()
         finally:
             self._end()
         return 0
@@ -552,6 +564,12 @@ The pool of a reserved arena: segments of its own range (made by
         return None, True
 
 
+cdef list _overlap(list a, list b):
+    """The (offset, bytes) stretches both run lists cover."""
+    return [(max(x, y), min(x + m, y + k) - max(x, y))
+            for x, m in a for y, k in b if max(x, y) < min(x + m, y + k)]
+
+
 cdef Pool pool_new(Backend gpu, uint64_t nbytes):
     cdef uint64_t g = gpu.granularity()
     cdef uint64_t n = (nbytes + g - 1) // g * g      # nbytes <= 2**62 (open_pool)
@@ -586,3 +604,32 @@ def stray_calls():
     """Calls of torch's allocator functions that found no pool or freed a
     pointer not the pool's (tests)."""
     return mt_pool_stray_calls()
+
+
+def lend(ptr, nbytes):
+    """Arm the lent buffer: torch's allocator pair `lender()` hands out
+    `ptr` once, for a request of at most `nbytes` (0, 0: nothing to lend).
+
+    Parameters
+    ----------
+    ptr, nbytes : int
+    """
+    cdef uint64_t p = u64_arg(ptr, "ptr"), n = u64_arg(nbytes, "nbytes")
+    mt_lend_set(p, n)
+
+
+def lender():
+    """The lent buffer's allocator pair for torch: ``(alloc, free)``
+    addresses of C functions (src/pool_slots.c), callable from any thread
+    without the GIL.
+
+    Returns
+    -------
+    tuple of (int, int)
+    """
+    return mt_lend_alloc_fn(), mt_lend_free_fn()
+
+
+def lent():
+    """(whether the buffer is handed out, the largest request refused)."""
+    return bool(mt_lend_out()), mt_lend_refused()

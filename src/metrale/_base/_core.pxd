@@ -165,6 +165,11 @@ cdef extern from "arena_core.h" nogil:
     uint64_t mt_pool_slot_alloc(int slot)
     uint64_t mt_pool_slot_free(int slot)
     uint64_t mt_pool_stray_calls()
+    void mt_lend_set(uint64_t ptr, uint64_t size)
+    int mt_lend_out()
+    uint64_t mt_lend_refused()
+    uint64_t mt_lend_alloc_fn()
+    uint64_t mt_lend_free_fn()
 
 
 # Declarations of src/metrale/kernels/zero_ranges.h: the parameter blocks of

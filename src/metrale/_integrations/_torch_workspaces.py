@@ -4,10 +4,10 @@ buffers of an arena, so their memory is inside its slab.  Part of
 metrale.torch (which imports torch)."""
 
 import contextvars
-import ctypes
 
 import torch
 
+from .._arena import _pool
 from .._base.errors import MetraleError
 
 __all__ = ["Workspaces", "install_workspaces"]
@@ -26,7 +26,7 @@ def rearm_cublas():
     """After torch's cuBLAS workspaces were dropped: the installed one (if
     any) made again in its buffer."""
     installed = _INSTALLED["cublas"]
-    if installed is not None:
+    if installed is not None and installed._cublas.mp is not None:   # a failed remove: not
         installed._cublas.arm()
 
 
@@ -38,8 +38,8 @@ def rearm_cublas():
 # every fetch, overwriting any pointer set from outside (aten/src/ATen/cuda/
 # CublasHandlePool.cpp: getCurrentCUDABlasHandle -> setWorkspaceForHandle).
 # The caching allocator honours the thread's active MemPool: the workspace is
-# made in one whose allocator (ctypes functions, as torch.cuda.memory._use_uvm
-# has) hands out the buffer, once, as its only segment.
+# made in one whose allocator (C functions of metrale's own: the lent buffer of
+# src/pool_slots.c) hands out the buffer, once, as its only segment.
 # Triton: at the launch of a kernel needing global scratch the launcher calls
 # allocator(grid * num_ctas * global_scratch_size, global_scratch_align,
 # stream) and passes its data_ptr() (third_party/nvidia/backend/driver.py);
@@ -49,13 +49,6 @@ def rearm_cublas():
 # The active install of each library in this process, holding its pins
 # until Workspaces.remove however the caller keeps the handle.
 _INSTALLED = {"cublas": None, "triton": None}
-
-# torch.cuda.memory._use_uvm's signatures for a pluggable allocator; every
-# callback is kept for the process's life (torch may free a pool's segment
-# after its MemPool is gone, when it empties its cache).
-_ALLOC_FN = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)
-_FREE_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)
-_CALLBACKS = []
 
 _ALIGN = 256        # cuBLAS's workspace alignment (cublasSetWorkspace)
 
@@ -77,27 +70,19 @@ class _CublasWorkspace:
         self.view, self.name, self.device, self.stream = view, view.name, device, stream
         self.ptr, self.nbytes = view.ptr, view.nbytes
         del view                # a refusal's traceback must not pin the buffer
-        self.lent = False       # the buffer is the pool's segment
-        self.refused = 0        # the largest segment refused (bytes)
-
-        def alloc(size, device, stream):
-            if self.lent or size > self.nbytes:     # never memory beyond the buffer
-                self.refused = max(self.refused, size)
-                return None
-            self.lent = True
-            return self.ptr
-
-        def free(ptr, size, device, stream):
-            self.lent = False
-
-        callbacks = (_ALLOC_FN(alloc), _FREE_FN(free))
-        _CALLBACKS.append(callbacks)
-        addr = [ctypes.cast(c, ctypes.c_void_p).value for c in callbacks]
-        self.mp = torch.cuda.MemPool(torch._C._cuda_customAllocator(*addr))
+        # The MemPool's allocator is C (src/pool_slots.c: the lent buffer):
+        # torch calls it under its allocator's mutex from any thread, where
+        # Python would need the GIL (a deadlock with a thread holding it).
+        _pool.lend(self.ptr, self.nbytes)
+        self.mp = torch.cuda.MemPool(torch._C._cuda_customAllocator(*_pool.lender()))
         try:
             self.arm(arg)
         except BaseException:
-            self.view = self.mp = None
+            self.mp = None
+            torch.cuda.empty_cache()        # the pool's segment, if torch took it
+            if not _pool.lent()[0]:
+                _pool.lend(0, 0)
+                self.view = None
             raise
 
     def arm(self, arg="cublas"):
@@ -111,7 +96,7 @@ class _CublasWorkspace:
         except torch.OutOfMemoryError as e:
             raise ValueError(
                 f"{arg}: buffer {self.name!r} has {self.nbytes:,} bytes; torch's caching "
-                f"allocator asked a segment of {self.refused:,} for its cuBLAS workspace: "
+                f"allocator asked a segment of {_pool.lent()[1]:,} for its cuBLAS workspace: "
                 "declare the buffer at least that large (or make the workspace smaller: "
                 "CUBLAS_WORKSPACE_CONFIG, torch.backends.cuda.cublas_workspace_size)") from e
         if not self.in_buffer():
@@ -136,10 +121,11 @@ class _CublasWorkspace:
         torch._C._cuda_clearCublasWorkspaces()
         self.mp = None          # the pool's segment is freed when the cache is emptied
         torch.cuda.empty_cache()
-        if self.lent:
+        if _pool.lent()[0]:
             raise MetraleError(
                 f"Workspaces.remove: torch still holds buffer {self.name!r} as a segment of "
                 "the workspace's pool; the buffer stays pinned")
+        _pool.lend(0, 0)
         self.view = None
 
 
@@ -265,15 +251,21 @@ class Workspaces:
         MetraleError
             Torch still holds the cuBLAS buffer (it stays pinned).
         """
+        held = None
         if self._cublas is not None:
-            self._cublas.release()
-            self._cublas = _INSTALLED["cublas"] = None
+            try:
+                self._cublas.release()
+                self._cublas = _INSTALLED["cublas"] = None
+            except MetraleError as e:   # the Triton half goes all the same
+                held = e
         if self._triton is not None:
             import triton
             if _triton_current() is self._triton:
                 triton.set_allocator(self._previous)
             self._triton._view = None
             self._triton = self._previous = _INSTALLED["triton"] = None
+        if held is not None:
+            raise held
 
     def __enter__(self):
         return self

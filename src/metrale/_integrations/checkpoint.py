@@ -43,6 +43,7 @@ from ._checkpoint_driver import (CHECKPOINTED, DEFAULT_LOCK_TIMEOUT,
                                  unlock)
 from .._base._common import seconds_arg
 from .._base.errors import MetraleError
+from .._sizing._spec import POOL_NAME
 
 __all__ = ["RUNNING", "LOCKED", "CHECKPOINTED", "FAILED", "STATES", "DEFAULT_LOCK_TIMEOUT",
            "DEFAULT_TIMEOUT", "QUERY_TIMEOUT", "driver_info", "state", "restore_thread_id", "lock",
@@ -276,7 +277,26 @@ def _sleep_args(sleep):
     if unknown:
         raise ValueError(f"sleep: unknown key(s) {', '.join(map(repr, unknown))}: 'keep' and "
                          "'offload' are arena.sleep's")
-    return dict(sleep)
+    out = {}
+    for k, names in sleep.items():      # read once: an iterator serves every arena
+        if isinstance(names, str):
+            names = (names,)
+        try:
+            out[k] = tuple(names)
+        except TypeError:
+            raise TypeError(f"sleep: {k} must be a buffer name or an iterable of buffer "
+                            f"names, got {type(names).__name__}") from None
+    return out
+
+
+def _for(a, kwargs):
+    """`kwargs` for arena `a`: the pool's name left out of `offload` where
+    `a` has no pool (the mapping serves every arena)."""
+    off = kwargs.get("offload")
+    if off is None or getattr(a, "pool", None) is not None:
+        return kwargs
+    return {**kwargs, "offload": tuple(n for n in off
+                                       if not (type(n) is str and n == POOL_NAME))}
 
 
 def prepare(arenas=None, *, sleep=False):
@@ -310,7 +330,8 @@ def prepare(arenas=None, *, sleep=False):
         False (the default): no arena sleeps.  True: each sleeps
         discarding its memory (``arena.sleep()``).  A mapping with the
         keys ``"keep"`` and ``"offload"`` (either may be left out): passed
-        to every arena's ``sleep``, e.g. ``{"offload": ["torch"]}`` (kept
+        to every arena's ``sleep`` (``"torch"``, the pool, only to those
+        that have one), e.g. ``{"offload": ["torch"]}`` (kept
         buffers go to pinned host memory, offloaded ones to host memory
         mapped at their addresses: both then are in the image).
 
@@ -324,7 +345,8 @@ def prepare(arenas=None, *, sleep=False):
     ------
     TypeError, ValueError
         `arenas` is not an iterable of arenas, or `sleep` is not a bool or
-        a mapping of those keys; nothing changed.
+        a mapping of those keys to names; nothing changed.  (A name an
+        arena does not have is its ``sleep``'s ValueError, below.)
     MetraleError, BufferError, OutOfMemoryError
         This process is already locked or checkpointed, or an arena failed
         to detach or to sleep (as ``arena.sleep`` raises: a view alive, a
@@ -347,7 +369,7 @@ def prepare(arenas=None, *, sleep=False):
         if a.peers_detached():
             done.append(a)              # shared: detached (it cannot sleep)
         elif kwargs is not None and not a.is_sleeping():
-            a.sleep(**kwargs)
+            a.sleep(**_for(a, kwargs))
             _SLEPT[a] = next(_ORDER)
             done.append(a)
         elif a in _SLEPT and a.is_sleeping():
