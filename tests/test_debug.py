@@ -6,15 +6,17 @@ rule (helpers.expected_rows_length), the poison bytes, the guard pattern and
 the fingerprint (py_fingerprint, from the definition in docs/debug.md)."""
 
 import ctypes
+import pickle
 import struct
 
 import numpy as np
 import pytest
 
 import metrale
-from metrale import BufferArena, BufferSizes, HostBackend, MetraleError, OutOfMemoryError
+from metrale import (REFERENCE, BufferArena, BufferSizes, BufferSpec, HostBackend, MetraleError,
+                     OutOfMemoryError)
 from metrale.catalogue import CATALOGUE, DTYPE_ITEMSIZE
-from metrale.debug import DebugOptions, GuardDamage, NonFinite
+from metrale.debug import SKIP_REASONS, DebugOptions, GuardDamage, NonFinite, NonFiniteScan
 from metrale.sizes import BUFFER_NAMES
 
 from helpers import COMPACT, PRESET, Mem, expected_rows_length, fill_all, live_counts, ptr_of
@@ -376,20 +378,134 @@ def test_padding_row_read_is_caught(backend):
     arena.release()
 
 
-@pytest.mark.parametrize("tokens", [1, 4, 13, 50])
+@pytest.mark.parametrize("tokens", [0, 1, 4, 13, 50])
 def test_nonfinite_counts_match_numpy(backend, tokens):
+    """Every float buffer zero_all_rows clears is scanned: the row-trimmed
+    ones over their live rows, the others (logits, splitk_workspace) whole."""
     arena = debug_arena(backend)
     m, data = random_fill(arena, backend, seed=tokens)
     found = {f.buffer: f for f in arena.find_nonfinite(tokens=tokens)}
-    for n in ROWS:
-        k = live_bytes_of(arena, n, tokens)
+    expected = {}
+    for n in ZERO_ALL:
+        if CATALOGUE[n].dtype not in POISON or not len(data.get(n, ())):
+            continue
+        k = live_bytes_of(arena, n, tokens) if n in ROWS else len(data[n])
         nan, inf = count_nonfinite(data[n][:k].tobytes(), CATALOGUE[n].dtype)
         if nan or inf:
-            assert (found[n].nan, found[n].inf) == (nan, inf), n
-        else:
-            assert n not in found
-    assert found, "random bytes hold some NaN"
+            expected[n] = (nan, inf)
+    assert {n: (f.nan, f.inf) for n, f in found.items()} == expected
+    assert {"logits", "splitk_workspace"} <= set(found), "random bytes hold some NaN"
     arena.release()
+
+
+# An own set (docs/buffer-sets.md): FP32 logits, a sampler workspace cleared whole,
+# and one buffer of each kind the scan cannot or must not read by default.
+_OWN_SPECS = [
+    BufferSpec("sampler_probs", "float32", ["max_batch_size", "vocab_size"], zero_all=True),
+    BufferSpec("own_raw", None, size=1024, zero_all=True),                # untyped
+    BufferSpec("own_idx", "int32", ["max_batch_tokens", 4], zero_all=True, rows="M"),
+    BufferSpec("own_half", "float16", ["max_batch_size", 64], zero_all=True),
+    BufferSpec("own_stale", "float32", ["max_batch_size", 64]),          # in no helper
+]
+OWN = REFERENCE.with_(_OWN_SPECS).replace("logits", dtype="float32", size="4*Lr*V")
+_DECODED = ("bfloat16", "float32", "float8_e4m3fn")
+
+
+def own_arena(gpu, m=13):
+    sizes = BufferSizes.from_config(COMPACT, m, 256, 16, 8, target=gpu.target(), env={},
+                                    buffers=OWN)
+    return BufferArena.from_sizes(sizes, gpu, debug=True)
+
+
+def expected_scan(arena, tokens, names=None):
+    """(scanned, skipped) of find_nonfinite, from the specs and the oracle's row rule."""
+    scanned, skipped = {}, {}
+    for spec in OWN:
+        n = spec.name
+        if names is not None and n not in names:
+            continue
+        size = arena.nbytes(n)
+        why = ("empty" if size == 0 else "untyped" if spec.dtype is None
+               else "unsupported" if spec.dtype in ("float16", "float64", "float8_e5m2")
+               else "not float" if spec.dtype not in _DECODED
+               else "not cleared" if names is None and not spec.zero_all else None)
+        if why:
+            skipped[n] = why
+        else:
+            rows = spec.rows != "whole"
+            scanned[n] = expected_rows_length(n, size, arena.max_batch_tokens(), tokens) \
+                if rows else size
+    return scanned, skipped
+
+
+def plant(gpu, arena, name, offset, data):
+    poke(gpu, arena.ptr(name) + offset, data)
+
+
+F32_NAN, F32_INF, BF16_NAN = b"\x01\x00\xc0\x7f", b"\x00\x00\x80\x7f", b"\xc1\xff"
+
+
+def test_nonfinite_scans_the_buffers_cleared_whole(backend):
+    """Issue 36: a NaN in FP32 logits or in an own sampler buffer (both cleared
+    whole) is found; a row-trimmed BF16 buffer is read over its live rows only;
+    the buffers it cannot read are named with the reason."""
+    with own_arena(backend) as arena:
+        tokens, hs_row, qkv_row = 3, 2 * COMPACT.hidden_size, arena.nbytes("qkv_output") // 16
+        arena.zero_all()
+        arena.poison_rows(tokens=tokens)           # NaN past the live rows: not reported
+        scan = arena.find_nonfinite(tokens=tokens)
+        assert scan == [] and isinstance(scan, NonFiniteScan)
+        assert (scan.scanned, scan.skipped) == expected_scan(arena, tokens)
+        assert sorted([*scan.scanned, *scan.skipped]) == sorted(OWN.names)     # each once
+        assert scan.scanned["logits"] == arena.nbytes("logits") > 0
+        assert scan.scanned["hidden_states"] == tokens * hs_row
+        assert set(scan.skipped.values()) <= set(SKIP_REASONS)
+        assert {n: scan.skipped[n] for n in ("own_raw", "own_idx", "own_half", "own_stale",
+                                             "scratch", "token_ids", "gate_logits_f32")} == {
+            "own_raw": "untyped", "own_idx": "not float", "own_half": "unsupported",
+            "own_stale": "not cleared", "scratch": "untyped", "token_ids": "not float",
+            "gate_logits_f32": "not cleared"}
+        arena.zero_all()
+        last_logit = arena.nbytes("logits") - 4
+        plant(backend, arena, "logits", last_logit, F32_NAN)
+        plant(backend, arena, "sampler_probs", 4 * 7, F32_INF)
+        plant(backend, arena, "hidden_states", 2 * hs_row + 6, BF16_NAN)            # live row 2
+        plant(backend, arena, "hidden_states", 5 * hs_row, b"\x80\x7f")            # row 5: padding
+        plant(backend, arena, "qkv_output", 14 * qkv_row, BF16_NAN)    # row 14 < ceil16(3): live
+        plant(backend, arena, "own_stale", 0, F32_NAN)
+        plant(backend, arena, "own_half", 0, b"\x00\x7e")                          # FP16 NaN
+        plant(backend, arena, "own_idx", 0, b"\xff\xff\xff\xff")
+        plant(backend, arena, "own_raw", 0, b"\xff" * 16)
+        want = [NonFinite("hidden_states", 1, 0, 2 * hs_row + 6, 2),
+                NonFinite("qkv_output", 1, 0, 14 * qkv_row, 14),
+                NonFinite("logits", 1, 0, last_logit, None),
+                NonFinite("sampler_probs", 0, 1, 28, None)]
+        assert arena.find_nonfinite(tokens=tokens) == want
+        # tokens = 0: no live rows, the buffers cleared whole still whole
+        scan = arena.find_nonfinite(tokens=0)
+        assert scan == want[2:] and scan.scanned["hidden_states"] == 0
+        assert (scan.scanned, scan.skipped) == expected_scan(arena, 0)
+        # every row: the padding row's Inf too
+        scan = arena.find_nonfinite(tokens=arena.max_batch_tokens())
+        assert scan[0] == NonFinite("hidden_states", 1, 1, 2 * hs_row + 6, 2)
+        assert scan.scanned["hidden_states"] == arena.nbytes("hidden_states")
+        # names: exactly those, a buffer in no helper whole, in the set's order
+        asked = ["own_stale", "own_half", "logits", "hidden_states"]
+        scan = arena.find_nonfinite(tokens=tokens, names=asked)
+        assert scan == [want[0], want[2], NonFinite("own_stale", 1, 0, 0, None)]
+        assert (scan.scanned, scan.skipped) == expected_scan(arena, tokens, asked)
+        assert scan.skipped == {"own_half": "unsupported"}
+        assert arena.find_nonfinite(tokens=tokens, names="own_stale").scanned == \
+            {"own_stale": arena.nbytes("own_stale")}
+
+
+def test_nonfinite_scan_is_a_list():
+    scan = NonFiniteScan([NonFinite("logits", 1, 0, 4, None)], {"logits": 8}, {"x": "untyped"})
+    assert scan == [NonFinite("logits", 1, 0, 4, None)] and isinstance(scan, list)
+    assert NonFiniteScan() == [] and NonFiniteScan().skipped == {}
+    back = pickle.loads(pickle.dumps(scan))
+    assert type(back) is NonFiniteScan and back == scan
+    assert (back.scanned, back.skipped) == ({"logits": 8}, {"x": "untyped"})
 
 
 def test_token_arguments():
@@ -402,6 +518,10 @@ def test_token_arguments():
                 call(tokens=1.0)
             with pytest.raises(ValueError, match="tokens"):
                 call(tokens=-1)
+        with pytest.raises(ValueError, match="names"):
+            arena.find_nonfinite(tokens=1, names=["logits", "no_such_buffer"])
+        with pytest.raises(TypeError, match="names"):
+            arena.find_nonfinite(tokens=1, names=[1])
 
 
 # -- fingerprints ------------------------------------------------------------------------
@@ -500,7 +620,9 @@ def test_gpu_and_host_agree_byte_for_byte(gpu, cfg, m):
             Mem(arena, g).write(name, data)
     assert arenas[0].fingerprint() == arenas[1].fingerprint()
     for tokens in (0, 1, 7, m, m + 5):
-        assert arenas[0].find_nonfinite(tokens=tokens) == arenas[1].find_nonfinite(tokens=tokens)
+        scans = [a.find_nonfinite(tokens=tokens) for a in arenas]
+        assert scans[0] == scans[1] and any(f.buffer == "logits" for f in scans[0])
+        assert (scans[0].scanned, scans[0].skipped) == (scans[1].scanned, scans[1].skipped)
     for arena, g in zip(arenas, (gpu, host)):
         arena.poison_rows(tokens=2)
         for name in ("residual", "logits", "moe_fp8_scratch"):

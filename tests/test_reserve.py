@@ -657,6 +657,27 @@ def test_summary_of_a_reserved_arena(backend):
         assert not s.reserved and s.committed_bytes == b.slab_bytes() and "one range of" in str(s)
 
 
+def test_the_summary_names_the_backend_without_its_allocation_counters():
+    # A reserved arena maps its memory: the backend's live_bytes (its plain
+    # allocations) would read 0 beside the megabytes mapped.
+    from metrale._arena._summary import _backend_label
+    class Named:
+        def __init__(self, text):
+            self.text = text
+
+        def __repr__(self):
+            return self.text
+
+    with reserved(metrale.HostBackend()) as a:
+        s = a.summary()
+        assert s.backend == "HostBackend" and "live_" not in str(s)
+        assert str(s).splitlines()[0] == "BufferArena on HostBackend"
+    assert _backend_label(Named("CudaBackend(device=0, sm_count=132, cc=9.0, live_bytes=4096)")) \
+        == "CudaBackend(device=0, sm_count=132, cc=9.0)"
+    assert _backend_label(Named("FaultyBackend(live_alloc_count=1, live_bytes=2, armed={})")) \
+        == "FaultyBackend(armed={})"
+
+
 # -- arguments are converted before the arena is read or held ----------------------------
 
 class _Shrinking:

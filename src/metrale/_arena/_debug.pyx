@@ -21,8 +21,8 @@ from metrale._arena._arena_state cimport ArenaState
 from metrale._backends._backend cimport Backend
 from metrale._base._common cimport as_stream, buffer_ids, index_arg, logger, u64_arg
 from metrale._base._core cimport (
-    MT_IN_CHECKSUM, MT_IN_ROWS, MT_MAX_BUFFERS, mt_checksum_f32, mt_layout, mt_range,
-    mt_rows_length, mt_rows_stride)
+    MT_IN_CHECKSUM, MT_IN_ROWS, MT_IN_ZERO_ALL, MT_MAX_BUFFERS, mt_checksum_f32, mt_layout,
+    mt_range, mt_rows_length, mt_rows_stride)
 from metrale._base._life cimport mt_life_leave
 from metrale._base._debug_core cimport (
     MT_DBG_CHECK, MT_DBG_FILL, MT_DBG_FINGERPRINT, MT_DBG_NONFINITE, MT_EL_BF16, MT_EL_F32,
@@ -30,7 +30,7 @@ from metrale._base._debug_core cimport (
     MT_DBG_MAX_ITEMS, mt_debug_args, mt_debug_result, mt_fp_final, mt_guard_ranges,
     mt_poison_pattern)
 
-from metrale._sizing.debug import GuardDamage, NonFinite
+from metrale._sizing.debug import GuardDamage, NonFinite, NonFiniteScan
 from metrale._base.errors import MetraleError
 
 # The specs' dtype names -> the kernels' element codes (the others are untyped here).
@@ -38,6 +38,8 @@ _CODES = {"bfloat16": MT_EL_BF16, "float32": MT_EL_F32, "float8_e4m3fn": MT_EL_F
           "int8": MT_EL_I8, "int32": MT_EL_I32, "uint32": MT_EL_U32, "int64": MT_EL_I64}
 # Element codes that find_nonfinite scans.
 _FLOATS = frozenset((MT_EL_BF16, MT_EL_F32, MT_EL_FP8_E4M3))
+# The float types it does not decode (metrale._base._dtypes names).
+_OTHER_FLOATS = frozenset(("float16", "float64", "float8_e5m2", "complex64", "complex128"))
 
 
 cdef tuple _elem_codes(object buffers):
@@ -48,6 +50,19 @@ cdef tuple _elem_codes(object buffers):
         codes = buffers._cache["elem_codes"] = tuple(_CODES.get(s.dtype, MT_EL_NONE)
                                                      for s in buffers)
     return codes
+
+
+cdef tuple _scan_kinds(object buffers):
+    """Per buffer of a set, by id: None where find_nonfinite can decode its
+    element type, else the skip reason (metrale._sizing.debug SKIP_REASONS);
+    made once per set."""
+    kinds = buffers._cache.get("scan_kinds")
+    if kinds is None:
+        kinds = buffers._cache["scan_kinds"] = tuple(
+            None if _CODES.get(s.dtype, MT_EL_NONE) in _FLOATS else
+            "untyped" if s.dtype is None else
+            "unsupported" if s.dtype in _OTHER_FLOATS else "not float" for s in buffers)
+    return kinds
 
 
 # The items of one operation, one per buffer at most: run in launches of
@@ -155,36 +170,51 @@ cdef object _row_of(const mt_layout *L, int b, uint64_t offset):
     return offset // row if row else None
 
 
-cdef list _find_nonfinite(ArenaState arena, uint64_t tokens, uintptr_t stream):
-    """NonFinite values of the row-trimmed float buffers whose live rows hold
-    NaN or Inf, in the set's order."""
+cdef object _find_nonfinite(ArenaState arena, uint64_t tokens, uintptr_t stream, list asked):
+    """A NonFiniteScan of the float buffers zero_all_rows(tokens) clears (`asked`
+    None; the row-trimmed over their live rows, the others whole) or of the
+    buffers `asked` (ids), in the set's order."""
     cdef Items it
     cdef mt_debug_result out[MT_MAX_BUFFERS]
     cdef int ids[MT_MAX_BUFFERS]
+    cdef bint want[MT_MAX_BUFFERS]
     cdef const mt_layout *L = &arena._layout
     cdef uint64_t live
     cdef int b, i
     elems = _elem_codes(arena._buffers)
+    kinds = _scan_kinds(arena._buffers)
+    names = arena._buffers.names
+    for b in range(L.n):
+        want[b] = asked is None
+    if asked is not None:
+        for b in asked:
+            want[b] = True
+    scanned, skipped = {}, {}
     it.count = 0
     for b in range(L.n):
-        if not L.flags[b] & MT_IN_ROWS or L.size[b] == 0 or elems[b] not in _FLOATS:
+        if not want[b]:
             continue
-        live = mt_rows_length(L, b, tokens)
+        why = "empty" if L.size[b] == 0 else kinds[b]
+        if why is None and asked is None and not L.flags[b] & MT_IN_ZERO_ALL:
+            why = "not cleared"     # stale bytes: scanned only when named
+        if why is not None:
+            skipped[names[b]] = why
+            continue
+        live = mt_rows_length(L, b, tokens)     # the size for any buffer not trimmed by rows
+        scanned[names[b]] = live
         if live:
             ids[it.count] = b
             it.elem[it.count] = elems[b]
             _add(&it, L.offset[b], live)
-    if it.count == 0:
-        return []
-    _run(arena._gpu, MT_DBG_NONFINITE, arena._base, &it, out, stream)
-    names = arena._buffers.names
     found = []
+    if it.count:
+        _run(arena._gpu, MT_DBG_NONFINITE, arena._base, &it, out, stream)
     for i in range(it.count):
         if out[i].count or out[i].extra:
             first = ~out[i].first_inv
             found.append(NonFinite(names[ids[i]], out[i].count, out[i].extra, first,
                                    _row_of(L, ids[i], first)))
-    return found
+    return NonFiniteScan(found, scanned, skipped)
 
 
 cdef dict _fingerprint(ArenaState arena, list ids, uintptr_t stream):
@@ -337,14 +367,18 @@ def poison_rows(ArenaState self, stream=None, tokens=None):
 
 
 @cython.binding(True)
-def find_nonfinite(ArenaState self, stream=None, tokens=None):
-    """NaN and Inf elements in the live rows of the row-trimmed buffers.
+def find_nonfinite(ArenaState self, stream=None, tokens=None, names=None):
+    """NaN and Inf elements in the bytes `zero_all_rows(tokens)` clears.
 
-    Scans rows ``0 .. tokens`` (the bytes `zero_all_rows(tokens=tokens)`
-    clears) of every row-trimmed float buffer (``groups["rows"]``; in
-    `REFERENCE` all BF16 or FP32) as its element type, in one operation: one kernel
-    launch, a small result copy and a synchronization of `stream` on
-    CUDA; one C pass on the host.  Debug mode is not needed.
+    Decodes, as its element type (BF16, FP32 or FP8 E4M3), every float
+    buffer that `zero_all_rows(tokens=tokens)` clears, exactly those bytes:
+    the live rows of each row-trimmed buffer (``groups["rows"]``) and the
+    whole of each buffer cleared whole (the other ``groups["zero_all"]``
+    ones: ``logits``, ``splitk_workspace``, an own set's sampler buffer).
+    One operation: one kernel launch (more past 64 buffers), a small
+    result copy and a synchronization of `stream` on CUDA; one C pass on
+    the host.  Debug mode is not needed.  The result says which buffers
+    were scanned and why each other one was skipped.
 
     Parameters
     ----------
@@ -352,21 +386,34 @@ def find_nonfinite(ArenaState self, stream=None, tokens=None):
         Where the scan runs; None or 0 is the default stream.
     tokens : int
         Live rows of the step (required); ``tokens >= max_batch_tokens``
-        scans the buffers whole.
+        scans the row-trimmed buffers whole.
+    names : str or iterable of str, optional
+        Scan exactly these buffers instead (a row-trimmed one over its
+        live rows, any other float buffer whole, cleared by a helper or
+        not); None (the default): every float buffer `zero_all_rows`
+        clears.
 
     Returns
     -------
-    list of NonFinite
-        One per buffer holding a NaN or Inf, in canonical order: the
-        counts and where the first one is (byte offset and token row).
-        Empty on a clean step.
+    NonFiniteScan
+        A list of `NonFinite`, one per buffer holding a NaN or Inf, in
+        the set's order: the counts and where the first one is (byte
+        offset, and the token row in a row-trimmed buffer).  Empty on a
+        clean step.  Its ``scanned`` maps each buffer scanned to the bytes
+        read; its ``skipped`` each other buffer asked for (every buffer of
+        the set when `names` is None) to why: ``"empty"``, ``"untyped"``,
+        ``"not float"``, ``"unsupported"`` (float16, float64 ...) or
+        ``"not cleared"`` (in no zeroing helper, so possibly stale: name
+        it to scan it).
 
     Raises
     ------
     TypeError
-        `tokens` is missing or not an int, or `stream` is not a stream.
+        `tokens` is missing or not an int, `names` holds something other
+        than a str, or `stream` is not a stream.
     ValueError
-        `tokens` is negative or does not fit 64 bits.
+        `tokens` is negative or does not fit 64 bits, or `names` holds an
+        unknown buffer name.
     MetraleError
         The arena is released or sleeps, or the driver failed.
     """
@@ -375,9 +422,10 @@ def find_nonfinite(ArenaState self, stream=None, tokens=None):
         raise TypeError("find_nonfinite() missing its tokens argument (the live rows)")
     cdef uint64_t t = u64_arg(tokens, "tokens")
     cdef uintptr_t s = as_stream(stream)
+    ids = None if names is None else buffer_ids(names, "names", a._buffers)
     a._enter(None)
     try:
-        return _find_nonfinite(a, t, s)
+        return _find_nonfinite(a, t, s, ids)
     finally:
         mt_life_leave(a._life)
 

@@ -16,6 +16,7 @@ from metrale._arena._reservation cimport Reservation
 from metrale._arena._sleep_state cimport SleepState
 from metrale._arena._view cimport buffer_dtypes
 
+import re
 from collections.abc import Mapping
 
 from metrale._base._record import Record
@@ -83,7 +84,9 @@ class ArenaSummary(Record):
     Attributes
     ----------
     backend : str
-        repr of the backend.
+        The backend, as its repr names it less its allocation counters
+        (``live_bytes``: they count plain allocations, not what the arena
+        maps; `committed_bytes` says that).
     max_batch_tokens : int
         The token limit the buffers are sized for.
     slab_bytes : int
@@ -303,7 +306,7 @@ def summary(ArenaState self):
     """
     cdef ArenaState a = self
     return ArenaSummary(
-        repr(a._gpu), a._max_tokens, a._layout.slab_bytes, a._sizes.total_bytes(),
+        _backend_label(a._gpu), a._max_tokens, a._layout.slab_bytes, a._sizes.total_bytes(),
         sum(1 for v in a._bytes if v),
         tuple(n for n, v in zip(a._buffers.names, a._bytes) if not v),
         (a._layout.zero_all.offset, a._layout.zero_all.length),
@@ -315,6 +318,14 @@ def summary(ArenaState self):
         len(a._reservation.orphans) if a._reservation is not None else 0,
         max_seq_len(a), kv_block_size(a), a._max_seqs, a._tp,
         a._pool.stats() if a._pool is not None and not a._pool.closed else None)
+
+
+def _backend_label(gpu):
+    """The backend's repr without its allocation counters (``live_bytes``,
+    ``live_alloc_count``): they count its plain allocations, not what an
+    arena maps, and read as "nothing" beside a reserved arena's memory."""
+    label = re.sub(r"(, )?live_\w+=\d+", "", repr(gpu)).replace("(, ", "(")
+    return label[:-2] if label.endswith("()") else label
 
 
 @cython.binding(True)

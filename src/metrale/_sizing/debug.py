@@ -3,19 +3,31 @@
 An arena built with ``debug=True`` (or ``debug=DebugOptions(...)``) places a
 guard band after every live buffer; `BufferArena.check_guards` reports the
 bands a kernel wrote into as `GuardDamage` values, `BufferArena.find_nonfinite`
-the buffers holding NaN or Inf in their live rows as `NonFinite` values.
+the buffers holding NaN or Inf in their live rows as `NonFinite` values (in a
+`NonFiniteScan`, a list that also says what was scanned and what skipped).
 Plain Python (records only): they sit on the arena's import path.
 """
 
 from .._base._record import Record
 
-__all__ = ["DebugOptions", "GuardDamage", "NonFinite", "DEFAULT_GUARD_BYTES", "GUARD_ALIGN",
-           "MAX_GUARD_BYTES"]
+__all__ = ["DebugOptions", "GuardDamage", "NonFinite", "NonFiniteScan", "DEFAULT_GUARD_BYTES",
+           "GUARD_ALIGN", "MAX_GUARD_BYTES", "SKIP_REASONS"]
 
 # The guard band's default size, its unit (the slab's alignment) and its cap.
 DEFAULT_GUARD_BYTES = 4096
 GUARD_ALIGN = 256
 MAX_GUARD_BYTES = 1 << 30
+# Why `find_nonfinite` leaves a buffer out (`NonFiniteScan.skipped`), each
+# with its meaning (docs/debug.md).
+SKIP_REASONS = {
+    "empty": "0 bytes in this arena",
+    "untyped": "no element type (dtype None: raw bytes, mixed regions, q8_1 blocks)",
+    "not float": "an integer or bool element type: no NaN to find",
+    "unsupported": "a float type the scan does not decode (float16, float64, float8_e5m2, "
+                   "complex)",
+    "not cleared": "in no zero_all_rows clearing, so it may hold stale bytes: scanned "
+                   "(whole) only when named in `names`",
+}
 
 
 class DebugOptions(Record):
@@ -107,8 +119,8 @@ class GuardDamage(Record):
 
 
 class NonFinite(Record):
-    """A buffer with NaN or infinite elements in its live rows
-    (`BufferArena.find_nonfinite`).
+    """A buffer with NaN or infinite elements in the bytes
+    `BufferArena.find_nonfinite` scanned (live rows, or all of it).
 
     Attributes
     ----------
@@ -131,3 +143,46 @@ class NonFinite(Record):
     def __str__(self):
         where = f"row {self.first_row}" if self.first_row is not None else f"byte {self.first_offset}"
         return f"{self.buffer}: {self.nan} NaN, {self.inf} Inf; the first at {where}"
+
+
+class NonFiniteScan(list):
+    """What `BufferArena.find_nonfinite` returns: the `NonFinite` values, one
+    per buffer holding NaN or Inf, in the set's order, in a list that also
+    says what the scan covered.
+
+    It is a ``list``: it compares, iterates and indexes as the plain list
+    earlier releases returned (``scan == []`` on a clean step; the two
+    attributes take no part in comparisons).
+
+    Parameters
+    ----------
+    found : iterable of NonFinite, optional
+        The buffers holding NaN or Inf.
+    scanned : mapping of str to int, optional
+        Buffer name -> bytes scanned (see Attributes).
+    skipped : mapping of str to str, optional
+        Buffer name -> a key of `SKIP_REASONS`.
+
+    Attributes
+    ----------
+    scanned : dict of str to int
+        Every buffer the scan decoded as its element type -> the bytes it
+        read from the buffer's start: the live rows of a row-trimmed buffer
+        (0 at ``tokens=0``), the whole buffer otherwise (one cleared whole,
+        or one named in `names`), in the set's order.
+    skipped : dict of str to str
+        Every other buffer asked for (every buffer of the set when `names`
+        is None) -> why it was left out, a key of `SKIP_REASONS`:
+        ``"empty"``, ``"untyped"``, ``"not float"``, ``"unsupported"`` or
+        ``"not cleared"``; in the set's order.
+    """
+
+    __slots__ = ("scanned", "skipped")
+
+    def __init__(self, found=(), scanned=None, skipped=None):
+        super().__init__(found)
+        self.scanned = dict(scanned or {})
+        self.skipped = dict(skipped or {})
+
+    def __reduce__(self):
+        return (type(self), (list(self), self.scanned, self.skipped))

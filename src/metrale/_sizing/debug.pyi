@@ -1,11 +1,14 @@
+from typing import Iterable, Mapping
+
 from metrale._base._record import Record
 
-__all__ = ["DebugOptions", "GuardDamage", "NonFinite", "DEFAULT_GUARD_BYTES", "GUARD_ALIGN",
-           "MAX_GUARD_BYTES"]
+__all__ = ["DebugOptions", "GuardDamage", "NonFinite", "NonFiniteScan", "DEFAULT_GUARD_BYTES",
+           "GUARD_ALIGN", "MAX_GUARD_BYTES", "SKIP_REASONS"]
 
 DEFAULT_GUARD_BYTES: int
 GUARD_ALIGN: int
 MAX_GUARD_BYTES: int
+SKIP_REASONS: dict[str, str]
 
 class DebugOptions(Record):
     def __init__(self, guard_bytes: int = 4096) -> None: ...
@@ -38,3 +41,9 @@ class NonFinite(Record):
     def first_offset(self) -> int: ...
     @property
     def first_row(self) -> int | None: ...
+
+class NonFiniteScan(list[NonFinite]):
+    scanned: dict[str, int]
+    skipped: dict[str, str]
+    def __init__(self, found: Iterable[NonFinite] = (), scanned: Mapping[str, int] | None = None,
+                 skipped: Mapping[str, str] | None = None) -> None: ...
