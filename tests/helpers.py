@@ -226,7 +226,7 @@ class Mem:
         """Write the uint8 array `data` over the whole of buffer `name`."""
         import numpy as np
         if isinstance(self.gpu, metrale.HostBackend):
-            np.asarray(self.arena.view(name, "uint8"))[:] = data
+            np.asarray(self.arena.view(name, "uint8", len(data)))[:] = data
         else:
             self.gpu.upload(ptr_of(self.arena, name), data.tobytes())
 
@@ -236,7 +236,7 @@ class Mem:
         if n == 0:
             return np.zeros(0, dtype=np.uint8)
         if isinstance(self.gpu, metrale.HostBackend):
-            return np.asarray(self.arena.view(name, "uint8")).copy()
+            return np.asarray(self.arena.view(name, "uint8", n)).copy()
         # a writable copy on either backend, as the host branch gives
         return np.frombuffer(self.gpu.download(ptr_of(self.arena, name), n), dtype=np.uint8).copy()
 

@@ -19,8 +19,8 @@ def test_host_views_zero_copy():
         assert a.shape == (16, 1024) and b.shape == (arena.sizes().hidden_states // 4,)
         a[0, 0] = 3.5
         assert b[0] == 3.5
-        bf = arena.view("hidden_states", "bfloat16")
-        assert bf.__dlpack_device__() == (1, 0) and bf.shape == (16 * 2048,)
+        bf = arena.view("hidden_states", "bfloat16")     # its own type: its own shape
+        assert bf.__dlpack_device__() == (1, 0) and bf.shape == (16, 2048)
         with pytest.raises(ValueError, match="needs"):
             arena.view("hidden_states", "float32", (17, 1024))
         with pytest.raises(ValueError, match="dtype"):
@@ -30,6 +30,27 @@ def test_host_views_zero_copy():
         with pytest.raises(AttributeError):
             v.__cuda_array_interface__
         del a, b, v, bf          # views alive at release would make it refuse
+
+
+def test_a_view_keeps_the_specs_shape_for_elements_of_its_size():
+    # hidden_states is bf16 [max_batch_tokens, hidden_size] (docs/buffers.md):
+    # any 2-byte type keeps that shape (numpy has no bf16: uint16 for its
+    # bits); another size is 1-D, all of it; a shape given is the shape.
+    import numpy as np
+    gpu = HostBackend()
+    with new(gpu, m=16) as arena:
+        h = arena.sizes().config.hidden_size
+        n = arena.sizes().hidden_states
+        assert n == 16 * h * 2
+        for dtype in (None, "bfloat16", "uint16", np.int16, "float16"):
+            assert arena.view("hidden_states", dtype).shape == (16, h), dtype
+        assert arena.view("hidden_states", "uint8").shape == (n,)
+        assert arena.view("hidden_states", "float32").shape == (n // 4,)
+        assert arena.view("hidden_states", "uint16", (8, 2 * h)).shape == (8, 2 * h)
+        bits = np.asarray(arena.view("hidden_states", "uint16"))
+        bits[3, 5] = 0x3F80                                     # bf16 1.0
+        assert np.asarray(arena.view("hidden_states", "uint8"))[(3 * h + 5) * 2 + 1] == 0x3F
+        del bits
 
 
 def test_view_shapes_are_checked_when_made():

@@ -52,11 +52,12 @@ def view(ArenaState self, name, dtype=None, shape=None):
         docs/buffers.md for the reference buffers); a buffer of raw bytes
         or mixed elements has none and needs one given.
     shape : int or tuple of int, optional
-        Row-major shape; at most the buffer's bytes.  None: with `dtype`
-        given, all of it, 1-D; with neither, the buffer's own shape at
-        the arena's limits (``[max_batch_tokens, hidden_size]`` for
-        ``hidden_states``, per rank), or all of it, 1-D, where the
-        buffer's spec has no exact shape.
+        Row-major shape; at most the buffer's bytes.  None: the buffer's
+        own shape at the arena's limits (``[max_batch_tokens,
+        hidden_size]`` for ``hidden_states``, per rank) when the element
+        type has the spec's size (its own type, or another of that width:
+        ``"uint16"`` for the bits of a bf16 buffer); all of it, 1-D, for
+        another size, or where the buffer's spec has no exact shape.
 
     Returns
     -------
@@ -81,9 +82,13 @@ def view(ArenaState self, name, dtype=None, shape=None):
         if dtype is None:
             raise TypeError(f"view: {name} holds raw bytes or mixed elements and has no "
                             "element type of its own (its spec's dtype is None): give a dtype")
-        if shape is None:
-            shape = _own_shape(a, name)
     request = view_request(dtype, shape)       # may run user code: before anything is read
+    if shape is None and request[0][3] // 8 == a._buffers.specs[i].itemsize:
+        # Elements of the spec's size (its own type, or another of that width:
+        # uint16 for bf16's bits): the spec's shape, as the buffer is laid out.
+        own = _own_shape(a, name)
+        if own is not None:
+            request = (request[0], _dims(own, request[0][3] // 8))
     rc = mt_life_export(a._life, i)
     if rc != MT_LIFE_OK:
         raise_life(rc, "the buffer arena", "view")
@@ -101,7 +106,8 @@ cdef object _own_shape(ArenaState a, str name):
     if a._limits is None:
         return None
     from metrale._sizing.catalogue import shape_of, symbols
-    values = symbols(a._config, *a._limits, target=a._gpu.target(), env=a._sizes.levers())
+    values = symbols(a._config, *a._limits, target=a._gpu.target(), env=a._sizes.levers(),
+                     tp_size=a._tp)
     shape = shape_of(name, values, buffers=a._buffers)
     if shape is not None:
         n = a._buffers[name].itemsize
