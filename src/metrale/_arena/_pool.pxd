@@ -32,13 +32,11 @@ cdef class Pool:
     cdef void _free_if_idle(self) noexcept
     cdef object _failure(self, int rc, int err, str call, uint64_t n=*)
 
-    # Unmap everything, keeping the segments (the device waited for first);
-    # with `offload`, the segments' contents move to host memory mapped at
-    # their own addresses.  All or nothing.  In two steps: `stage` copies
-    # the segments out for an offload, refusing allocations from then on
-    # (the runs copied), `sleep_staged` unmaps and maps the host memory in
-    # their place.
-    cdef int sleep(self, bint offload) except -1
+    # Sleep, in two steps (the device waited for first; all or nothing):
+    # unmap everything, keeping the segments; with `offload`, their contents
+    # move to host memory mapped at their own addresses.  `stage` copies the
+    # segments out for an offload, refusing allocations from then on (the
+    # runs copied), `sleep_staged` unmaps and maps the host memory there.
     cdef list stage(self, bint offload)
     # Take allocations again after `stage` when no `sleep_staged` follows.
     cdef void unhold(self) noexcept

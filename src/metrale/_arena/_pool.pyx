@@ -3,14 +3,11 @@
 
 A range the arena reserves beside its buffers, out of which the C pool
 (src/pool.c) hands out segments (torch's: `metrale.torch` makes the pool a
-``torch.cuda.MemPool``'s allocator), backing them with physical memory on
-demand at the allocation granularity.  A segment given back keeps its
-memory mapped for the next one; `trim` unmaps what no segment touches;
-sleep unmaps everything and keeps the segments' addresses, wake maps the
-segments again.  On CUDA the pool's device operations are driver calls
-made without the GIL, so torch's allocator can call the pool from any
-thread; on other backends they are the backend's own methods, with the
-GIL (the host tests, the backends that fail on demand).
+``torch.cuda.MemPool``'s allocator), mapped on demand; a segment given back
+keeps its pages mapped, `trim` unmaps what no segment touches; sleep and
+wake keep the segments' addresses.  On CUDA the device operations are
+driver calls without the GIL (torch calls the pool from any thread); on
+other backends they are the backend's own methods, with the GIL.
 """
 
 cimport cython
@@ -27,8 +24,7 @@ from metrale._base._core cimport (MT_ERR_NOMEM, MT_OK, MT_POOL_ASLEEP, MT_POOL_A
                                   mt_pool_release, mt_pool_segments, mt_pool_sleep,
                                   mt_pool_slot_alloc, mt_pool_slot_free, mt_pool_stats,
                                   mt_pool_stray_calls, mt_pool_trim, mt_pool_unbind,
-                                  mt_pool_unretire, mt_pool_wake, mt_range, mt_lend_alloc_fn,
-                                  mt_lend_free_fn, mt_lend_out, mt_lend_refused, mt_lend_set)
+                                  mt_pool_unretire, mt_pool_wake, mt_range)
 
 from metrale._base.errors import MetraleError, OutOfMemoryError
 
@@ -363,10 +359,6 @@ The pool of a reserved arena: segments of its own range (made by
                 f"segments={s['segments']}{', asleep' if s['asleep'] else ''})")
 
     # -- for the arena -------------------------------------------------------------------
-    cdef int sleep(self, bint offload) except -1:
-        self.sleep_staged(offload, self.stage(offload))
-        return 0
-
     cdef list stage(self, bint offload):
         cdef SleepState h
         if not offload:
@@ -604,32 +596,3 @@ def stray_calls():
     """Calls of torch's allocator functions that found no pool or freed a
     pointer not the pool's (tests)."""
     return mt_pool_stray_calls()
-
-
-def lend(ptr, nbytes):
-    """Arm the lent buffer: torch's allocator pair `lender()` hands out
-    `ptr` once, for a request of at most `nbytes` (0, 0: nothing to lend).
-
-    Parameters
-    ----------
-    ptr, nbytes : int
-    """
-    cdef uint64_t p = u64_arg(ptr, "ptr"), n = u64_arg(nbytes, "nbytes")
-    mt_lend_set(p, n)
-
-
-def lender():
-    """The lent buffer's allocator pair for torch: ``(alloc, free)``
-    addresses of C functions (src/pool_slots.c), callable from any thread
-    without the GIL.
-
-    Returns
-    -------
-    tuple of (int, int)
-    """
-    return mt_lend_alloc_fn(), mt_lend_free_fn()
-
-
-def lent():
-    """(whether the buffer is handed out, the largest request refused)."""
-    return bool(mt_lend_out()), mt_lend_refused()

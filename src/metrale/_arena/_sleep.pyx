@@ -330,7 +330,7 @@ cdef void _pool_back_to_sleep(ArenaState a) noexcept:
         return
     try:
         a._gpu.quiesce()
-        a._pool.sleep(a._pool.offloaded)
+        a._pool.sleep_staged(a._pool.offloaded, a._pool.stage(a._pool.offloaded))
     except Exception as e:
         logger().warning("buffer arena: putting the pool back to sleep after a failed wake "
                          "failed (it stays awake): %s", e)

@@ -7,7 +7,7 @@ import contextvars
 
 import torch
 
-from .._arena import _pool
+from .._arena import _lend
 from .._base.errors import MetraleError
 
 __all__ = ["Workspaces", "install_workspaces"]
@@ -73,15 +73,15 @@ class _CublasWorkspace:
         # The MemPool's allocator is C (src/pool_slots.c: the lent buffer):
         # torch calls it under its allocator's mutex from any thread, where
         # Python would need the GIL (a deadlock with a thread holding it).
-        _pool.lend(self.ptr, self.nbytes)
-        self.mp = torch.cuda.MemPool(torch._C._cuda_customAllocator(*_pool.lender()))
+        _lend.lend(self.ptr, self.nbytes)
+        self.mp = torch.cuda.MemPool(torch._C._cuda_customAllocator(*_lend.lender()))
         try:
             self.arm(arg)
         except BaseException:
             self.mp = None
             torch.cuda.empty_cache()        # the pool's segment, if torch took it
-            if not _pool.lent()[0]:
-                _pool.lend(0, 0)
+            if not _lend.lent()[0]:
+                _lend.lend(0, 0)
                 self.view = None
             raise
 
@@ -96,7 +96,7 @@ class _CublasWorkspace:
         except torch.OutOfMemoryError as e:
             raise ValueError(
                 f"{arg}: buffer {self.name!r} has {self.nbytes:,} bytes; torch's caching "
-                f"allocator asked a segment of {_pool.lent()[1]:,} for its cuBLAS workspace: "
+                f"allocator asked a segment of {_lend.lent()[1]:,} for its cuBLAS workspace: "
                 "declare the buffer at least that large (or make the workspace smaller: "
                 "CUBLAS_WORKSPACE_CONFIG, torch.backends.cuda.cublas_workspace_size)") from e
         if not self.in_buffer():
@@ -121,11 +121,11 @@ class _CublasWorkspace:
         torch._C._cuda_clearCublasWorkspaces()
         self.mp = None          # the pool's segment is freed when the cache is emptied
         torch.cuda.empty_cache()
-        if _pool.lent()[0]:
+        if _lend.lent()[0]:
             raise MetraleError(
                 f"Workspaces.remove: torch still holds buffer {self.name!r} as a segment of "
                 "the workspace's pool; the buffer stays pinned")
-        _pool.lend(0, 0)
+        _lend.lend(0, 0)
         self.view = None
 
 
