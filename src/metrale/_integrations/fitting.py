@@ -176,7 +176,7 @@ class _Sizer:
     def symbols(self, m):
         """The value of every symbol of the formulas at `m` (checked inputs)."""
         m, *rest = sizing_inputs(self.config, m, *self.limits, self.target, self.env)
-        return values(self.config.shard(self.tp_size), m, *rest)
+        return values(self.config.shard(self.tp_size), m, *rest, tp_size=self.tp_size)
 
     def beyond(self, m):
         """The arena's bytes at `m` > 1, or None where the formulas stop

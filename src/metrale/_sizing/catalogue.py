@@ -62,7 +62,7 @@ _TERM_BY_NAME = {t.name: t for t in TERMS}
 
 
 def symbols(config, max_batch_tokens, max_seq_len, kv_block_size, max_batch_size,
-            target=None, env=None):
+            target=None, env=None, *, tp_size=1):
     """The value of every symbol the formulas use.
 
     The input symbols (`SYMBOLS`) are read from the config fields, the limits,
@@ -80,6 +80,10 @@ def symbols(config, max_batch_tokens, max_seq_len, kv_block_size, max_batch_size
         The device sized for; None means ``Target.reference()``.
     env : mapping, optional
         Where the levers are read; None means ``os.environ``.
+    tp_size : int, optional
+        The tensor-parallel ranks `config` is one rank's shape of
+        (``config`` already sharded, as ``BufferSizes.config`` is): symbol
+        ``tp``, which ``Vg`` reads.  Default 1, the whole model.
 
     Returns
     -------
@@ -90,13 +94,14 @@ def symbols(config, max_batch_tokens, max_seq_len, kv_block_size, max_batch_size
     ------
     TypeError
         If `config` is not a ModelConfig, `target` not a Target, `env` not a
-        mapping, or a limit not an int.
+        mapping, or a limit or `tp_size` not an int.
     ValueError
-        If a limit is negative or `max_batch_tokens` is 0.
+        If a limit is negative, `max_batch_tokens` or `tp_size` is 0.
     """
-    from .sizes import sizing_inputs        # the sizing loads on first use: a cheap import
+    from .sizes import check_index, sizing_inputs   # the sizing loads on first use: cheap
+    tp = check_index(tp_size, "tp_size", 1)
     return values(config, *sizing_inputs(config, max_batch_tokens, max_seq_len, kv_block_size,
-                                         max_batch_size, target, env))
+                                         max_batch_size, target, env), tp)
 
 
 def _entry(name, buffers=None):
@@ -308,7 +313,8 @@ def explain(name, sizes=None, config=None, *, max_batch_tokens=None, max_seq_len
         Sizes to report the buffer's actual byte count from.
     config : ModelConfig, optional
         A model: the formula is then also shown evaluated, with its symbols'
-        values, for the limits below.
+        values, for the limits below (and for ``sizes.limits.tp_size``
+        ranks when `sizes` has limits: `config` is then one rank's shape).
     max_batch_tokens, max_seq_len, kv_block_size, max_batch_size : int, optional
         The limits the formula is evaluated for; each defaults to its value in
         `DEFAULT_LIMITS` (8192, 4096, 16, 32), as ``metrale plan`` does.
@@ -357,7 +363,8 @@ def explain(name, sizes=None, config=None, *, max_batch_tokens=None, max_seq_len
     if config is not None:
         lim = tuple(DEFAULT_LIMITS[j] if x is None else x for j, x in enumerate(
             (max_batch_tokens, max_seq_len, kv_block_size, max_batch_size)))
-        vals = symbols(config, *lim, target=target, env=env)
+        tp = sizes.limits.tp_size if sizes is not None and sizes.limits is not None else 1
+        vals = symbols(config, *lim, target=target, env=env, tp_size=tp)
     formula, evaluated = explanation(e.formula, vals)
     lines.extend(_wrap(label, text) for label, text in formula)
     m = membership(name, buffers=buffers)

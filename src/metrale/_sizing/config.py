@@ -13,6 +13,11 @@ from ._presets import PRESETS
 
 __all__ = ["ModelConfig"]
 
+# Tensor parallelism pads the vocabulary to a multiple of this before dividing
+# it (vLLM and SGLang: DEFAULT_VOCAB_PADDING_SIZE, pad_vocab_size in
+# model_executor/layers/vocab_parallel_embedding.py; docs/tensor-parallel.md).
+VOCAB_PADDING = 64
+
 
 class ModelConfig:
     """A frozen, hashable model shape: every dimension the buffer sizes read.
@@ -375,8 +380,9 @@ class ModelConfig:
         ``layers_block_type`` or ``hybrid_override_pattern``, M-RoPE
         (``rope_scaling.mrope_section``) sets `mrope_interleaved`, and
         `quantization` comes from ``quantization_config``.  Gemma 3's text
-        configs take their transformers defaults for the keys the
-        published files leave out.
+        configs take their transformers defaults (``Gemma3TextConfig``)
+        for the keys the published files leave out; each default taken but
+        ``vocab_size``'s is reported, naming the key and the value.
 
         What is not understood is never dropped silently: a config key that
         looks like a model dimension (an integer named like one), is not
@@ -402,8 +408,11 @@ class ModelConfig:
         Warns
         -----
         ConfigWarning
-            One per key not understood, and one for an unknown or missing
-            ``model_type``; the warning's ``key`` names the config key.
+            One per key not understood, one for an unknown or missing
+            ``model_type``, and one per shape key a family default stood in
+            for; the warning's ``key`` names the config key.  Each message
+            starts with the file's path (``DIR/config.json`` for a
+            directory), or ``config dict`` for a dict.
 
         Raises
         ------
@@ -440,14 +449,16 @@ class ModelConfig:
 
         Divided the way Megatron-style engines shard (docs/tensor-parallel.md):
         attention heads, the dense, routed-expert and shared-expert MLP
-        widths, the GDN and Mamba-2 heads, and the vocabulary (the LM head
-        is split by vocabulary) by `tp_size`; the KV heads and the Mamba-2
-        groups by `tp_size` too, with a floor of one: when there are fewer
-        than `tp_size`, each rank holds one replica, and they must then
-        divide `tp_size`.  Everything else (the model width, head
-        dimensions, expert count and top-k, the MLA latent ranks, the
-        indexer, the hyper-connections, the LoRA rank) is the same on every
-        rank.
+        widths, the GDN and Mamba-2 heads by `tp_size`; the vocabulary (the
+        LM head is split by vocabulary) is first padded to a multiple of 64,
+        as vLLM's and SGLang's ``VocabParallelEmbedding`` pad it, then
+        divided (GPT-2's 50,257 is 50,304 padded: 25,152 per rank at
+        `tp_size` 2); the KV heads and the Mamba-2 groups by `tp_size` too,
+        with a floor of one: when there are fewer than `tp_size`, each rank
+        holds one replica, and they must then divide `tp_size`.  Everything
+        else (the model width, head dimensions, expert count and top-k, the
+        MLA latent ranks, the indexer, the hyper-connections, the LoRA rank)
+        is the same on every rank.
 
         Parameters
         ----------
@@ -465,9 +476,9 @@ class ModelConfig:
             `tp_size` is not an int.
         ValueError
             `tp_size` is 0, negative or does not fit 64 bits, or a divided
-            size is not a multiple of `tp_size` (or, for the KV heads and
-            Mamba-2 groups, neither divides the other); the message names
-            the field.
+            size is not a multiple of `tp_size` (the vocabulary once padded
+            to a multiple of 64; for the KV heads and Mamba-2 groups,
+            neither divides the other); the message names the field.
         """
         tp = check_index(tp_size, "tp_size", 1)
         if tp == 1:
@@ -480,6 +491,13 @@ class ModelConfig:
                     raise ValueError(f"cannot shard {name} = {v} over tp_size = {tp}: "
                                      f"{v} is not a multiple of {tp}")
                 changes[name] = v // tp
+            elif how == "split_padded":
+                padded = -(-v // VOCAB_PADDING) * VOCAB_PADDING
+                if padded % tp:
+                    raise ValueError(f"cannot shard {name} = {v} over tp_size = {tp}: padded to "
+                                     f"a multiple of {VOCAB_PADDING} it is {padded}, which is not "
+                                     f"a multiple of {tp}")
+                changes[name] = padded // tp
             elif how == "split_or_replicate" and v:
                 if v >= tp and v % tp == 0:
                     changes[name] = v // tp
@@ -504,10 +522,11 @@ _TP_RULES = (
     (("intermediate_size", "moe_intermediate_size", "shared_expert_intermediate_size"), "split",
      "gate and up are column-parallel and down row-parallel, in the dense MLP and in every "
      "expert (tensor parallelism splits each expert; expert parallelism is not modelled)"),
-    (("vocab_size",), "split",
+    (("vocab_size",), "split_padded",
      "the LM head is vocabulary-parallel: each rank writes the logits of its share of the "
-     "vocabulary (an engine that gathers whole logits into `logits` must size it for the "
-     "whole vocabulary)"),
+     "vocabulary, padded as vLLM and SGLang pad it (`pad_vocab_size(vocab, 64)`, then "
+     "divided); a buffer the shares are gathered into holds `Vg` = `V * tp` columns, the "
+     "whole padded vocabulary"),
     (("linear_num_key_heads", "linear_num_value_heads"), "split",
      "GDN heads are split like attention heads"),
     (("mamba_num_heads",), "split", "Mamba-2 heads are split like attention heads"),

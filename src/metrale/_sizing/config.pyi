@@ -5,6 +5,8 @@ __all__ = [
     'ModelConfig',
 ]
 
+VOCAB_PADDING: int
+
 class ModelConfig:
     @property
     def hidden_size(self) -> int: ...

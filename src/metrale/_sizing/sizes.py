@@ -305,7 +305,7 @@ class BufferSizes(Mapping):
         tp = check_index(tp_size, "tp_size", 1)
         config = config.shard(tp)
         ns = evaluation_namespace(config, M, max_seq_len, kv_block_size, max_batch_size, target,
-                                  env)
+                                  env, tp)
         values = sizes_of(buffers, ns)
         levers = {}
         for lv in LEVERS:

@@ -212,7 +212,7 @@ def names_of(expr):
 _TERMS_CODE = _assignments(TERMS)
 
 
-def values(config, M, max_seq_len, kv_block_size, max_batch_size, target, env):
+def values(config, M, max_seq_len, kv_block_size, max_batch_size, target, env, tp_size=1):
     """The value of every symbol for checked sizing inputs.
 
     The inputs (`SYMBOLS`) are read from the config fields, the limits, the
@@ -229,6 +229,9 @@ def values(config, M, max_seq_len, kv_block_size, max_batch_size, target, env):
         The device sized for.
     env : mapping
         Where the levers are read (only ``env.get`` is called).
+    tp_size : int, optional
+        The ranks `config` was sharded over (`ModelConfig.shard`), checked;
+        symbol ``tp`` (default 1: `config` is the whole model).
 
     Returns
     -------
@@ -237,7 +240,8 @@ def values(config, M, max_seq_len, kv_block_size, max_batch_size, target, env):
         inputs first, then the derived symbols in `TERMS` order.  `namespace`
         adds the long names (`ALIASES`) and the helpers.
     """
-    ns = evaluation_namespace(config, M, max_seq_len, kv_block_size, max_batch_size, target, env)
+    ns = evaluation_namespace(config, M, max_seq_len, kv_block_size, max_batch_size, target, env,
+                              tp_size)
     return {k: ns[k] for k in _ORDER}
 
 
@@ -245,13 +249,14 @@ def values(config, M, max_seq_len, kv_block_size, max_batch_size, target, env):
 _ORDER = tuple(s.name for s in SYMBOLS) + tuple(t.name for t in TERMS)
 
 
-def evaluation_namespace(config, M, max_seq_len, kv_block_size, max_batch_size, target, env):
+def evaluation_namespace(config, M, max_seq_len, kv_block_size, max_batch_size, target, env,
+                         tp_size=1):
     """`namespace` of `values`, made directly (the sizing evaluates every
     formula of a set in it).
 
     Parameters
     ----------
-    config, M, max_seq_len, kv_block_size, max_batch_size, target, env : object
+    config, M, max_seq_len, kv_block_size, max_batch_size, target, env, tp_size : object
         As `values` takes them.
 
     Returns
@@ -265,7 +270,7 @@ def evaluation_namespace(config, M, max_seq_len, kv_block_size, max_batch_size, 
 
     policy, pinned = resolve_splitk(target, env)
     v = {"M": M, "max_seq_len": max_seq_len, "kv_block_size": kv_block_size,
-         "max_batch_size": max_batch_size}
+         "max_batch_size": max_batch_size, "tp": tp_size}
     v.update(_config_symbols(config))
     v["sm_count"] = target.sm_count
     v["splitk_policy"], v["splitk_n"] = policy, pinned

@@ -69,9 +69,12 @@ SYMBOLS = (
     _s("kv_block_size", "tokens per paged-KV block", limits=("kv_block_size",)),
     _s("max_batch_size", "most sequences one batched decode step carries",
        limits=("max_batch_size",)),
+    _s("tp", "ranks of the tensor-parallel group the sizes are for, one rank's share each "
+       "(1: the whole model)", limits=("tp_size",)),
     _s("H", "model width", ("hidden_size",)),
     _s("I", "dense FFN width", ("intermediate_size",)),
-    _s("V", "vocabulary size", ("vocab_size",)),
+    _s("V", "vocabulary size; under tensor parallelism one rank's share of the vocabulary "
+       "padded to a multiple of 64", ("vocab_size",)),
     _s("Hq", "query heads", ("num_attention_heads",)),
     _s("Hkv", "KV heads", ("num_key_value_heads",)),
     _s("D", "attention head dimension", ("head_dim",)),
@@ -144,6 +147,8 @@ TERMS = (
          "num_hidden_layers - (num_hidden_layers // full_attention_interval "
          "if full_attention_interval > 0 else num_hidden_layers)",
          "GDN / Mamba-2 layers, num_ssm_layers()"),
+    Term("Vg", "V*tp", "the whole vocabulary, as a buffer the ranks' logits are gathered into "
+         "holds it: vocab_size at tp 1, the vocabulary padded to a multiple of 64 at tp > 1"),
     Term("Lr", "min(M, max(160, R + 1))",
          "logits rows: a 160-row speculative verify, or R decode rows plus one prefill row"),
     Term("splits", "min(max(cdiv(2*sm_count, max(Hq, 1)) if splitk_policy == 'auto' "
