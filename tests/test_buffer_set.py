@@ -143,6 +143,45 @@ def test_sizes_that_fit_but_a_slab_that_does_not():
 
 # -- derived sets (of REFERENCE and helpers.SAMPLER, LSE, STAGING) -----------------------------
 
+@pytest.mark.parametrize("typed, near", [
+    # a slip: one edit (a swap of neighbours counts one), case, separators
+    ("logit", ["logits"]), ("hidden_state", ["hidden_states"]), ("lgoits", ["logits"]),
+    ("residaul", ["residual"]), ("Hidden-States", ["hidden_states"]), ("fp8_ac", ["fp8_act"]),
+    ("hidden_sattes", ["hidden_states"]),                     # two edits in a long name
+    # the same words: the first, the last two, or most of them
+    ("expert_gate", ["expert_gate_out"]), ("gate_out", ["expert_gate_out"]),
+    ("norm", ["norm_output", "norm_unit_w"]), ("moe_scratch", ["moe_fp8_scratch"]),
+    # nothing close: no suggestion rather than an unrelated one
+    ("nope", []), ("offload", []), ("pool", []), ("kv", []), ("x", []), ("", []),
+    ("scratch_pad", []), ("out", []),
+])
+def test_unknown_name_suggests_only_close_names(typed, near):
+    with pytest.raises(ValueError) as e:
+        REFERENCE.index(typed)
+    text = str(e.value)
+    assert text.startswith(f"unknown buffer name {typed!r}")
+    if near:
+        assert text.endswith(f"; did you mean {', '.join(near)}?"), text
+    else:
+        assert "did you mean" not in text, text
+
+
+def test_unknown_name_near_a_short_set():
+    # difflib (cutoff 0.6) offered 'ignore' and 'notes' for 'nope'
+    s = BufferSet([BufferSpec(n, "uint8", ["max_batch_tokens"])
+                   for n in ("ignore", "copied", "notes", "rope_cache", "note")])
+    assert str(_raises(s.index, "nope")).endswith("; did you mean note?")
+    assert "did you mean" not in str(_raises(s.index, "cache"))
+    assert str(_raises(s.index, "rope")).endswith("; did you mean rope_cache?")
+    assert str(_raises(s.without, ["copies"])).endswith("; did you mean copied?")
+
+
+def _raises(f, *args):
+    with pytest.raises(ValueError) as e:
+        f(*args)
+    return e.value
+
+
 def test_without_with_and_replace_make_new_sets():
     drop = ("ffn_act_q8", "fp8_act", "logits")
     s = REFERENCE.without(drop)

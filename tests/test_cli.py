@@ -212,6 +212,27 @@ def test_svg_option(tmp_path, capsys):
                              str(tmp_path / "no" / "dir" / "x.svg")], 2, "x.svg")
 
 
+def test_svg_dash_is_stdout(tmp_path, capsys, monkeypatch):
+    # `--svg -` writes the picture to stdout (and only it), not a file named '-'.
+    import xml.etree.ElementTree as ET
+    monkeypatch.chdir(tmp_path)
+    assert main(["plan", "--preset", "nemotron-h", "--max-batch-tokens", "64",
+                 "--svg", "-"]) == 0
+    out = capsys.readouterr().out
+    assert not (tmp_path / "-").exists()
+    root = ET.fromstring(out)                     # the whole of stdout is one SVG
+    assert root.tag.endswith("svg") and "hidden_states" in out
+    # the same picture as --svg FILE draws
+    assert main(["plan", "--preset", "nemotron-h", "--max-batch-tokens", "64",
+                 "--svg", "slab.svg"]) == 0
+    capsys.readouterr()
+    assert (tmp_path / "slab.svg").read_text(encoding="utf-8") == out
+    for other in (["--json"], ["--explain", "hidden_states"]):   # both want stdout
+        _one_line_error(capsys, ["plan", "--preset", "nemotron-h", "--svg", "-", *other], 2,
+                        "--svg -", other[0])
+    assert not (tmp_path / "-").exists()
+
+
 def test_plan_tp_sizes_one_rank(capsys):
     assert main(["plan", "--preset", "llama-3.1-70b", "--max-batch-tokens", "64", "--tp", "2",
                  "--json", "--allocate"]) == 0

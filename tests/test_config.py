@@ -183,7 +183,7 @@ SHAPE = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
 @pytest.mark.parametrize("missing", sorted(set(SHAPE) - {"model_type"}))
 def test_hf_refuses_a_config_without_the_shape(missing):
     data = {k: v for k, v in SHAPE.items() if k != missing}
-    with pytest.raises(ValueError, match=f"path_or_dict: the config has no '{missing}'"):
+    with pytest.raises(ValueError, match=f"config dict: the config has no '{missing}'"):
         ModelConfig.from_hf_config(data)
     with pytest.raises(ValueError, match="hidden_size"):
         ModelConfig.from_hf_config({})

@@ -79,17 +79,21 @@ def test_from_hf_config_dicts(data, with_shape):
             warnings.simplefilter("always")
             c = ModelConfig.from_hf_config(data)
     except ARG_ERRORS as e:
-        assert str(e).startswith("path_or_dict") or "ModelConfig field" in str(e), e
+        assert str(e).startswith(("config dict: ", "path_or_dict")) or "ModelConfig field" in str(e), e
         return
     assert c.hidden_size == data.get("hidden_size", data.get("n_embd", data.get("n_embed", c.hidden_size)))
-    # every warning names a key of the config (or its model_type); strict refuses
-    # exactly when something was warned about, naming the same keys
+    # every warning names a key of the config (or its model_type, or a key its
+    # family's default stood in for); strict refuses exactly when something was
+    # warned about, naming the same keys
     keys = [w.message.key for w in caught if issubclass(w.category, ConfigWarning)]
     text = data.get("text_config") if isinstance(data.get("text_config"), dict) else {}
-    assert all(k == "model_type" or k in data or k in text for k in keys), keys
     from metrale._sizing._hf import _FAMILY_OF
     family = text.get("model_type") if isinstance(text.get("model_type"), str) and \
         text.get("model_type") else data.get("model_type")
+    fam = _FAMILY_OF.get(family) if isinstance(family, str) else None
+    defaulted = set(fam.defaults) - set(fam.quiet) if fam else set()
+    assert all(k == "model_type" or k in data or k in text or k in defaulted
+               for k in keys), keys
     if not isinstance(family, str) or family not in _FAMILY_OF:
         assert "model_type" in keys
     with pytest.raises(ValueError) as e:

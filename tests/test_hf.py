@@ -273,7 +273,7 @@ def test_standard_keys_give_no_warning():
 def test_an_unread_dimension_is_named(key, value):
     cfg, notes = _notes({**BASE, key: value})
     assert [n.key for n in notes] == [key]
-    assert key in str(notes[0]) and "path_or_dict" in str(notes[0])
+    assert str(notes[0]).startswith(f"config dict: config key '{key}'")
     assert cfg == ModelConfig.from_hf_config(BASE)          # read, not refused
     with pytest.raises(ValueError, match=f"strict=True.*'{key}'"):
         ModelConfig.from_hf_config({**BASE, key: value}, strict=True)
@@ -294,9 +294,62 @@ def test_known_or_shapeless_keys_are_quiet(key, value):
 def test_unread_key_in_text_config_is_named(tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"model_type": "gemma3", "text_config": {
-        **BASE, "model_type": "gemma3_text", "laurel_rank": 64}}))
+        **BASE, "model_type": "gemma3_text", "num_key_value_heads": 4, "head_dim": 16,
+        "laurel_rank": 64}}))
     _, notes = _notes(path)
     assert [n.key for n in notes] == ["laurel_rank"] and str(path) in str(notes[0])
+
+
+@pytest.mark.parametrize("given", ["str", "path", "dir"])
+def test_warnings_name_the_file_not_the_parameter(tmp_path, given):
+    # A path: every ConfigWarning (and the strict refusal) starts with the
+    # file it came from, never the parameter's name.
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**BASE, "n_kv_groups": 4, "model_type": "minicpm"}))
+    arg = {"str": str(path), "path": path, "dir": tmp_path}[given]
+    _, notes = _notes(arg)
+    assert [n.key for n in notes] == ["model_type", "n_kv_groups"]
+    for n in notes:
+        assert str(n).startswith(f"{path}: ") and "path_or_dict" not in str(n), str(n)
+    with pytest.raises(ValueError, match="strict") as e:
+        ModelConfig.from_hf_config(arg, strict=True)
+    assert str(e.value).startswith(f"{path}: ")
+    # a dict has no file: the label says what was given
+    _, notes = _notes({**BASE, "n_kv_groups": 4})
+    assert [str(n).split(": ")[0] for n in notes] == ["config dict"]
+
+
+GEMMA3 = {"model_type": "gemma3", "text_config": {
+    "model_type": "gemma3_text", "hidden_size": 5376, "intermediate_size": 21504,
+    "num_attention_heads": 32, "num_key_value_heads": 16, "num_hidden_layers": 62,
+    "head_dim": 128}}
+
+
+@pytest.mark.parametrize("missing, default", [
+    ("head_dim", 256), ("num_hidden_layers", 26), ("num_key_value_heads", 4),
+    ("num_attention_heads", 8), ("hidden_size", 2304), ("intermediate_size", 9216)])
+def test_gemma3_default_taken_is_named(missing, default):
+    # transformers' Gemma3TextConfig defaults (vocab_size=262208, hidden_size=2304,
+    # intermediate_size=9216, num_hidden_layers=26, num_attention_heads=8,
+    # num_key_value_heads=4, head_dim=256): a text_config without one of its shape
+    # keys takes the default, and says so, naming the key and the value.
+    text = {k: v for k, v in GEMMA3["text_config"].items() if k != missing}
+    cfg, notes = _notes({**GEMMA3, "text_config": text})
+    assert getattr(cfg, missing) == default
+    assert [n.key for n in notes] == [missing]
+    msg = str(notes[0])
+    assert msg.startswith("config dict: ") and f"'{missing}'" in msg
+    assert f"{default:,}" in msg and "Gemma3TextConfig" in msg
+    with pytest.raises(ValueError, match=f"strict=True.*'{missing}'"):
+        ModelConfig.from_hf_config({**GEMMA3, "text_config": text}, strict=True)
+
+
+def test_gemma3_vocab_default_is_quiet():
+    # every published multimodal Gemma 3 file leaves vocab_size out: its
+    # default (262,208, with the image tokens) is theirs, taken without a word
+    cfg, notes = _notes(GEMMA3)
+    assert notes == [] and cfg.vocab_size == 262208
+    assert ModelConfig.from_hf_config(GEMMA3, strict=True) == cfg
 
 
 def test_unknown_family_is_read_with_a_warning():

@@ -1,8 +1,13 @@
 """Write docs/buffers.md, docs/levers.md and docs/hf-config.md from the code,
-and the generated section of docs/tensor-parallel.md.
+and the generated sections of docs/tensor-parallel.md and docs/index.md (the API
+table: every public name and module, each with its docstring's first sentence).
 
     python tools/gen_docs.py            # (re)write them
     python tools/gen_docs.py --check    # exit 1 with a diff if a committed file is stale
+
+Both also fail when a page of docs/ quotes a pytest tally ("756 passed"): a
+count copied by hand goes stale with the next test, and cannot be generated
+without running the suite, so the pages quote none (docs/RELEASE.md).
 
 Run it with the Python that has metrale installed (or an editable install of
 this tree).  Every word comes from metrale.catalogue, metrale.levers and the
@@ -382,10 +387,12 @@ keys known not to change any buffer size. `metrale plan --config PATH` reads the
 no buffer size, and whose name and value look like a model dimension, is reported: one
 `metrale.ConfigWarning` (a `UserWarning`) per key, naming it, and `metrale plan` lists it
 under `config: not understood`. So is a `model_type` that is not a family below: the
-config is then read with the standard keys, which may or may not be right. With
-`strict=True` (`metrale plan --strict`) either raises `ValueError` naming every such key
-instead. `warnings.filterwarnings("error", category=metrale.ConfigWarning)` does the same
-for a whole program.
+config is then read with the standard keys, which may or may not be right; and so is a
+shape key a family's default stands in for (below). With `strict=True` (`metrale plan
+--strict`) any of these raises `ValueError` naming every such key instead.
+`warnings.filterwarnings("error", category=metrale.ConfigWarning)` does the same for a
+whole program. Each message starts with where the config came from: the file's path, or
+`config dict` for a dict.
 
 """)
     w("## Families\n\n")
@@ -404,9 +411,23 @@ for a whole program.
         names = [n for t in fam.model_types for n in by_family.get(t, ())]
         w(f"| {types} | {_cell(fam.name)} | {_cell(defaults)} | "
           f"{', '.join(f'`{n}`' for n in names) or '-'} |\n")
-    w("\nThe Gemma 3 defaults are those of transformers' `Gemma3TextConfig`: the "
-      "multimodal checkpoints' `text_config` gives no `vocab_size` (262,208 with the image "
-      "tokens), and the smaller ones no heads or `head_dim` either.\n")
+    for fam in C._FAMILIES:
+        if not fam.defaults:
+            continue
+        loud = ", ".join(f"`{k}`" for k in fam.defaults if k not in fam.quiet)
+        quiet = ", ".join(f"`{k}`" for k in fam.quiet)
+        w(f"\nThe {fam.name} defaults are those of transformers' `{fam.source}`. A default "
+          f"taken for {loud} is reported: a `ConfigWarning` naming the key and the value "
+          "taken (`ValueError` with `strict=True`).")
+        if quiet:
+            w(f" {quiet} {'is' if len(fam.quiet) == 1 else 'are'} taken without a word.")
+        if fam.name == "Gemma 3":
+            w(" The multimodal checkpoints' `text_config` never gives `vocab_size`, and "
+              "262,208 (with the image tokens) is theirs; the smaller ones leave out the "
+              "heads or `head_dim` too and get the warning: the defaults are right for them, "
+              "but a file that drops `head_dim` from the 27B's (128) would otherwise be "
+              "sized for 256 silently.")
+        w("\n")
 
     w("\n## Fields and the keys they are read from\n\n")
     w("Each field is read from the first of its keys present in the config; JSON `null` "
@@ -503,6 +524,8 @@ def render_tp_section():
     w = out.append
     w("\n| fields | per rank | why |\n|---|---|---|\n")
     hows = {"split": "divided by `tp_size`; a remainder is refused",
+            "split_padded": "padded up to a multiple of 64, then divided by `tp_size`; a "
+                            "remainder is refused",
             "split_or_replicate": "divided by `tp_size`; with fewer than `tp_size`, one per "
                                   "rank (replicated), which must divide `tp_size`",
             "whole": "the same on every rank"}
@@ -520,6 +543,82 @@ def render_tp_section():
             w(f"| `{p}` | {tp} | {r.num_attention_heads} / {r.num_key_value_heads} | "
               f"{s.qkv_output:,} | {s.logits:,} | {s.expert_gate_out:,} | "
               f"{s.total_bytes():,} |\n")
+    return "".join(out)
+
+
+_API_REGION = "api"
+# The page that documents each public name (metrale.__all__) and each public
+# module (metrale.<name>); what each is comes from its own docstring.  A name or
+# module missing here, or listed here but gone, stops the generation: the
+# index's API table cannot go stale.
+_API_PAGES = {
+    "ModelConfig": "hf-config.md", "BufferSizes": "buffers.md", "BufferSpec": "buffer-sets.md",
+    "BufferSet": "buffer-sets.md", "REFERENCE": "buffers.md", "BufferArena": "quickstart.md",
+    "StepInputs": "step-inputs.md", "DecodeMetaLayout": "step-inputs.md",
+    "MoeFp8Scratch": "buffers.md", "Target": "levers.md", "HostBackend": "backends.md",
+    "CudaBackend": "backends.md", "ScratchSpaceManager": "lifetime.md",
+    "ScratchSpace": "lifetime.md", "ScratchStats": "lifetime.md",
+    "MetraleError": "#conventions", "OutOfMemoryError": "#conventions",
+    "ConfigWarning": "hf-config.md", "GATEUP_FUSED_MAX_M": "buffers.md",
+    "DECODE_META_MIN_ROWS": "buffers.md", "DECODE_META_MAX_ROWS": "buffers.md",
+    "Q12_SIZING_STREAMS": "buffers.md", "VERIFY_ROW_CAP": "buffers.md",
+    "DebugOptions": "debug.md", "stats": "fit.md", "plan_layout": "buffer-sets.md",
+    "SlabPlan": "buffer-sets.md", "fit": "fit.md", "ArenaFit": "fit.md",
+}
+_MODULE_PAGES = {
+    "buffers": "buffer-sets.md", "catalogue": "buffers.md", "checkpoint": "checkpoint.md",
+    "cli": "cli.md", "config": "hf-config.md", "cuda": "backends.md", "debug": "debug.md",
+    "decode_meta": "step-inputs.md", "errors": "#conventions", "fitting": "fit.md",
+    "formulas": "buffer-sets.md", "levers": "levers.md", "moe": "buffers.md",
+    "picture": "cli.md", "reference": "buffers.md", "sizes": "buffers.md",
+    "target": "levers.md", "testing": "backends.md", "torch": "torch.md",
+    "tp": "tensor-parallel.md",
+}
+
+
+def _first_sentence(doc):
+    """The first sentence of a docstring's first paragraph."""
+    para = " ".join((doc or "").strip().split("\n\n")[0].split())
+    end = para.find(". ")
+    return (para if end < 0 else para[:end + 1]).replace("``", "`")
+
+
+def _page_link(page):
+    return "[conventions](#conventions)" if page == "#conventions" else f"[{page}]({page})"
+
+
+def render_api_section():
+    """The generated section of docs/index.md: every public name and module."""
+    import importlib
+    import inspect
+    import metrale
+    here = os.path.dirname(metrale.__file__)          # the package, wherever --root points
+    modules = sorted(os.path.basename(f)[:-3] for f in glob.glob(os.path.join(here, "*.py"))
+                     if not os.path.basename(f).startswith("_"))
+    for what, have, table in (("name", list(metrale.__all__), _API_PAGES),
+                              ("module", modules, _MODULE_PAGES)):
+        missing, gone = sorted(set(have) - set(table)), sorted(set(table) - set(have))
+        if missing or gone:
+            raise SystemExit(f"tools/gen_docs.py: _API_PAGES/_MODULE_PAGES: public {what}s "
+                             f"without a page: {missing}; listed but not public: {gone}")
+    out = []
+    w = out.append
+    w("\n| `metrale.` | what it is | page |\n|---|---|---|\n")
+    for name in metrale.__all__:
+        obj = getattr(metrale, name)
+        if isinstance(obj, int):
+            text = f"a sizing constant, {obj:,}"
+        elif inspect.isclass(obj) or inspect.isroutine(obj):
+            text = _first_sentence(inspect.getdoc(obj))
+        else:                                   # REFERENCE: its module says what it is
+            doc = importlib.import_module(metrale._LAZY[name]).__doc__
+            text = f"a `{type(obj).__name__}`; " + _first_sentence(doc).split(": ", 1)[-1]
+        w(f"| `{name}` | {_cell(text)} | {_page_link(_API_PAGES[name])} |\n")
+    w("\n| module | what it holds | page |\n|---|---|---|\n")
+    for name in modules:
+        mod = importlib.import_module(f"metrale.{name}")
+        w(f"| `metrale.{name}` | {_cell(_first_sentence(mod.__doc__))} | "
+          f"{_page_link(_MODULE_PAGES[name])} |\n")
     return "".join(out)
 
 
@@ -545,7 +644,28 @@ def outputs(root=ROOT):
     return {"docs/buffers.md": render_buffers(), "docs/levers.md": render_levers(),
             "docs/hf-config.md": render_hf(),
             "docs/tensor-parallel.md": _region(root, "docs/tensor-parallel.md", _TP_REGION,
-                                               render_tp_section())}
+                                               render_tp_section()),
+            "docs/index.md": _region(root, "docs/index.md", _API_REGION,
+                                     render_api_section())}
+
+
+# A pytest tally ("756 passed", "203 skipped") copied into a page goes stale with
+# the next test added: the pages quote none, and name the run's own report
+# (dist/release-report.md) instead.  A tally cannot be generated here: counting
+# would mean running the suite.
+_TALLY = r"\b\d[\d,]*\s+passed\b"          # pytest's summary: "N passed, M skipped"
+
+
+def quoted_tallies(root=ROOT):
+    """(page, line number, line) of every pytest tally quoted in docs/*.md."""
+    import re
+    found = []
+    for path in sorted(glob.glob(os.path.join(root, "docs", "*.md"))):
+        with open(path, encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                if re.search(_TALLY, line):
+                    found.append((os.path.relpath(path, root), n, line.strip()))
+    return found
 
 
 def main(argv=None):
@@ -577,10 +697,13 @@ def main(argv=None):
             with open(path, "w", encoding="utf-8", newline="\n") as f:
                 f.write(text)
             print(f"wrote {rel}")
+    tallies = quoted_tallies(args.root)
+    for rel, n, line in tallies:
+        print(f"{rel}:{n}: quotes a test count, which goes stale with the next test: "
+              f"name the run's report (dist/release-report.md) instead: {line[:120]}")
     if stale:
         print(f"{stale} generated file(s) out of date: run {COMMAND}", file=sys.stderr)
-        return 1
-    return 0
+    return 1 if stale or tallies else 0
 
 
 if __name__ == "__main__":

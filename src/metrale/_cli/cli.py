@@ -49,7 +49,8 @@ def _parser():
     plan.add_argument("--explain", metavar="BUFFER",
                       help="print what one buffer holds, its formula and its size here")
     plan.add_argument("--svg", metavar="FILE",
-                      help="also draw the slab to scale, with the zeroing ranges, as SVG")
+                      help="also draw the slab to scale, with the zeroing ranges, as SVG; "
+                      "'-' writes the SVG to stdout instead of the ledger")
     _fit_parser(sub)
     return p
 
@@ -289,21 +290,30 @@ def main(argv=None):
             return e.code if isinstance(e.code, int) else 0
         if args.command == "fit":
             return _fit_main(args)
+        if args.svg == "-" and (args.json or args.explain):
+            other = "--json" if args.json else "--explain"
+            return _fail(f"--svg - and {other} both write to stdout: give --svg a file name "
+                         "(see metrale --help)", USAGE)
         try:
             with _SpecErrors(args):
                 planned = _Planned(args)
                 result = _report(args, planned)
             text = _explain(args, planned) if args.explain else None
+            svg = None
             if args.svg:
                 svg = _picture(args, planned)
-                with open(args.svg, "w", encoding="utf-8") as f:
-                    f.write(svg)
+                if args.svg != "-":
+                    with open(args.svg, "w", encoding="utf-8") as f:
+                        f.write(svg)
+                    svg = None
         except (ValueError, TypeError, OSError) as e:
             return _fail(e, USAGE)
         except (MetraleError, MemoryError) as e:
             return _fail(e, RUNTIME)
         try:
-            if text is not None:
+            if svg is not None:             # --svg -: stdout carries the picture alone
+                sys.stdout.write(svg)
+            elif text is not None:
                 sys.stdout.write(text + "\n")
             elif args.json:
                 json.dump(result, sys.stdout, indent=2)

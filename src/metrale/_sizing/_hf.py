@@ -27,7 +27,9 @@ def read_hf(path_or_dict):
     notes : list of (str, str)
         What was not understood: (config key, message) pairs.
     where : str
-        Where the config came from, as the messages name it.
+        Where the config came from, as the messages name it: the file's
+        path (``DIR/config.json`` for a directory), or ``"config dict"``
+        for a dict.
 
     Raises
     ------
@@ -35,7 +37,8 @@ def read_hf(path_or_dict):
         As `ModelConfig.from_hf_config` documents them (but `strict`).
     """
     if isinstance(path_or_dict, dict):
-        data, where = path_or_dict, "path_or_dict"
+        # No file to name: the messages say what was given.
+        data, where = path_or_dict, "config dict"
     else:
         if not isinstance(path_or_dict, (str, os.PathLike)):
             raise TypeError("path_or_dict must be a path or a dict, "
@@ -115,10 +118,15 @@ def _read_json(path):
 
 class _Family(Record):
     """A family of configs: its ``model_type`` values, its name in the docs,
-    and the shape defaults its transformers config class gives keys that the
-    published files leave out."""
+    the shape defaults its transformers config class (`source`) gives keys
+    that the published files leave out, and which of those defaults are
+    taken without a warning (`quiet`: every published file of the family
+    leaves the key out and the default is theirs).  Any other default taken
+    is reported, naming the key and the value: a default is a guess at the
+    model's shape."""
 
-    __slots__ = ("model_types", "name", "defaults")
+    __slots__ = ("model_types", "name", "defaults", "source", "quiet")
+    _defaults = {"source": "", "quiet": ()}
 
 
 class _Key(Record):
@@ -159,7 +167,11 @@ _FAMILIES = (
     _Family(("deepseek_v2",), "DeepSeek-V2, V2-Lite", {}),
     _Family(("deepseek_v3",), "DeepSeek-V3, R1", {}),
     _Family(("gemma2",), "Gemma 2", {}),
-    _Family(("gemma3", "gemma3_text"), "Gemma 3", _GEMMA3_TEXT_DEFAULTS),
+    # The multimodal checkpoints' text_config never gives vocab_size (262,208
+    # is theirs, with the image tokens); the 4B and 12B ones leave out the
+    # heads or head_dim too, and are warned about (27B gives head_dim 128).
+    _Family(("gemma3", "gemma3_text"), "Gemma 3", _GEMMA3_TEXT_DEFAULTS, "Gemma3TextConfig",
+            ("vocab_size",)),
     _Family(("phi3",), "Phi-3, Phi-3.5, Phi-4", {}),
     _Family(("gpt_oss",), "gpt-oss", {}),
     _Family(("nemotron_h",), "Nemotron-H, Nemotron 3 Nano", {}),
@@ -484,9 +496,13 @@ def _map_hf(data, where):
                 out[row.field] = v
                 break
     fam = _FAMILY_OF.get(family)
+    defaulted = []
     if fam is not None:
         for name, v in fam.defaults.items():
-            out.setdefault(name, v)
+            if name not in out:
+                out[name] = v
+                if name not in fam.quiet:
+                    defaulted.append((name, v))
     ctx = _Ctx(lookup, out["model_type"], where)
     for rule in _RULES:
         rule.apply(out, ctx)
@@ -497,7 +513,9 @@ def _map_hf(data, where):
             also = f" (or {', '.join(keys)})" if keys else ""
             raise ValueError(f"{where}: the config has no {name!r}{also}: it does not give "
                              "the model's shape")
-    notes = []
+    notes = [(name, f"{where}: config key {name!r} is absent: took the default of "
+              f"transformers' {fam.source}, {v:,}; give the key if the model's "
+              f"{name} is not {v:,} (docs/hf-config.md)") for name, v in defaulted]
     if fam is None:
         what = f"model_type {family!r} is not a family metrale knows" if family else \
             "the config has no model_type"
