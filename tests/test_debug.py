@@ -472,6 +472,7 @@ def test_nonfinite_scans_the_buffers_cleared_whole(backend):
         plant(backend, arena, "hidden_states", 2 * hs_row + 6, BF16_NAN)            # live row 2
         plant(backend, arena, "hidden_states", 5 * hs_row, b"\x80\x7f")            # row 5: padding
         plant(backend, arena, "qkv_output", 14 * qkv_row, BF16_NAN)    # row 14 < ceil16(3): live
+        plant(backend, arena, "own_stale", 0, bytes(arena.nbytes("own_stale")))   # no cleaner
         plant(backend, arena, "own_stale", 0, F32_NAN)
         plant(backend, arena, "own_half", 0, b"\x00\x7e")                          # FP16 NaN
         plant(backend, arena, "own_idx", 0, b"\xff\xff\xff\xff")

@@ -616,10 +616,26 @@ def render_api_section():
         w(f"| `{name}` | {_cell(text)} | {_page_link(_API_PAGES[name])} |\n")
     w("\n| module | what it holds | page |\n|---|---|---|\n")
     for name in modules:
-        mod = importlib.import_module(f"metrale.{name}")
-        w(f"| `metrale.{name}` | {_cell(_first_sentence(mod.__doc__))} | "
+        w(f"| `metrale.{name}` | {_cell(_first_sentence(_module_doc(name)))} | "
           f"{_page_link(_MODULE_PAGES[name])} |\n")
     return "".join(out)
+
+
+def _module_doc(name):
+    """The docstring of public module metrale.NAME; for an optional extra's
+    module (metrale.torch) whose dependency is not installed, read from its
+    source (metrale._integrations.NAME) without importing it."""
+    import ast
+    import importlib
+    import importlib.util
+    try:
+        return importlib.import_module(f"metrale.{name}").__doc__
+    except ImportError as e:
+        if "pip install 'metrale[" not in str(e):
+            raise
+    spec = importlib.util.find_spec(f"metrale._integrations.{name}")
+    with open(spec.origin, encoding="utf-8") as f:
+        return ast.get_docstring(ast.parse(f.read()))
 
 
 def _region(root, rel, name, text):
