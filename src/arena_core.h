@@ -28,7 +28,10 @@ enum {
                                   MT_IN_ROWS buffer names one at least: nothing is
                                   guessed from its size. */
     MT_STEP_IDS    = 1 << 6,   /* the step's token ids (StepInputs): placed first */
-    MT_STEP_META   = 1 << 7    /* the step's scratch: placed right after them */
+    MT_STEP_META   = 1 << 7,   /* the reference's decode metadata (its scratch): the
+                                  last of the step inputs */
+    MT_STEP_IN     = 1 << 8    /* another step input (count, positions, metadata):
+                                  between the two */
 };
 
 #define MT_ALIGN 256        /* the least alignment of a buffer in the slab */
@@ -47,8 +50,8 @@ typedef struct mt_range { uint64_t offset; uint64_t length; } mt_range;
 
 /* Where each buffer sits in the one slab, for the table it was given.
  * Zero-size buffers have offset 0 and no range.  Slab order (`order`): the
- * step's token ids, then its scratch (MT_STEP_IDS, MT_STEP_META: one upload
- * reaches both), then the zero_prefill_essentials buffers, the other
+ * step inputs back to back (MT_STEP_IDS, MT_STEP_IN, MT_STEP_META: one upload
+ * reaches them all), then the zero_prefill_essentials buffers, the other
  * zero_all_rows candidates, the rest of zero_all (zeroed whole), then
  * everything else, each part in table order: so each of zero_all and
  * zero_prefill_essentials is one contiguous range.  Each buffer starts at a

@@ -57,18 +57,19 @@ static mt_range group_range(const mt_layout *L, unsigned group)
 }
 
 /* The part of the slab a buffer goes to (see mt_layout): the step inputs
- * first (token ids, then scratch, so that one copy reaches both), then the
- * zero_prefill_essentials buffers, the other row-trimmed ones, the rest of
- * zero_all and everything else. */
-enum { MT_NPARTS = 6 };
+ * first (token ids, the others, the decode metadata last, so that one copy
+ * reaches them all), then the zero_prefill_essentials buffers, the other
+ * row-trimmed ones, the rest of zero_all and everything else. */
+enum { MT_NPARTS = 7, MT_PART_TIGHT = 1 };
 static int slab_part(unsigned flags)
 {
     if (flags & MT_STEP_IDS) return 0;
-    if (flags & MT_STEP_META) return 1;
-    if (flags & MT_IN_PREFILL) return 2;
-    if (flags & MT_IN_ROWS) return 3;
-    if (flags & MT_IN_ZERO_ALL) return 4;
-    return 5;
+    if (flags & MT_STEP_IN) return 1;
+    if (flags & MT_STEP_META) return 2;
+    if (flags & MT_IN_PREFILL) return 3;
+    if (flags & MT_IN_ROWS) return 4;
+    if (flags & MT_IN_ZERO_ALL) return 5;
+    return 6;
 }
 
 static void slab_order(mt_layout *L)
@@ -311,9 +312,10 @@ int mt_layout_plan_reserved(mt_layout *L, const uint64_t *sizes, const uint64_t 
         if ((rc = with_guard(L, reserve[b], &span)) != MT_OK) return rc;
         if (span > UINT64_MAX - cur) return MT_ERR_OVERFLOW;
         /* Each sub-range (with its guard band) ends on a granule so that it
-         * grows alone, except token_ids': scratch follows it at once (one
-         * upload reaches both) and the two share the granule between them. */
-        if (slab_part(L->flags[b]) == 0)
+         * grows alone, except the step inputs' before the decode metadata:
+         * the next follows at once (one upload reaches them all) and they
+         * share the granules between them. */
+        if (slab_part(L->flags[b]) <= MT_PART_TIGHT)
             rc = align_up(cur + span, &end);
         else
             rc = mt_round_up(cur + span, gran, &end);
@@ -384,9 +386,10 @@ int mt_commit_needed(const mt_layout *L, uint64_t gran, mt_range *out)
     for (int i = 0; i < L->n; i++) {
         int b = L->order[i];
         if (L->size[b] == 0) continue;
-        /* token_ids keeps its whole room: a step's upload runs from it into
-         * scratch in one copy, padding (and guard band) included */
-        if (slab_part(L->flags[b]) == 0) n = L->room[b];
+        /* the step inputs before the decode metadata keep their whole room:
+         * a step's upload runs over them in one copy, padding (and guard
+         * bands) included */
+        if (slab_part(L->flags[b]) <= MT_PART_TIGHT) n = L->room[b];
         else if (with_guard(L, L->size[b], &n) != MT_OK) continue;
         /* the granules the buffer touches (token_ids and scratch may share one) */
         lo = L->offset[b] & ~(gran - 1);

@@ -266,19 +266,23 @@ def _slab_key(name):
 SLAB_ORDER = tuple(sorted(NAMES, key=_slab_key))
 
 
+# The step inputs' parts: each ends 256 bytes on (the next follows at once)
+# and keeps its whole room mapped; every other part's buffers end on a granule.
+TIGHT_PARTS = (0, 1)
+
+
 def spec_part(spec):
     """The slab part of any buffer set's spec (docs/buffer-sets.md, written
-    out apart from the C core): token_ids, scratch, the prefill buffers, the
-    other row-trimmed ones, the rest of zero_all, everything else."""
-    if spec.name == "token_ids":
-        return 0
-    if spec.name == "scratch":
-        return 1
+    out apart from the C core): the step inputs (the token ids, the other
+    roles, the reference's decode metadata), the prefill buffers, the other
+    row-trimmed ones, the rest of zero_all, everything else."""
+    if spec.step:
+        return {"token_ids": 0, "decode_meta": 2}.get(spec.step, 1)
     if spec.prefill:
-        return 2
-    if spec.rows != "whole":
         return 3
-    return 4 if spec.zero_all else 5
+    if spec.rows != "whole":
+        return 4
+    return 5 if spec.zero_all else 6
 
 
 def arena_bytes(sizes, guard=0, granularity=None):

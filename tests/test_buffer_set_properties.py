@@ -39,7 +39,7 @@ from metrale import (REFERENCE, BufferArena, BufferSet, BufferSizes, BufferSpec,
 from metrale._sizing._layout import plan_layout, plan_reserved  # noqa: E402
 from metrale.debug import DebugOptions  # noqa: E402
 
-from helpers import cuda_backend, live_counts, rows_live, spec_part, vm_counts  # noqa: E402
+from helpers import TIGHT_PARTS, cuda_backend, live_counts, rows_live, spec_part, vm_counts  # noqa: E402
 from reference_oracle import NAMES  # noqa: E402
 from reference_sizes import reference_sizes  # noqa: E402
 
@@ -156,6 +156,10 @@ dims = st.one_of(leaves, st.recursive(leaves, _extend, max_leaves=2)).filter(
 DTYPES = {"float32": 4, "bfloat16": 2, "int32": 4, "uint8": 1, "int64": 8, "float16": 2,
           "int8": 1, "uint32": 4, "float8_e4m3fn": 1}
 ALIGNS = (256, 256, 512, 1024, 4096, 8192, 65536)
+# The element types each step role takes (docs/step-inputs.md, by hand).
+_INTS = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
+STEP_TYPES = {"count": ("int32",), "positions": _INTS,
+              "metadata": _INTS + ("float16", "float32", "float64")}
 
 
 @st.composite
@@ -190,6 +194,10 @@ def new_specs(draw, i):
     if zero_all and reads_m:
         kw["rows"] = draw(st.sampled_from(["whole", "M", "Mp", "M|Mp"]))
     kw["prefill"] = zero_all and draw(st.booleans())
+    # a step input now and then: placed with the token ids, in no helper
+    step = draw(st.sampled_from(["", "", "", "", "", "metadata", "positions", "count"]))
+    if step and kw.get("dtype") in STEP_TYPES[step]:
+        kw.update(step=step, zero_all=False, prefill=False, rows="whole", align=256)
     return BufferSpec(f"b{i}", **kw), size
 
 
@@ -226,6 +234,9 @@ def buffer_sets(draw, most_new=24):
         specs.insert(at, spec)
         oracle[spec.name] = size
     assume(sum(s.zero_all for s in specs) <= 30)
+    roles = [s.step for s in specs if s.step and s.step != "metadata"]
+    assume(len(roles) == len(set(roles)))      # one buffer per role
+    assume(not ({"count", "positions"} & set(roles) and "decode_meta" in roles))
     return BufferSet(specs), oracle
 
 
@@ -296,7 +307,7 @@ def reserved_layout(buffers, top, gran, guard=0):
         cur = _ceil(cur, s.align)
         base = max(base, s.align)
         span = r if not guard else _ceil(r, ALIGN) + guard
-        end = _ceil(cur + span, ALIGN if spec_part(s) == 0 else gran)
+        end = _ceil(cur + span, ALIGN if spec_part(s) in TIGHT_PARTS else gran)
         out[s.name] = (cur, end - cur)
         cur = end
     return out, cur + (base - gran if cur else 0)
@@ -435,7 +446,7 @@ def test_a_reserved_plan_is_the_placement_rule(case, gran, guard, data):
         assert lo % s.align == 0 and lo + room <= total
         band = 0 if not guard else _ceil(top[name], ALIGN) - top[name] + guard
         assert top[name] + band <= room                 # the reserved size fits its room
-        if spec_part(s) != 0:
+        if spec_part(s) not in TIGHT_PARTS:
             assert (lo + room) % gran == 0              # each sub-range ends on a granule
     ordered = sorted((lo, lo + room) for lo, room in subs.values() if lo is not None)
     for (_, a_end), (b_lo, _) in zip(ordered, ordered[1:]):
@@ -445,7 +456,7 @@ def test_a_reserved_plan_is_the_placement_rule(case, gran, guard, data):
     for name, (lo, room) in subs.items():
         if lo is None or sizes[name] == 0:
             continue
-        n = room if spec_part(buffers[name]) == 0 else \
+        n = room if spec_part(buffers[name]) in TIGHT_PARTS else \
             (sizes[name] if not guard else _ceil(sizes[name], ALIGN) + guard)
         need.append((_floor(lo, gran), _ceil(lo + n, gran)))
     assert plan.committed_bytes == sum(hi - lo for lo, hi in _merge(need))

@@ -149,15 +149,24 @@ def test_a_reference_buffer_changed_by_the_set():
         assert a.view("logits").dtype == "float32" and a.view("logits").shape == (M, V)
 
 
-def test_step_inputs_need_token_ids_and_scratch():
-    for buffers, missing in ((CUSTOM, "token_ids and scratch"),
-                             (CUSTOM.with_(STEP_SPECS[0]), "scratch"),
-                             (CUSTOM.with_(STEP_SPECS[1]), "token_ids")):
+def test_step_inputs_need_a_token_count():
+    # no buffer holds the count (none at all, or token ids alone): refused
+    # before anything is allocated
+    for buffers in (CUSTOM, CUSTOM.with_(STEP_SPECS[0])):
         gpu = HostBackend()
         with _new(buffers, gpu) as a:
-            with pytest.raises(MetraleError, match=f"buffer set has no {missing}:"):
+            with pytest.raises(MetraleError, match="no buffer of the arena's set holds the "
+                                                   "token count: declare one with step='count'"):
                 a.step_inputs()
             assert gpu.host_alloc_count == 0
+    # the reference's scratch alone holds a count: step inputs without token ids
+    with _new(CUSTOM.with_(STEP_SPECS[1]), HostBackend()) as a, a.step_inputs() as st:
+        assert "token_ids" not in st.names and st.max_batch_tokens == 0
+        with pytest.raises(TypeError, match="needs token_ids, or tokens="):
+            st.fill(positions=[1])
+        st.fill(tokens=3, positions=[1, 2, 3])
+        st.upload()
+        assert _host_bytes(a.ptr("scratch") + 32752, 4).view(np.int32)[0] == 3
 
 
 def test_step_inputs_buffers_keep_the_reference_alignment():

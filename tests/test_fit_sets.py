@@ -18,7 +18,7 @@ from metrale._sizing._layout import plan_layout
 from metrale.fitting import growth
 
 from helpers import FIT_LIMITS as LIMITS
-from helpers import GIB, LLAMA, NOENV, run, spec_part
+from helpers import GIB, LLAMA, NOENV, TIGHT_PARTS, run, spec_part
 
 
 # -- buffer sets (issue 23) --------------------------------------------------------------------
@@ -55,8 +55,8 @@ def set_arena_bytes(sizes, guard=0, granularity=None):
             cur = _up(start + n, 256) + guard
             continue
         span = n if not guard else _up(n, 256) + guard
-        end = _up(start + span, 256 if spec_part(spec) == 0 else granularity)
-        need = end - start if spec_part(spec) == 0 else span
+        end = _up(start + span, 256 if spec_part(spec) in TIGHT_PARTS else granularity)
+        need = end - start if spec_part(spec) in TIGHT_PARTS else span
         touched.append((start // granularity * granularity, _up(start + need, granularity)))
         cur = end
     if granularity is None:

@@ -2,11 +2,13 @@
 """StepInputs: the host side of what an engine uploads every step
 (docs/step-inputs.md).
 
-The slab places token_ids first and scratch right after it (src/layout.c),
-so token_ids, the int32 token count at scratch + 32,752 and the decode
-metadata at scratch + 32,768 lie in one device span: one pinned host buffer
-laid out byte for byte like that span, copied by one cuMemcpyHtoDAsync.
-BufferArena binds `step_inputs`, which makes them, from here.
+The slab places the buffers that hold step inputs first, back to back
+(src/layout.c; the reference's token_ids, then its scratch, whose front holds
+the int32 token count at + 32,752 and the decode metadata at + 32,768), so
+they lie in one device span: one pinned host buffer laid out byte for byte
+like that span (metrale._sizing._step_plan says where each region lies),
+copied by one cuMemcpyHtoDAsync.  BufferArena binds `step_inputs`, which
+makes them, from here.
 """
 
 cimport cython
@@ -14,10 +16,11 @@ from libc.stdint cimport int32_t, uint64_t, uintptr_t
 from libc.string cimport memcpy, memset as c_memset
 
 from metrale._arena._arena_state cimport ArenaState, reshapes
+from metrale._arena._view cimport own_shape
 from metrale._backends._backend cimport Backend
 from metrale._base._common cimport as_stream, u64_arg
 from metrale._base._core cimport (
-    MT_LIFE_FORKED, MT_LIFE_OK, MT_LIFE_RELEASED, MT_WAIT_ALL, mt_life, mt_rows_args,
+    MT_LIFE_FORKED, MT_LIFE_OK, MT_LIFE_RELEASED, MT_WAIT_ALL, mt_layout, mt_life, mt_rows_args,
     mt_rows_args_init)
 from metrale._base._life cimport (
     mt_life_close, mt_life_enter, mt_life_exports, mt_life_forked, mt_life_leave,
@@ -26,39 +29,10 @@ from metrale._base._debug_core cimport MT_GUARD_BYTE
 from metrale._backends._staging cimport _export, _Staging, staging_new
 
 from metrale._base.errors import MetraleError
-from metrale._sizing.decode_meta import _DECODE_META_OFFSET, _STEP_COUNT_OFFSET, kv_blocks_per_seq
+from metrale._sizing._step_plan import check_array, plan_step
 
 # Private constructor key: step inputs come from BufferArena.step_inputs().
 cdef object _TOKEN = object()
-
-# numpy dtype name -> the values it holds, for the range check of fill().
-_INT_RANGES = {"uint32": (0, 2**32 - 1), "int32": (-2**31, 2**31 - 1),
-               "int64": (-2**63, 2**63 - 1)}
-cdef dict _SAFE = {}         # (array dtype, region dtype) -> every value fits
-# Regions that hold lengths: never negative, whatever their type could hold.
-_LENGTHS = frozenset(["seq_lens"])
-
-
-cdef bint _fits(object have, str want) except -1:
-    """Whether every value of dtype `have` fits `want` (then fill() skips the
-    range scan: the common case, arrays of the region's own type)."""
-    key = (have, want)
-    ok = _SAFE.get(key)
-    if ok is None:
-        import numpy
-        ok = bool(numpy.can_cast(have, want, "safe"))
-        if len(_SAFE) < 256:
-            _SAFE[key] = ok
-    return ok
-
-# decode metadata region -> (numpy dtype name, its offset method of DecodeMetaLayout)
-_META_REGIONS = (
-    ("positions", "uint32", "positions_offset"),
-    ("seq_slot", "int32", "seq_slot_offset"),
-    ("slots", "int64", "slots_offset"),
-    ("seq_lens", "int32", "seq_lens_offset"),
-)
-
 
 # no_gc_clear: the finalizer destroys the event through _gpu; an engine object
 # that holds its StepInputs in a reference cycle is collected by the cyclic
@@ -73,15 +47,19 @@ Pinned host staging for one step's inputs, uploaded with one copy.
 
     Made by `BufferArena.step_inputs`.  The staging is page-locked host
     memory laid out byte for byte like one device span of the arena: the
-    ``token_ids`` buffer, the int32 token count at ``scratch + 32,752`` and
-    the batched-decode metadata at ``scratch + 32,768`` (the
-    `DecodeMetaLayout` of the arena's ``max_batch_size``).  Fill it through
-    the named numpy views (or `fill`), then `upload` moves the whole span
-    with one ``cuMemcpyHtoDAsync`` and, by default, enqueues the zeroing of
-    ``zero_all_rows`` for the count just uploaded, read on the device.  Both
-    can be captured in a CUDA graph: each replay uploads whatever the host
-    wrote into the staging since, and zeroes for that count, so one graph
-    serves every batch size.
+    buffers of its set that hold step inputs (their spec's ``step``),
+    which the slab places first, back to back.  In the reference set they
+    are ``token_ids`` and ``scratch``, whose front holds the int32 token
+    count (at ``+ 32,752``) and the batched-decode metadata (at
+    ``+ 32,768``: the `DecodeMetaLayout` of the arena's
+    ``max_batch_size``); an engine's own set names its own token ids,
+    count, positions and metadata buffers.  Fill it through the named
+    numpy views (or `fill`), then `upload` moves the whole span with one
+    ``cuMemcpyHtoDAsync`` and, by default, enqueues the zeroing of
+    ``zero_all_rows`` for the count just uploaded, read on the device.
+    Both can be captured in a CUDA graph: each replay uploads whatever the
+    host wrote into the staging since, and zeroes for that count, so one
+    graph serves every batch size.
 
     The copy runs in stream order, after `upload` returns: until it has
     run the host must not write the staging (the copy could carry a mix of
@@ -91,12 +69,13 @@ Pinned host staging for one step's inputs, uploaded with one copy.
 
     Attributes
     ----------
-    layout : DecodeMetaLayout
-        The decode metadata's layout (its rows are R).
+    layout : DecodeMetaLayout or None
+        The reference's decode metadata layout (its rows are R); None
+        without it.
     max_blocks : int
-        Columns of ``block_table`` (KV blocks per sequence).
+        Columns of ``block_table`` (KV blocks per sequence); 0 without it.
     max_batch_tokens : int
-        Rows of ``token_ids``.
+        Rows of ``token_ids``; 0 without them.
     nbytes : int
         Bytes of the staging, and of each upload's copy.
     """
@@ -111,7 +90,7 @@ Pinned host staging for one step's inputs, uploaded with one copy.
     cdef uint64_t _count_off, _built_at
     cdef bint _has_event
     cdef mt_rows_args _rows
-    cdef dict _regions, _views
+    cdef dict _regions, _views, _alias
     cdef readonly object layout
     cdef readonly uint64_t max_blocks, max_batch_tokens
 
@@ -119,59 +98,64 @@ Pinned host staging for one step's inputs, uploaded with one copy.
         if token is not _TOKEN:
             raise TypeError("StepInputs is made by BufferArena.step_inputs()")
         self._views = {}
+        self._alias = {}
 
-    cdef int _build(self, ArenaState arena, uint64_t max_blocks, int ids, int scratch) except -1:
-        cdef uint64_t tok = arena._layout.offset[ids], scr = arena._layout.offset[scratch]
-        cdef uint64_t span, i
+    cdef int _build(self, ArenaState arena, object max_blocks) except -1:
+        cdef const mt_layout *L = &arena._layout
+        cdef uint64_t lo, hi, i
+        cdef int b, k
         cdef _Staging staging
-        layout = arena._decode_meta
-        meta = layout.meta_bytes(max_blocks)        # a Python int: may exceed 64 bits
-        if _DECODE_META_OFFSET + meta > arena._layout.size[scratch]:
-            raise ValueError(f"max_blocks={max_blocks}: the decode metadata ({meta} bytes at "
-                             f"scratch + {_DECODE_META_OFFSET}) does not fit scratch "
-                             f"({arena._layout.size[scratch]} bytes)")
-        if arena._layout.size[ids] == 0 or arena._layout.size[scratch] == 0 or scr < tok:
-            raise MetraleError("step_inputs: this arena's token_ids or scratch is empty, or its "
-                               "slab does not place scratch after token_ids")
-        span = scr - tok + _DECODE_META_OFFSET + meta
+        specs = arena._buffers.specs
+        steps = []              # each step input, in slab order
+        for k in range(L.n):
+            b = L.order[k]
+            if specs[b].step:
+                steps.append((specs[b], L.offset[b], L.size[b]))
+        plan = plan_step(steps, L.max_batch_tokens, lambda name: own_shape(arena, name),
+                         arena._decode_meta, arena._limits, max_blocks)
+        lo, hi = plan.lo, plan.hi
+        # The slab places the step inputs first, back to back (src/layout.c):
+        # no other buffer lies in the span one copy writes.
+        for b in range(L.n):
+            if not specs[b].step and L.size[b] and L.offset[b] < hi and L.offset[b] + L.size[b] > lo:
+                raise MetraleError(f"step_inputs: buffer {specs[b].name} lies inside the step "
+                                   "inputs' span; the slab does not place them back to back")
         self._arena = arena
         self._gpu = arena._gpu
-        self.layout = layout
-        self.max_blocks = max_blocks
-        # token_ids' rows: max_batch_tokens, unless from_sizes gave it fewer bytes
-        self.max_batch_tokens = min(arena._layout.size[ids] // 4, arena._layout.max_batch_tokens)
         self._built_at = reshapes(arena)
-        self._dst = arena._base + tok
-        self._count_off = scr - tok + _STEP_COUNT_OFFSET
-        m = scr - tok + _DECODE_META_OFFSET
-        R = layout.rows()
-        self._regions = {
-            "token_ids": ("uint32", 0, (self.max_batch_tokens,)),
-            "count": ("int32", self._count_off, (1,)),
-            "block_table": ("int32", m + layout.block_table_offset(), (R, max_blocks)),
-        }
-        for name, dtype, method in _META_REGIONS:
-            self._regions[name] = (dtype, m + getattr(layout, method)(), (R,))
+        self._dst = arena._base + lo
+        self._count_off = plan.count_at - lo
+        self.layout, self.max_blocks = plan.layout, plan.max_blocks
+        ids = plan.regions.get("token_ids")
+        self.max_batch_tokens = ids[2][0] if ids is not None else 0
+        start = plan.lo         # a Python int: None stays None below
+        self._regions = {name: (t, None if o is None else o - start, sh)
+                         for name, (t, o, sh) in plan.regions.items()}
+        self._alias = plan.alias
         staging = staging_new(self._gpu)
-        self._gpu.host_alloc(span, <void **>&staging._host)
-        staging.nbytes = span
+        self._gpu.host_alloc(hi - lo, <void **>&staging._host)
+        staging.nbytes = hi - lo
         self._staging = staging
         self._life = staging._life
         self._host = staging._host
-        self.nbytes = span
-        c_memset(self._host, 0, span)
-        # A debug arena's guard band after token_ids lies in the span: the
-        # staging carries its pattern, so an upload leaves it intact.
-        if arena._layout.guard:
-            for i in range(arena._layout.size[ids], scr - tok):
-                self._host[i] = MT_GUARD_BYTE(tok + i)
+        self.nbytes = hi - lo
+        c_memset(self._host, 0, self.nbytes)
+        # A debug arena's guard bands lie in the span: the staging carries
+        # their pattern, so an upload leaves them intact.
+        if L.guard:
+            i = lo
+            for start, end in plan.live + [(hi, hi)]:       # ascending
+                while i < start:
+                    self._host[i - lo] = MT_GUARD_BYTE(i)
+                    i += 1
+                i = max(i, end)
         self._gpu.event_create(&self._event)
         self._has_event = True
         # The zeroing upload() enqueues spares the span: it was just written.
-        if mt_rows_args_init(&arena._layout, tok, tok + span, &self._rows) < 0:
+        if mt_rows_args_init(L, lo, hi, &self._rows) < 0:
             raise MetraleError("step_inputs: more zero_all buffers than one launch holds")
         self._rows.base = arena._base
-        self._rows.count_at = self._dst + self._count_off
+        self._rows.count_at = arena._base + plan.count_at
         return 0
 
     def __dealloc__(self):
@@ -189,12 +173,19 @@ Pinned host staging for one step's inputs, uploaded with one copy.
         return 0
 
     cdef object _view(self, str name):
+        name = self._alias.get(name, name)
         v = self._views.get(name)
         if v is not None:
             return v
         self._check()
         import numpy
-        dtype, off, shape = self._regions[name]
+        region = self._regions.get(name)
+        if region is None:
+            raise AttributeError(f"these step inputs have no region {name!r}; they hold "
+                                 + ", ".join(self._regions))
+        dtype, off, shape = region
+        if off is None:         # an empty buffer: nothing staged
+            return numpy.zeros(shape, dtype)
         n = 1
         for d in shape:
             n *= d
@@ -202,9 +193,45 @@ Pinned host staging for one step's inputs, uploaded with one copy.
         self._views[name] = v
         return v
 
+    def view(self, name):
+        """The staging of one region, as a numpy array over the pinned memory.
+
+        Parameters
+        ----------
+        name : str
+            A region (`names`), or the name of the buffer that holds it.
+
+        Returns
+        -------
+        numpy.ndarray
+            Of the region's element type and shape: the buffer's own shape
+            at the arena's limits where its spec has one, else 1-D.
+
+        Raises
+        ------
+        AttributeError
+            No such region.
+        MetraleError
+            The step inputs are released.
+        """
+        if not isinstance(name, str):
+            raise TypeError(f"name must be a str, got {type(name).__name__}")
+        return self._view(name)
+
+    @property
+    def names(self):
+        """The regions of the staging (tuple of str).
+
+        ``token_ids``, ``count`` and ``positions`` by their role; the
+        reference's decode metadata as ``seq_slot``, ``slots``,
+        ``seq_lens`` and ``block_table``; every other per-step buffer
+        (``step="metadata"``) by its own name.
+        """
+        return tuple(self._regions)
+
     @property
     def token_ids(self):
-        """numpy.ndarray of uint32, shape (max_batch_tokens,): the token ids."""
+        """numpy.ndarray, shape (max_batch_tokens,): the token ids (uint32 in the reference)."""
         return self._view("token_ids")
 
     @property
@@ -214,7 +241,7 @@ Pinned host staging for one step's inputs, uploaded with one copy.
 
     @property
     def positions(self):
-        """numpy.ndarray of uint32, shape (R,): each row's position."""
+        """numpy.ndarray: the positions (the reference's: uint32, shape (R,), a row's each)."""
         return self._view("positions")
 
     @property
@@ -292,7 +319,7 @@ Pinned host staging for one step's inputs, uploaded with one copy.
 
     # -- filling -------------------------------------------------------------------
     def fill(self, token_ids=None, positions=None, seq_slot=None, slots=None, seq_lens=None,
-             block_table=None, tokens=None):
+             block_table=None, tokens=None, **buffers):
         """Write one step's inputs into the staging, checked against its layout.
 
         Every array is checked before anything is written: its dimension,
@@ -304,19 +331,25 @@ Pinned host staging for one step's inputs, uploaded with one copy.
         Parameters
         ----------
         token_ids : array_like of int, 1-D, optional
-            At most ``max_batch_tokens`` token ids, each in 0 .. 2**32 - 1.
-            May be left out when `tokens` is given (only the metadata
-            changes).
-        positions : array_like of int, 1-D, optional
-            At most R values, each in 0 .. 2**32 - 1.
+            At most ``max_batch_tokens`` token ids, each one the region's
+            type holds (0 .. 2**32 - 1 in the reference).  May be left out
+            when `tokens` is given (only the other regions change).
+        positions : array_like of int, optional
+            The positions (the reference's: at most R values, uint32).
         seq_slot, seq_lens : array_like of int, 1-D, optional
-            At most R values each, int32 (a length in `seq_lens` >= 0).
+            The reference's: at most R values each, int32 (a length in
+            `seq_lens` >= 0).
         slots : array_like of int, 1-D, optional
-            At most R values, int64.
+            The reference's: at most R values, int64.
         block_table : array_like of int, 2-D, optional
-            At most R rows of at most ``max_blocks`` columns, int32.
+            The reference's: at most R rows of at most ``max_blocks``
+            columns, int32.
         tokens : int, optional
             The token count; the length of `token_ids` when None.
+        **buffers : array_like
+            A per-step buffer of the set's own (``step="metadata"``) by its
+            name, or a role's region by its buffer's name; the same checks
+            (float regions take integers and floats within their range).
 
         Raises
         ------
@@ -325,53 +358,39 @@ Pinned host staging for one step's inputs, uploaded with one copy.
             a value its region's type cannot hold (each named), or `tokens`
             out of range; nothing is written.
         TypeError
-            Neither `token_ids` nor `tokens`, or an array that is not of
-            integers (bool included); nothing is written.
+            Neither `token_ids` nor `tokens`, a region these step inputs do
+            not have, or an array that is not of numbers of the region's
+            kind (bool included); nothing is written.
         MetraleError
             The step inputs are released.
         """
-        if token_ids is None and tokens is None:
+        given = [("token_ids", token_ids), ("positions", positions), ("seq_slot", seq_slot),
+                 ("slots", slots), ("seq_lens", seq_lens), ("block_table", block_table)]
+        given.extend(buffers.items())
+        checked, ids = [], None
+        for name, value in given:
+            if value is None:
+                continue
+            region = self._alias.get(name, name)
+            if region == "count" or region not in self._regions:
+                raise TypeError(f"fill: these step inputs have no region {name!r} (they hold "
+                                f"{', '.join(self._regions)}; the count is tokens=)")
+            a = self._checked(region, value)
+            checked.append((region, a))
+            if region == "token_ids":
+                ids = a
+        if ids is None and tokens is None:
             raise TypeError("fill() needs token_ids, or tokens= (the count) when only the "
-                            "metadata changes")
-        checked = []
-        for name, value in (("token_ids", token_ids), ("positions", positions),
-                            ("seq_slot", seq_slot), ("slots", slots), ("seq_lens", seq_lens),
-                            ("block_table", block_table)):
-            if value is not None:
-                checked.append((name, self._checked(name, value)))
-        n = u64_arg(checked[0][1].shape[0] if tokens is None else tokens, "tokens", 0, 0x7FFFFFFF)
+                            "other regions change")
+        n = u64_arg(ids.shape[0] if tokens is None else tokens, "tokens", 0, 0x7FFFFFFF)
         targets = [(self._view(name), a) for name, a in checked if a.size]   # before any write
         for dst, a in targets:
-            if a.ndim == 1:
-                dst[:a.shape[0]] = a
-            else:
-                dst[:a.shape[0], :a.shape[1]] = a
+            dst[tuple(slice(0, d) for d in a.shape)] = a
         self.tokens = n
 
     cdef object _checked(self, str name, object value):
-        """`value` as a numpy array that region `name` can take exactly."""
-        import numpy
-        a = numpy.asarray(value)
         dtype, _off, shape = self._regions[name]
-        if a.ndim != len(shape):
-            raise ValueError(f"{name} must be {len(shape)}-D, got shape {a.shape}")
-        for have, most in zip(a.shape, shape):
-            if have > most:
-                raise ValueError(f"{name} of shape {a.shape} does not fit its region "
-                                 f"of shape {shape}")
-        if a.size == 0:
-            return a                # nothing to write, whatever its type ([] is float64)
-        if a.dtype.kind not in "iu":
-            raise TypeError(f"{name} must hold integers, got dtype {a.dtype}")
-        if not _fits(a.dtype, dtype) or name in _LENGTHS:
-            lo, hi = _INT_RANGES[dtype]
-            if name in _LENGTHS:
-                lo = 0
-            least, most = int(a.min()), int(a.max())
-            if least < lo or most > hi:
-                raise ValueError(f"{name}: values must lie in [{lo}, {hi}] ({dtype}), got "
-                                 f"{least} .. {most}")
-        return a
+        return check_array(name, value, dtype, shape)
 
     # -- the upload ----------------------------------------------------------------
     def upload(self, stream=None, *, zero=True):
@@ -492,6 +511,8 @@ Pinned host staging for one step's inputs, uploaded with one copy.
 
     def __repr__(self):
         state = "released" if mt_life_released(self._life) else f"{self.nbytes} bytes"
+        if self.layout is None:
+            return f"StepInputs({', '.join(self._regions)}; {state})"
         return (f"StepInputs(max_batch_tokens={self.max_batch_tokens}, "
                 f"rows={self.layout.rows()}, max_blocks={self.max_blocks}, {state})")
 
@@ -500,17 +521,20 @@ Pinned host staging for one step's inputs, uploaded with one copy.
 def step_inputs(ArenaState self, max_blocks=None):
     """Pinned host staging for the inputs this arena's engine uploads every step.
 
-    See `StepInputs`: token ids, the token count and the decode metadata,
-    laid out like their device span so that `StepInputs.upload` is one
-    copy (plus, by default, the zeroing for the uploaded count).
+    See `StepInputs`: the buffers of the set that hold step inputs (their
+    spec's ``step``: the reference's ``token_ids`` and ``scratch``, or an
+    engine's own token ids, count, positions and metadata), laid out like
+    their device span so that `StepInputs.upload` is one copy (plus, by
+    default, the zeroing for the uploaded count).
 
     Parameters
     ----------
     max_blocks : int, optional
-        Columns of the block table: KV blocks per sequence.  None takes
-        them from the arena's limits (``max_seq_len // kv_block_size +
-        1``, 256 for ``kv_block_size`` 0); an arena whose sizes record no
-        limits (made by hand) must be given them.
+        With the reference's decode metadata only: columns of the block
+        table (KV blocks per sequence).  None takes them from the arena's
+        limits (``max_seq_len // kv_block_size + 1``, 256 for
+        ``kv_block_size`` 0); an arena whose sizes record no limits (made
+        by hand) must be given them.
 
     Returns
     -------
@@ -524,31 +548,22 @@ def step_inputs(ArenaState self, max_blocks=None):
         `max_blocks` is missing where the sizes record no limits, or not an
         int.
     ValueError
-        The decode metadata for `max_blocks` does not fit ``scratch``.
+        The decode metadata for `max_blocks` does not fit ``scratch``, or
+        `max_blocks` is given where there is no decode metadata.
     OutOfMemoryError
         The pinned host memory was refused.
     MetraleError
-        The arena's buffer set lacks ``token_ids`` or ``scratch`` (the
-        message names which), or the arena is released or sleeps.
+        No buffer of the set holds the token count (``step="count"``, or
+        the reference's scratch), or it is empty at these limits; or the
+        arena is released or sleeps.
     """
     cdef ArenaState a = self
     cdef StepInputs st
-    ids, scratch = a._index.get("token_ids"), a._index.get("scratch")
-    if ids is None or scratch is None:
-        missing = " and ".join(n for n, i in (("token_ids", ids), ("scratch", scratch)) if i is None)
-        raise MetraleError(f"step_inputs: the arena's buffer set has no {missing}: the step "
-                           "inputs upload the token ids into token_ids and the count and decode "
-                           "metadata into scratch (add them to the set: docs/buffer-sets.md)")
-    if max_blocks is None:
-        if a._limits is None:
-            raise TypeError("step_inputs: the arena's sizes record no max_seq_len and "
-                            "kv_block_size (made by hand): pass max_blocks")
-        max_blocks = kv_blocks_per_seq(a._limits[1], a._limits[2])
-    cdef uint64_t blocks = u64_arg(max_blocks, "max_blocks")
+    blocks = None if max_blocks is None else u64_arg(max_blocks, "max_blocks")   # user code: first
     a._enter(None)
     try:
         st = StepInputs.__new__(StepInputs, _TOKEN)
-        st._build(a, blocks, ids, scratch)
+        st._build(a, blocks)
     finally:
         mt_life_leave(a._life)
     return st

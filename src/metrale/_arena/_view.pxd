@@ -1,6 +1,7 @@
 # ArenaView (see _view.pyx): made by the arena, counted in its lifetime word.
 from libc.stdint cimport uint64_t
 
+from metrale._arena._arena_state cimport ArenaState
 from metrale._base._core cimport mt_life
 
 cdef class ArenaView:
@@ -17,3 +18,6 @@ cdef class ArenaView:
 # Each buffer's element type name by id in a BufferSet (its spec's; None where
 # untyped).
 cdef tuple buffer_dtypes(object buffers)
+
+# The spec's shape of buffer `name` at the arena's limits, or None (1-D).
+cdef object own_shape(ArenaState a, str name)

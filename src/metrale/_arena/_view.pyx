@@ -86,7 +86,7 @@ def view(ArenaState self, name, dtype=None, shape=None):
     if shape is None and request[0][3] // 8 == a._buffers.specs[i].itemsize:
         # Elements of the spec's size (its own type, or another of that width:
         # uint16 for bf16's bits): the spec's shape, as the buffer is laid out.
-        own = _own_shape(a, name)
+        own = own_shape(a, name)
         if own is not None:
             request = (request[0], _dims(own, request[0][3] // 8))
     rc = mt_life_export(a._life, i)
@@ -100,7 +100,7 @@ def view(ArenaState self, name, dtype=None, shape=None):
         raise
 
 
-cdef object _own_shape(ArenaState a, str name):
+cdef object own_shape(ArenaState a, str name):
     """The spec's shape of buffer `name` at the arena's limits, or None
     (then the view is 1-D) where it has none or the limits are unknown."""
     if a._limits is None:

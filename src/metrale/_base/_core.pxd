@@ -15,6 +15,7 @@ cdef extern from "arena_core.h" nogil:
         MT_ROWS_BY_M16
         MT_STEP_IDS
         MT_STEP_META
+        MT_STEP_IN
 
     enum:
         MT_OK

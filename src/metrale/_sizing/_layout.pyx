@@ -10,14 +10,14 @@ from libc.stdint cimport uint64_t
 from metrale._base._common cimport limit_arg, u64_arg
 from metrale._base._core cimport (MT_ERR_OVERFLOW, MT_IN_CHECKSUM, MT_IN_PREFILL, MT_IN_ROWS,
                                   MT_IN_ZERO_ALL, MT_MAX_BUFFERS, MT_MAX_ROWS_ENTRIES, MT_OK,
-                                  MT_ROWS_BY_M, MT_ROWS_BY_M16, MT_STEP_IDS, MT_STEP_META,
+                                  MT_ROWS_BY_M, MT_ROWS_BY_M16, MT_STEP_IDS, MT_STEP_IN, MT_STEP_META,
                                   mt_commit_needed, mt_layout, mt_layout_plan,
                                   mt_layout_plan_reserved, mt_layout_table, mt_range,
                                   mt_rows_length, mt_zero_rows_ranges)
 
 import warnings
 
-from metrale._sizing.buffers import MAX_BUFFERS, MAX_ZERO_ALL, STEP_IDS, STEP_META
+from metrale._sizing.buffers import MAX_BUFFERS, MAX_ZERO_ALL
 from metrale._sizing.reference import REFERENCE
 from metrale._sizing.sizes import BufferSizes
 
@@ -48,10 +48,12 @@ cdef tuple c_table(object buffers):
                 f |= MT_IN_PREFILL
             if s.checksum:
                 f |= MT_IN_CHECKSUM
-            if s.name == STEP_IDS:
+            if s.step == "token_ids":
                 f |= MT_STEP_IDS
-            elif s.name == STEP_META:
+            elif s.step == "decode_meta":
                 f |= MT_STEP_META
+            elif s.step:
+                f |= MT_STEP_IN
             flags.append(f)
         t = buffers._cache["c_table"] = (tuple(flags), tuple(s.align for s in buffers))
     return t
@@ -423,4 +425,5 @@ def buffer_table(buffers=None):
 # The bits of the C table's flags, by name (arena_core.h).
 FLAG_BITS = {"zero_all": MT_IN_ZERO_ALL, "rows": MT_IN_ROWS, "prefill": MT_IN_PREFILL,
              "checksum": MT_IN_CHECKSUM, "rows_by_m": MT_ROWS_BY_M,
-             "rows_by_m16": MT_ROWS_BY_M16, "step_ids": MT_STEP_IDS, "step_meta": MT_STEP_META}
+             "rows_by_m16": MT_ROWS_BY_M16, "step_ids": MT_STEP_IDS, "step_in": MT_STEP_IN,
+             "step_meta": MT_STEP_META}

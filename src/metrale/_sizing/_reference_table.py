@@ -24,7 +24,7 @@ __all__ = ["RECORDS"]
 def _spec(name, holds, dtype, shape, formula, words, *, itemsize=None, note="", exact=True,
           when=None, floor=None, families="every model", empty="", zero_all=False,
           rows="whole", prefill=False, checksum=False, total=True, accessors=(),
-          init_zero=False):
+          init_zero=False, step=""):
     # Every field of a BufferSpec, stored as it stores them.  The records are
     # checked through the BufferSpec constructor by the tests
     # (tests/test_buffers.py); building them unchecked keeps the import cheap.
@@ -34,7 +34,7 @@ def _spec(name, holds, dtype, shape, formula, words, *, itemsize=None, note="", 
         name=name, dtype=dtype, itemsize=itemsize, shape=shape, shape_exact=exact,
         shape_when=when, size=formula, formula=formula, floor=floor, zero_all=zero_all,
         prefill=prefill, rows=rows, checksum=checksum, total=total, align=256,
-        accessors=accessors, init_zero=init_zero, holds=holds, words=words, dtype_note=note,
+        accessors=accessors, init_zero=init_zero, step=step, holds=holds, words=words, dtype_note=note,
         families=families, empty=empty)
 
 
@@ -190,7 +190,7 @@ RECORDS = (
           note="raw bytes: U32 / I32 / I64 metadata and the FP32 routing weights, in layouts "
                "that overlap",
           exact=False, floor=65536, empty="Never 0: at least 64 KiB.",
-          zero_all=True, accessors=("pointer", "bytes")),
+          zero_all=True, accessors=("pointer", "bytes"), step="decode_meta"),
     _spec("expert_gate_out",
           "Gate projection output of the routed top-k experts, k*Im wide per token, or I wide "
           "when a dense layer of a mixed model is wider; Kx rows. A dense model has it too: its "
@@ -329,7 +329,7 @@ RECORDS = (
           "lookup). The engine uploads them before the layer loop, and before each replay of a "
           "captured decode graph.",
           "uint32", "[M]", "max(4*M, 256)", "M U32 ids, at least 256 bytes.", floor=256,
-          accessors=("pointer",)),
+          accessors=("pointer",), step="token_ids"),
     _spec("ffn_act_q8",
           "q8_1-quantized activations of the dense FFN's Q4_K MMQ path: M rows of ceil256(Kf) "
           "values at 4 bytes each, plus 1 MiB of slack.",

@@ -17,7 +17,8 @@ from .._base._dtypes import ITEMSIZE
 from .._base._math import U64_MAX
 
 __all__ = ["BufferSpec", "POOL_NAME", "ROW_RULES", "ACCESSORS", "MAX_BUFFERS", "MAX_ZERO_ALL", "STEP_IDS",
-           "STEP_META", "RESERVED_NAMES", "check_spec", "dims_of"]
+           "STEP_META", "STEP_ROLES", "STEP_FILL_NAMES", "RESERVED_NAMES", "check_spec",
+           "check_step_roles", "dims_of"]
 
 # zero_all_rows rules: "whole" (cleared whole), "M" (rows of max_batch_tokens),
 # "Mp" (rows of ceil16(max_batch_tokens): GEMM-tiled buffers), "M|Mp" (a size
@@ -39,9 +40,30 @@ MAX_BUFFERS = 256
 MAX_ZERO_ALL = 30
 _MIN_ALIGN, _MAX_ALIGN = 256, 1 << 30
 _MAX_NAME = 64
-# The step inputs (StepInputs): token ids, then the byte scratch whose front
-# holds the token count and the decode metadata; one upload reaches both.
+# The step inputs (StepInputs, docs/step-inputs.md): what a buffer holds of
+# what an engine uploads every step (its spec's `step`), with the element
+# types each role takes.  The slab places them first, back to back, in this
+# order (the token ids, the others as declared, the reference's decode
+# metadata last): one upload reaches them all.
+_INTS = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
+STEP_ROLES = {
+    "token_ids": ("the step's token ids (fill's first argument)", _INTS),
+    "count": ("the step's token count, int32: the zeroing of upload reads it on the device",
+              ("int32",)),
+    "positions": ("the positions of the step's tokens or rows", _INTS),
+    "metadata": ("any other per-step input (block tables, slot mappings, lengths...), filled "
+                 "by the buffer's name", _INTS + ("float16", "float32", "float64")),
+    "decode_meta": ("the reference's byte scratch: the token count at +32,752 and the "
+                    "batched-decode metadata (DecodeMetaLayout) at +32,768", None),
+}
+# The reference's two, whose names still give them their role when `step` is
+# not given (sets written before `step` existed).
 STEP_IDS, STEP_META = "token_ids", "scratch"
+_STEP_BY_NAME = {STEP_IDS: "token_ids", STEP_META: "decode_meta"}
+# StepInputs.fill's own keywords: a metadata buffer, filled by its name, may
+# not take one.
+STEP_FILL_NAMES = frozenset({"self", "token_ids", "tokens", "count", "positions", "seq_slot",
+                             "slots", "seq_lens", "block_table"})
 # The accessors the arena compiles (tools/gen_buffers.py), by reference buffer.
 _COMPILED = {r["name"]: r["accessors"] for r in RECORDS}
 # The name `BufferArena.sleep(offload=...)` gives the arena's pool (the
@@ -111,7 +133,7 @@ def _reads(names):
 
 
 def check_spec(name, dtype, shape, size, itemsize, floor, zero_all, prefill, rows, checksum,
-             total, align, accessors, init_zero, shape_exact, shape_when, text):
+             total, align, accessors, init_zero, shape_exact, shape_when, text, step=None):
     """Check `BufferSpec`'s arguments and give its stored fields.
 
     Parameters
@@ -120,6 +142,8 @@ def check_spec(name, dtype, shape, size, itemsize, floor, zero_all, prefill, row
         As `BufferSpec` takes them.
     text : dict of str to str
         The catalogue text fields (holds, words, dtype_note, families, empty).
+    step : str or None
+        As `BufferSpec` takes it.
 
     Returns
     -------
@@ -290,11 +314,75 @@ def check_spec(name, dtype, shape, size, itemsize, floor, zero_all, prefill, row
     for k, v in text.items():
         if not isinstance(v, str):
             raise TypeError(f"{where}: {k} must be a str, got {type(v).__name__}")
+    step = _check_step(where, name, step, dtype, zero_all, rows, align)
     return dict(name=name, dtype=dtype, itemsize=itemsize, shape=text_shape, shape_exact=exact,
                 shape_when=shape_when, size=size, formula=formula, floor=floor,
                 zero_all=zero_all, prefill=prefill, rows=rows, checksum=checksum, total=total,
-                align=align, accessors=accessors, init_zero=init_zero, **text)
+                align=align, accessors=accessors, init_zero=init_zero, step=step, **text)
 
+
+def _check_step(where, name, step, dtype, zero_all, rows, align):
+    """The spec's step role ("" for none), checked against its other fields."""
+    if step is None:
+        step = _STEP_BY_NAME.get(name, "")
+    if not isinstance(step, str):
+        raise TypeError(f"{where}: step must be a str or None, got {type(step).__name__}")
+    if step == "":
+        return step
+    if step not in STEP_ROLES:
+        raise ValueError(f"{where}: step must be one of {', '.join(STEP_ROLES)} (or '' for "
+                         f"none), got {step!r}")
+    types = STEP_ROLES[step][1]
+    if types is not None and dtype not in types:
+        raise ValueError(f"{where}: step={step!r} holds {' or '.join(types)} values (the "
+                         f"staging checks what fill writes by its type), got dtype {dtype!r}")
+    if step == "metadata" and name in STEP_FILL_NAMES:
+        raise ValueError(f"{where}: step='metadata': fill takes a metadata buffer by its name, "
+                         f"and {name!r} is one of its own keywords; rename the buffer")
+    # The upload writes them every step before its zeroing; a helper would
+    # erase them (and the slab keeps zero_all one range after them).  The
+    # reference's scratch is cleared by zero_all: its decode metadata is
+    # uploaded after (docs/step-inputs.md).
+    if step != "decode_meta" and (zero_all or rows != "whole"):
+        raise ValueError(f"{where}: zero_all: the step inputs upload {step} every step, "
+                         "before the zeroing; a helper would erase them")
+    if align != 256:
+        raise ValueError(f"{where}: align: the step inputs' buffers sit back to back (one "
+                         "upload reaches them all): 256 only")
+    return step
+
+
+
+def check_step_roles(specs):
+    """What a set's step roles must agree on (`BufferSet` checks it).
+
+    One buffer per role but ``metadata`` (the staging names their regions
+    by role), and no ``count`` or ``positions`` beside the reference's
+    ``decode_meta``, which holds its own.  The spec checks the rest.
+
+    Parameters
+    ----------
+    specs : sequence of BufferSpec
+        The set's specs.
+
+    Raises
+    ------
+    ValueError
+        A role held twice, or beside ``decode_meta`` (both named).
+    """
+    seen = {}
+    for s in specs:
+        if s.step and s.step != "metadata":
+            if s.step in seen:
+                raise ValueError(f"buffer spec {s.name!r}: step={s.step!r}: "
+                                 f"{seen[s.step]!r} holds it already (one per set)")
+            seen[s.step] = s.name
+    # the reference's decode metadata holds a count and positions of its own
+    for role in ("count", "positions"):
+        if role in seen and "decode_meta" in seen:
+            raise ValueError(f"buffer spec {seen[role]!r}: step={role!r}: "
+                             f"{seen['decode_meta']!r} (step='decode_meta') holds the {role} "
+                             "already; declare another per-step buffer step='metadata'")
 
 
 _TEXT = ("holds", "words", "dtype_note", "families", "empty")
@@ -358,6 +446,15 @@ class BufferSpec(Record):
         For a str `shape`: it is a list expression of exact dimensions.
     shape_when : str, optional
         A condition under which the shape is exact (None: always).
+    step : str, optional
+        What it holds of the inputs an engine uploads every step
+        (`StepInputs`, docs/step-inputs.md): ``"token_ids"``, ``"count"``
+        (the int32 token count), ``"positions"``, ``"metadata"`` (anything
+        else, filled by the buffer's name) or ``"decode_meta"`` (the
+        reference's scratch); ``""`` for none.  None (the default) follows
+        the name: ``token_ids`` holds the token ids and ``scratch`` the
+        decode metadata, as in the reference set.  The slab places these
+        buffers first, back to back, so one upload reaches them all.
     holds, words, dtype_note, families, empty : str, optional
         Catalogue text: what it holds, its size in words, what else its
         bytes are, which models size it, why it can be empty.
@@ -381,6 +478,8 @@ class BufferSpec(Record):
         shape's product times `itemsize` (at least `floor`).
     accessors : tuple of str
         As given, in the order of `ACCESSORS`.
+    step : str
+        Its step role, or "" (None given: the one its name gives).
     holds, words, dtype_note, families, empty : str
         As given.
 
@@ -394,17 +493,17 @@ class BufferSpec(Record):
 
     __slots__ = ("name", "dtype", "itemsize", "shape", "shape_exact", "shape_when", "size",
                  "formula", "floor", "zero_all", "prefill", "rows", "checksum", "total",
-                 "align", "accessors", "init_zero", "holds", "words", "dtype_note", "families",
-                 "empty")
+                 "align", "accessors", "init_zero", "step", "holds", "words", "dtype_note",
+                 "families", "empty")
 
     def __init__(self, name, dtype=None, shape=None, *, size=None, itemsize=None, floor=None,
                  zero_all=False, prefill=False, rows="whole", checksum=False, total=True,
                  align=256, accessors=(), init_zero=False, shape_exact=None, shape_when=None,
-                 holds="", words="", dtype_note="", families="", empty=""):
+                 step=None, holds="", words="", dtype_note="", families="", empty=""):
         fields = check_spec(name, dtype, shape, size, itemsize, floor, zero_all, prefill, rows,
                           checksum, total, align, accessors, init_zero, shape_exact,
                           shape_when, dict(holds=holds, words=words, dtype_note=dtype_note,
-                                           families=families, empty=empty))
+                                           families=families, empty=empty), step)
         for k in self.__slots__:
             object.__setattr__(self, k, fields[k])
 
@@ -425,6 +524,8 @@ class BufferSpec(Record):
         if self.shape_exact and self.size is None:
             out["shape"] = list(dims_of(self.shape))
             out["shape_exact"] = None
+        if self.step == _STEP_BY_NAME.get(self.name, ""):
+            out["step"] = None              # the name's: follows a changed name
         return out
 
     def replace(self, **changes):
@@ -484,5 +585,5 @@ def _restore(values):
 
 _DEFAULTS = dict(dtype=None, shape=None, size=None, itemsize=None, floor=None, zero_all=False,
                  prefill=False, rows="whole", checksum=False, total=True, align=256,
-                 accessors=(), init_zero=False, shape_exact=None, shape_when=None, holds="",
-                 words="", dtype_note="", families="", empty="")
+                 accessors=(), init_zero=False, shape_exact=None, shape_when=None, step=None,
+                 holds="", words="", dtype_note="", families="", empty="")

@@ -3,7 +3,8 @@ from typing import Any, Sequence
 from metrale._base._record import Record
 
 __all__ = ["BufferSpec", "POOL_NAME", "ROW_RULES", "ACCESSORS", "MAX_BUFFERS", "MAX_ZERO_ALL", "STEP_IDS",
-           "STEP_META", "RESERVED_NAMES", "check_spec", "dims_of"]
+           "STEP_META", "STEP_ROLES", "STEP_FILL_NAMES", "RESERVED_NAMES", "check_spec",
+           "check_step_roles", "dims_of"]
 
 ROW_RULES: tuple[str, ...]
 ROW_WORDS: dict[str, str]
@@ -12,15 +13,18 @@ MAX_BUFFERS: int
 MAX_ZERO_ALL: int
 STEP_IDS: str
 STEP_META: str
+STEP_ROLES: dict[str, tuple[str, tuple[str, ...] | None]]
+STEP_FILL_NAMES: frozenset[str]
 POOL_NAME: str
 RESERVED_NAMES: frozenset[str]
 
 def dims_of(text: str) -> tuple[str, ...]: ...
+def check_step_roles(specs: Sequence[BufferSpec]) -> None: ...
 def check_spec(name: object, dtype: object, shape: object, size: object, itemsize: object,
                floor: object, zero_all: object, prefill: object, rows: object,
                checksum: object, total: object, align: object, accessors: object,
                init_zero: object, shape_exact: object, shape_when: object,
-               text: dict[str, object]) -> dict[str, Any]: ...
+               text: dict[str, object], step: object = None) -> dict[str, Any]: ...
 
 class BufferSpec(Record):
     name: str
@@ -40,6 +44,7 @@ class BufferSpec(Record):
     align: int
     accessors: tuple[str, ...]
     init_zero: bool
+    step: str
     holds: str
     words: str
     dtype_note: str
@@ -52,7 +57,7 @@ class BufferSpec(Record):
                  rows: str = "whole", checksum: bool = False, total: bool = True,
                  align: int = 256, accessors: Sequence[str] = (), init_zero: bool = False,
                  shape_exact: bool | None = None, shape_when: str | None = None,
-                 holds: str = "", words: str = "", dtype_note: str = "", families: str = "",
+                 step: str | None = None, holds: str = "", words: str = "", dtype_note: str = "", families: str = "",
                  empty: str = "") -> None: ...
     def replace(self, **changes: Any) -> BufferSpec: ...
     def to_dict(self) -> dict[str, Any]: ...

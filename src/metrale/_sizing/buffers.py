@@ -23,10 +23,10 @@ import hashlib
 import json
 
 __all__ = ["BufferSpec", "BufferSet", "ROW_RULES", "ACCESSORS", "MAX_BUFFERS",
-           "MAX_ZERO_ALL", "RESERVED_NAMES"]
+           "MAX_ZERO_ALL", "RESERVED_NAMES", "STEP_ROLES"]
 
-from ._spec import (ACCESSORS, MAX_BUFFERS, MAX_ZERO_ALL, RESERVED_NAMES, ROW_RULES, STEP_IDS,
-                    STEP_META, BufferSpec)
+from ._spec import (ACCESSORS, MAX_BUFFERS, MAX_ZERO_ALL, RESERVED_NAMES, ROW_RULES, STEP_ROLES,
+                    BufferSpec, check_step_roles)
 
 # The groups of a set: which helper or property covers which buffers.
 _GROUPS = {
@@ -38,7 +38,7 @@ _GROUPS = {
     "pointer": lambda s: "pointer" in s.accessors,
     "bytes": lambda s: "bytes" in s.accessors,
     "init_zero": lambda s: s.init_zero,
-    "step": lambda s: s.name in (STEP_IDS, STEP_META),
+    "step": lambda s: s.step != "",
 }
 
 
@@ -61,8 +61,8 @@ class BufferSet:
     ValueError
         Two specs share a name; more than 256 buffers; more than 30 in
         ``zero_all`` (``zero_all_rows`` clears them in one launch); or
-        ``token_ids`` covered by a zeroing helper (the step inputs upload it
-        every step).
+        two buffers holding one step role (`BufferSpec`'s ``step``; a
+        ``count`` beside a ``decode_meta``, which holds the count too).
     """
 
     __slots__ = ("_specs", "_index", "_cache", "__weakref__")
@@ -85,14 +85,7 @@ class BufferSet:
         if z > MAX_ZERO_ALL:
             raise ValueError(f"at most {MAX_ZERO_ALL} buffers may be zero_all (zero_all_rows "
                              f"clears them with one kernel launch), got {z}")
-        ids = index.get(STEP_IDS)
-        if ids is not None and (specs[ids].zero_all or specs[ids].rows != "whole"):
-            raise ValueError(f"buffer spec {STEP_IDS!r}: zero_all: the step inputs upload the "
-                             "token ids every step, before the zeroing; a helper would erase them")
-        for name in (STEP_IDS, STEP_META):
-            if name in index and specs[index[name]].align != 256:
-                raise ValueError(f"buffer spec {name!r}: align: the step inputs' buffers sit "
-                                 "back to back (one upload reaches both): 256 only")
+        check_step_roles(specs)
         object.__setattr__(self, "_specs", specs)
         object.__setattr__(self, "_index", index)
         object.__setattr__(self, "_cache", {})
@@ -275,8 +268,10 @@ class BufferSet:
         """
         fp = self._cache.get("fingerprint")
         if fp is None:
+            # the step role places a buffer: in the digest where it has one
             data = [[s.name, s.dtype, s.itemsize, s.formula, s.zero_all, s.prefill, s.rows,
-                     s.checksum, s.align, s.init_zero] for s in self._specs]
+                     s.checksum, s.align, s.init_zero] + ([s.step] if s.step else [])
+                    for s in self._specs]
             fp = self._cache["fingerprint"] = hashlib.sha256(
                 json.dumps(data, separators=(",", ":")).encode()).hexdigest()[:32]
         return fp

@@ -2,12 +2,12 @@ import os
 from typing import Any, Iterable, Iterator
 
 __all__ = ["BufferSpec", "BufferSet", "ROW_RULES", "ACCESSORS", "MAX_BUFFERS", "MAX_ZERO_ALL",
-           "RESERVED_NAMES"]
+           "RESERVED_NAMES", "STEP_ROLES"]
 
 from metrale._sizing._spec import (ACCESSORS as ACCESSORS, MAX_BUFFERS as MAX_BUFFERS,
                                    MAX_ZERO_ALL as MAX_ZERO_ALL, RESERVED_NAMES as RESERVED_NAMES,
-                                   ROW_RULES as ROW_RULES, STEP_IDS as STEP_IDS,
-                                   STEP_META as STEP_META, BufferSpec as BufferSpec)
+                                   ROW_RULES as ROW_RULES, STEP_ROLES as STEP_ROLES,
+                                   BufferSpec as BufferSpec)
 
 class BufferSet:
     def __init__(self, specs: Iterable[BufferSpec] = ()) -> None: ...
