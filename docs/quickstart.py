@@ -1,5 +1,6 @@
-"""metrale quick start: plan, allocate, use and release the buffers of one
-forward pass.  Runs anywhere (host backend); on an NVIDIA GPU pass --cuda.
+"""metrale quick start: declare your buffers, fit them in a budget, build the
+arena, step, sleep and wake, release.  Runs anywhere (host backend); on an
+NVIDIA GPU pass --cuda.
 
 CI runs this script and checks it with ``mypy --strict``.
 """
@@ -11,50 +12,64 @@ import sys
 import numpy as np
 
 import metrale
-from metrale import BufferArena, BufferSizes, HostBackend, ModelConfig, ScratchSpaceManager
+from metrale import MINIMAL, BufferArena, BufferSpec, HostBackend, ModelConfig, ScratchSpaceManager
 
 
 def main(use_cuda: bool) -> None:
     # 1. The model's shape: a bundled preset, or your checkpoint's config.json
     #    (ModelConfig.from_hf_config("path/to/config.json")).
-    config = ModelConfig.preset("qwen3-next-80b")
+    config = ModelConfig.preset("llama-3.1-8b")
 
-    # 2. The sizes, before allocating anything: 46 buffers for the serving
-    #    limits (max_batch_tokens, max_seq_len, kv_block_size, max_batch_size).
-    #    env={} keeps the process environment's METRALE_* levers out of it.
-    sizes = BufferSizes.from_config(config, 256, 4096, 16, 32, env={})
-    print(f"{len(sizes)} buffers, {sizes.total_bytes() / 2**20:.1f} MiB; logits: {sizes['logits']:,} bytes")
+    # 2. Your buffers, declared as data: MINIMAL (a small engine's set, also
+    #    shipped as a buffers file: metrale.minimal.TOML_PATH) plus one of yours.
+    engine = MINIMAL.with_(BufferSpec("topk_ids", "int32", ["M", 8]))
 
-    # 3. One allocation for all of them.  The arena keeps its backend; every
-    #    pointer is a plain int, valid until release (the end of the block).
+    # 3. The largest max_batch_tokens whose arena fits the budget, exactly,
+    #    without allocating (limits after the budget: max_seq_len,
+    #    kv_block_size, max_batch_size).  On a GPU: what the weights leave.
     gpu = metrale.CudaBackend(0) if use_cuda else HostBackend()
-    with BufferArena.from_sizes(sizes, gpu) as arena:   # shape and limits from the sizes
+    fit = metrale.fit(config, "96MiB", 4096, 16, 32, buffers=engine, reserve=True, gpu=gpu,
+                      env={})
+    print(fit)
+    m = fit.max_batch_tokens
+
+    # 4. One reservation, every buffer at an address that never moves.
+    with BufferArena.new(config, m, 4096, 16, 32, gpu, buffers=engine, env={},
+                         reserve=(m, 4096, 16, 32)) as arena:
+        assert arena.committed_bytes() == fit.arena_bytes
         print(arena.summary())
-        hidden: int = arena.hidden_states()          # pass this to your kernel
-        bound: int = arena.qkv_output_bytes()        # the bound a GEMM checks
-        assert hidden != 0 and bound >= 2 * 256 * 16 * 256
+        qkv: int = arena.ptr("qkv")                  # pass this to your kernel
+        assert qkv == arena.ptrs.qkv and arena.nbytes("qkv") == 2 * m * (32 + 2 * 8) * 128
 
-        # 4. The per-step zeroing: one memset, or only the live rows.
-        arena.zero_all()                             # default stream
-        arena.zero_all_rows(tokens=8)                # a decode step of 8 tokens
-        arena.zero_prefill_essentials(stream=0)      # or torch/CuPy/cuda.core streams
+        # 5. Each step: fill the pinned staging, one upload (one copy, then
+        #    the zeroing for the step's token count, read on the device).
+        with arena.step_inputs() as st:
+            for n in (5, 6, 7):
+                st.wait()                            # the previous copy has run
+                st.fill(np.arange(n), positions=np.arange(n), slot_mapping=np.arange(n) + 16,
+                        context_lens=[n], block_tables=[[1]])
+                st.upload()                          # default stream; or torch/CuPy streams
+            st.wait()
 
-        # 5. Every buffer by name, and a typed view for numpy / torch / CuPy.
-        info = arena.buffers["logits"]
-        print(f"logits at {info.ptr:#x}, {info.nbytes:,} bytes, offset {info.offset}, "
-              f"{info.dtype}")
-        view = arena.view("hidden_states")           # its own type and shape
-        assert view.dtype == "bfloat16" and view.shape == (256, config.hidden_size)
+        # 6. Sleep between bursts: no device memory held, the same addresses after.
+        arena.sleep(keep=["block_tables"])
+        assert arena.committed_bytes() == 0
+        arena.wake()
+        assert arena.ptrs.qkv == qkv
+
+        # 7. A typed view for numpy / torch / CuPy: the spec's type and shape.
+        view = arena.view("qkv")
+        assert view.dtype == "bfloat16" and view.shape == (m, (32 + 2 * 8) * 128)
         # torch.from_dlpack(view) is a bfloat16 tensor; numpy has no bfloat16,
-        # so numpy takes the BF16 bits as uint16.
+        # so numpy takes the BF16 bits as uint16 (same shape).
         if not use_cuda:
-            bits = np.asarray(arena.view("hidden_states", "uint16", view.shape))
+            bits = np.asarray(arena.view("qkv", "uint16"))
             bits[0, :4] = 0x3F80                     # 1.0 in bfloat16
-            assert int(bits.sum()) == 4 * 0x3F80
+            assert int(bits[0, :4].sum()) == 4 * 0x3F80
             del bits
         del view                                     # views alive at release: BufferError
 
-    # 6. Per-thread host scratch: lock-free, zero-filled, 64-byte aligned.
+    # 8. Per-thread host scratch: lock-free, zero-filled, 64-byte aligned.
     scratch = ScratchSpaceManager.for_model(hidden_dim=config.hidden_size, max_threads=4)
     tmp = scratch.get_scratch().get(512, "float32")
     assert tmp is not None and tmp.dtype == np.float32 and not tmp.any()

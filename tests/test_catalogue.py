@@ -240,6 +240,7 @@ def test_check_reports_a_stale_file(tmp_path):
     docs.mkdir()
     texts = gen.outputs()
     for rel, text in texts.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text(text, encoding="utf-8")
     assert gen.main(["--check", "--root", str(tmp_path)]) == 0
     # A hand edit: one line of the levers page changed.

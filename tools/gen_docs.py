@@ -553,7 +553,8 @@ _API_REGION = "api"
 # index's API table cannot go stale.
 _API_PAGES = {
     "ModelConfig": "hf-config.md", "BufferSizes": "buffers.md", "BufferSpec": "buffer-sets.md",
-    "BufferSet": "buffer-sets.md", "REFERENCE": "buffers.md", "BufferArena": "quickstart.md",
+    "BufferSet": "buffer-sets.md", "REFERENCE": "buffers.md", "MINIMAL": "quickstart.md",
+    "BufferArena": "quickstart.md",
     "StepInputs": "step-inputs.md", "DecodeMetaLayout": "step-inputs.md",
     "MoeFp8Scratch": "buffers.md", "Target": "levers.md", "HostBackend": "backends.md",
     "CudaBackend": "backends.md", "ScratchSpaceManager": "lifetime.md",
@@ -570,7 +571,8 @@ _MODULE_PAGES = {
     "cli": "cli.md", "config": "hf-config.md", "cuda": "backends.md", "debug": "debug.md",
     "decode_meta": "step-inputs.md", "errors": "#conventions", "fitting": "fit.md",
     "formulas": "buffer-sets.md", "levers": "levers.md", "moe": "buffers.md",
-    "picture": "cli.md", "reference": "buffers.md", "sizes": "buffers.md",
+    "minimal": "quickstart.md", "picture": "cli.md", "reference": "buffers.md",
+    "sizes": "buffers.md",
     "target": "levers.md", "testing": "backends.md", "torch": "torch.md",
     "tp": "tensor-parallel.md",
 }
@@ -655,9 +657,35 @@ def _region(root, rel, name, text):
     return old[:i + len(begin)] + "\n" + text + "\n" + old[j:]
 
 
+def _toml_value(v):
+    # the plain data of a buffers file: str, int, bool and lists of them; a
+    # JSON string is a TOML basic string
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    return json.dumps(v) if isinstance(v, str) else str(v)
+
+
+def render_minimal_toml():
+    """The text of src/metrale/_sizing/minimal.toml: metrale.minimal.MINIMAL as a
+    buffers file (BufferSet.to_dict), which loads back equal."""
+    from metrale.buffers import BufferSet
+    from metrale.minimal import MINIMAL
+    data = MINIMAL.to_dict(base=BufferSet([]))
+    lines = ["# MINIMAL (metrale.minimal) as a buffers file: a small engine's own set to start",
+             "# yours from (docs/quickstart.md).  Written by python tools/gen_docs.py from",
+             "# src/metrale/_sizing/minimal.py; do not edit.  metrale plan --buffers reads it.",
+             "", f"base = {_toml_value(data['base'])}"]
+    for spec in data["buffer"]:
+        lines += ["", "[[buffer]]"] + [f"{k} = {_toml_value(v)}" for k, v in spec.items()]
+    return "\n".join(lines) + "\n"
+
+
 def outputs(root=ROOT):
     """Path (relative to the repository) -> the text it should hold."""
-    return {"docs/buffers.md": render_buffers(), "docs/levers.md": render_levers(),
+    return {"src/metrale/_sizing/minimal.toml": render_minimal_toml(),
+            "docs/buffers.md": render_buffers(), "docs/levers.md": render_levers(),
             "docs/hf-config.md": render_hf(),
             "docs/tensor-parallel.md": _region(root, "docs/tensor-parallel.md", _TP_REGION,
                                                render_tp_section()),

@@ -12,6 +12,7 @@ _LAZY = {
     "BufferSpec": "metrale._sizing.buffers",
     "BufferSet": "metrale._sizing.buffers",
     "REFERENCE": "metrale._sizing.reference",
+    "MINIMAL": "metrale._sizing.minimal",
     "BufferArena": "metrale._arena._buffer_arena",
     "StepInputs": "metrale._arena._step",
     "DecodeMetaLayout": "metrale._sizing.decode_meta",

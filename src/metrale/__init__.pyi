@@ -16,10 +16,11 @@ from metrale._sizing.sizes import (BufferSizes as BufferSizes, DecodeMetaLayout 
                                    Target as Target)
 from metrale._sizing.buffers import BufferSet as BufferSet, BufferSpec as BufferSpec
 from metrale._sizing.reference import REFERENCE as REFERENCE
+from metrale._sizing.minimal import MINIMAL as MINIMAL
 from metrale._sizing._layout import SlabPlan as SlabPlan, plan_layout as plan_layout
 
 __all__ = [
-    'ModelConfig', 'BufferSizes', 'BufferSpec', 'BufferSet', 'REFERENCE', 'BufferArena', 'StepInputs', 'DecodeMetaLayout', 'MoeFp8Scratch',
+    'ModelConfig', 'BufferSizes', 'BufferSpec', 'BufferSet', 'REFERENCE', 'MINIMAL', 'BufferArena', 'StepInputs', 'DecodeMetaLayout', 'MoeFp8Scratch',
     'Target',
     'HostBackend', 'CudaBackend', 'ScratchSpaceManager', 'ScratchSpace', 'ScratchStats',
     'MetraleError', 'OutOfMemoryError', 'ConfigWarning', 'GATEUP_FUSED_MAX_M',
