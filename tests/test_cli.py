@@ -233,6 +233,37 @@ def test_svg_dash_is_stdout(tmp_path, capsys, monkeypatch):
     assert not (tmp_path / "-").exists()
 
 
+def test_fit_svg_option(tmp_path, capsys, monkeypatch):
+    # `metrale fit --svg FILE` draws the answer it prints (the parts of --json's
+    # figures, to scale); `--svg -` writes the same picture, alone, to stdout.
+    import xml.etree.ElementTree as ET
+    monkeypatch.chdir(tmp_path)
+    argv = ["fit", "--preset", "llama-3.1-8b", "--gpu-mem", "80GiB", "--weights", "16GB",
+            "--max-batch-tokens", "8192", "--kv-bytes-per-token", "131072"]
+    assert main([*argv, "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)["fit"]
+    assert main([*argv, "--svg", "budget.svg"]) == 0
+    assert "KV cache:" in capsys.readouterr().out       # the answer, printed as ever
+    svg = (tmp_path / "budget.svg").read_text(encoding="utf-8")
+    ns = "{http://www.w3.org/2000/svg}"
+    parts = {e.get("data-part"): e for e in ET.fromstring(svg).iter(ns + "rect")
+             if e.get("data-part")}
+    want = {"weights": 16 * 10**9, "arena": r["arena_bytes"], "kv": r["kv_bytes"],
+            "headroom": r["headroom_bytes"]}
+    total = 80 * 2**30
+    assert int(parts.pop("total").get("data-bytes")) == total == sum(want.values())
+    assert {k: int(e.get("data-bytes")) for k, e in parts.items()} == want
+    for k, e in parts.items():
+        assert abs(float(e.get("width")) - 860 * want[k] / total) <= 1e-4
+    assert main([*argv, "--svg", "-"]) == 0
+    assert capsys.readouterr().out == svg
+    assert not (tmp_path / "-").exists()
+    for other in (["--json"], ["--explain"]):            # both want stdout
+        _one_line_error(capsys, [*argv, "--svg", "-", *other], 2, "--svg -", other[0])
+    _one_line_error(capsys, [*argv, "--svg", str(tmp_path / "no" / "dir" / "x.svg")], 2,
+                    "x.svg")
+
+
 def test_plan_tp_sizes_one_rank(capsys):
     assert main(["plan", "--preset", "llama-3.1-70b", "--max-batch-tokens", "64", "--tp", "2",
                  "--json", "--allocate"]) == 0

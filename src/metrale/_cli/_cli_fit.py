@@ -53,6 +53,10 @@ def _fit_parser(sub):
     fit.add_argument("--json", action="store_true", help="machine-readable output")
     fit.add_argument("--explain", action="store_true",
                      help="also say which buffers dominate the arena's growth with M")
+    fit.add_argument("--svg", metavar="FILE",
+                     help="also draw the split of the device's memory (weights, arena, pool, "
+                     "KV cache, headroom) as a bar, as SVG; '-' writes the SVG to stdout "
+                     "instead of the answer")
 
 
 def fit_answer(args):
@@ -188,16 +192,35 @@ def _print_fit(answer, out):
         w(f"dominant: {top['buffer']} ({100 * (b - a) / grown:.1f} % of the buffers' growth)\n")
 
 
+def _fit_picture(answer):
+    """The SVG of ``--svg``: the answer's split of the device's memory, drawn."""
+    from .._integrations.fitting import ArenaFit
+    from .._integrations.picture import fit_svg
+    return fit_svg(ArenaFit(**answer["fit"]), weights=answer["budget_from"].get("weights", 0),
+                   model=answer["model"])
+
+
 def _fit_main(args):
     """`metrale fit`: compute, then print; the statuses of `main`."""
+    if args.svg == "-" and (args.json or args.explain):
+        other = "--json" if args.json else "--explain"
+        return _fail(f"--svg - and {other} both write to stdout: give --svg a file name "
+                     "(see metrale --help)", USAGE)
     try:
         answer = fit_answer(args)
+        svg = _fit_picture(answer) if args.svg else None
+        if svg is not None and args.svg != "-":
+            with open(args.svg, "w", encoding="utf-8") as f:
+                f.write(svg)
+            svg = None
     except (ValueError, TypeError, OSError) as e:
         return _fail(e, USAGE)
     except (MetraleError, MemoryError) as e:
         return _fail(e, RUNTIME)
     try:
-        if args.json:
+        if svg is not None:             # --svg -: stdout carries the picture alone
+            sys.stdout.write(svg)
+        elif args.json:
             json.dump(answer, sys.stdout, indent=2)
             sys.stdout.write("\n")
         else:

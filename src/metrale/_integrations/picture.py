@@ -1,4 +1,10 @@
-"""The picture of a slab: an SVG memory map of a `metrale plan`.
+"""metrale's pictures, as SVG: the slab of a plan, an arena's memory, the budget fit splits.
+
+`fit_svg` and `states_svg` (in _pictures), `offload_svg` and `tp_svg` (in
+_memory_pictures) draw the device budget of `fit`, an arena's states and
+pins, what backs its addresses asleep, and the peer map of tensor
+parallelism.  The rest of this module draws the slab, and `pool_svg` an
+arena's reservation with its pool.
 
 `render_svg` draws the slab of a plan (a `SlabPlan` and the `BufferSizes` it
 places, as the CLI passes them) as one tall column, to scale: every placed
@@ -23,12 +29,14 @@ import math
 import operator
 import warnings
 
+from ._memory_pictures import offload_svg, tp_svg
+from ._pictures import fit_svg, states_svg
 from ._svg import _MONO, _MUTED, _SANS, _TEXT, _attrs, _esc, _human, _num, _shorten, _text
 from .._sizing._layout import SlabPlan, plan_layout
 from .._sizing.sizes import BufferSizes
 from .._sizing.target import Target
 
-__all__ = ["pool_svg", "render_svg"]
+__all__ = ["fit_svg", "offload_svg", "pool_svg", "render_svg", "states_svg", "tp_svg"]
 
 # -- the layout, in SVG user units (1 unit = 1 CSS pixel at 100 % zoom) --------
 _WIDTH = 1200
