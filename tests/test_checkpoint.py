@@ -354,10 +354,11 @@ def test_a_process_that_does_not_exist_is_named():
 def test_suspend_and_resume_one_process(drv):
     p = PIDS[0]
     times = ckpt.suspend(p)
-    assert set(times) == {"lock", "checkpoint"} and all(t >= 0 for t in times.values())
+    assert set(times) == {"lock", "checkpoint", "rss_before", "rss_checkpointed"}
+    assert all(t >= 0 for t in times.values())      # seconds, and bytes (test_checkpoint_record)
     assert state_of(drv, p) == "checkpointed"
     times = ckpt.resume(p)
-    assert set(times) == {"restore", "unlock"} and all(t >= 0 for t in times.values())
+    assert set(times) == {"restore", "unlock", "rss_after"} and all(t >= 0 for t in times.values())
     assert state_of(drv, p) == "running"
     assert drv.calls() == [("lock", p), ("checkpoint", p), ("restore", p), ("unlock", p)]
 
@@ -599,13 +600,18 @@ class StandInArena:
     """The peer-detaching interface of a BufferArena (detach_peers,
     attach_peers, peers_detached), logging into a shared list."""
 
-    def __init__(self, name, log, shared=True, backend=None):
+    def __init__(self, name, log, shared=True, backend=None, committed=0):
         self.name, self.log, self.shared, self._backend = name, log, shared, backend
         self.detached = False
         self.fail = None
+        self.committed = committed
 
     def backend(self):
         return self._backend
+
+    def memory_stats(self):
+        return {"committed_bytes": self.committed, "pool_committed_bytes": 0, "kept_bytes": 0,
+                "offloaded_bytes": 0, "pool_offloaded_bytes": 0}
 
     def detach_peers(self):
         self.log.append(("detach", self.name))
@@ -634,9 +640,9 @@ def arenas(monkeypatch):
 
 def test_prepare_detaches_every_shared_arena_and_finish_attaches_them(arenas):
     (a, b, plain), log = arenas
-    assert ckpt.prepare() == [a, b]
+    assert ckpt.prepare().arenas == (a, b)
     assert log == [("detach", "a"), ("detach", "b"), ("detach", "plain")]
-    assert ckpt.prepare() == [a, b]          # already detached: not again
+    assert ckpt.prepare().arenas == (a, b)          # already detached: not again
     assert log[3:] == [("detach", "plain")]
     log.clear()
     assert ckpt.finish(timeout=7.5) == [a, b]
@@ -646,7 +652,7 @@ def test_prepare_detaches_every_shared_arena_and_finish_attaches_them(arenas):
 
 def test_prepare_and_finish_take_the_arenas_given(arenas):
     (a, b, plain), log = arenas
-    assert ckpt.prepare([b]) == [b] and log == [("detach", "b")]
+    assert ckpt.prepare([b]).arenas == (b,) and log == [("detach", "b")]
     assert ckpt.finish((a, b)) == [b] and log[1:] == [("attach", "b", 60.0)]
 
 
@@ -688,7 +694,7 @@ def test_a_locked_process_refuses_prepare_and_finish_of_device_arenas(monkeypatc
     with pytest.raises(MetraleError, match="prepare: this process is in state locked"):
         ckpt.prepare([host, dev])
     assert log == []
-    assert ckpt.prepare([host]) == [host]
+    assert ckpt.prepare([host]).arenas == (host,)
     drv.states[os.getpid()] = CHECKPOINTED
     dev.detached = True
     with pytest.raises(MetraleError, match="finish: this process is in state checkpointed; its "
@@ -707,7 +713,7 @@ def test_no_driver_does_not_stop_prepare(monkeypatch):
     monkeypatch.setattr(ckdriver, "_driver", no_driver)
     log = []
     dev = StandInArena("dev", log, backend=Backend())
-    assert ckpt.prepare([dev]) == [dev] and ckpt.finish([dev]) == [dev]
+    assert ckpt.prepare([dev]).arenas == (dev,) and ckpt.finish([dev]) == [dev]
 
 
 # -- prepare and finish on real shared arenas (host backend, two ranks) --------------
@@ -732,7 +738,7 @@ def _detach_attach_rank(rank, size, path):
         FileGroup(f"{path}/{name}", rank, size).all_gather_object([None] * size, name)
 
     barrier("filled")
-    detached = ckpt.prepare()
+    detached = ckpt.prepare().arenas
     assert sorted(map(id, detached)) == sorted(map(id, arenas))
     assert all(a.peers_detached() for a in arenas)
     barrier("prepared")
@@ -788,12 +794,12 @@ def test_prepare_sleeps_the_arenas_and_finish_wakes_them(arenas):
     gpu = metrale.HostBackend()
     x, xs = _pooled_arena(gpu)
     y, ys = _pooled_arena(gpu)
-    done = ckpt.prepare([a, x, y], sleep=True)
-    assert done == [a, x, y] and x.is_sleeping() and y.is_sleeping()
+    done = ckpt.prepare([a, x, y], sleep=True).arenas
+    assert done == (a, x, y) and x.is_sleeping() and y.is_sleeping()
     for r in (x, y):                            # nothing of them left on the device
         m = r.memory_stats()
         assert m["committed_bytes"] == m["pool_committed_bytes"] == 0
-    assert ckpt.prepare([a, x, y], sleep=True) == [a, x, y]    # asleep: not again
+    assert ckpt.prepare([a, x, y], sleep=True).arenas == (a, x, y)    # asleep: not again
     assert ckpt.finish([x]) == [x] and not x.is_sleeping() and y.is_sleeping()
     assert ckpt.finish() == [y, a] and not y.is_sleeping()           # woken, then attached
     assert ckpt.finish() == []
@@ -867,7 +873,7 @@ def test_a_failed_wake_is_raised_after_the_others_and_tried_again():
     from helpers import _reserved
     gpu = FaultyBackend()
     x, y = _reserved(gpu), _reserved(gpu)
-    assert ckpt.prepare([x, y], sleep=True) == [x, y]
+    assert ckpt.prepare([x, y], sleep=True).arenas == (x, y)
     gpu.inject_fault("create")                 # x's wake maps no memory
     with pytest.raises(metrale.OutOfMemoryError):
         ckpt.finish([x, y])
@@ -891,8 +897,10 @@ def test_the_default_set_is_every_reserved_arena_awake():
         last = BufferArena.new(cfg, *lim, gpu, reserve=lim)
         gone = BufferArena.new(cfg, *lim, gpu, reserve=lim)
         gone.release()
-        assert ckpt.prepare() == []                      # no sleep asked: none sleeps
-        assert ckpt.prepare(sleep=True) == [first, last]
+        assert ckpt.prepare().arenas == ()               # no sleep asked: none sleeps
+        assert ckpt.prepare(sleep=True).arenas == (first, last)
+        # asleep by that prepare: in the default set of the next one too
+        assert ckpt.prepare(sleep=True).arenas == (first, last)
         assert ckpt.finish() == [first, last] and asleep.is_sleeping()
         print("ok")
     """

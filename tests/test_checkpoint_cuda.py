@@ -2,7 +2,11 @@
 arena and a CUDA graph captured over it is checkpointed (its device memory
 given back, measured through NVML) and restored, by a supervisor holding its
 pid and by itself; afterwards its pointers are the same and the same graph
-executable replays byte for byte (sentinel-checked), with no recapture.
+executable replays byte for byte (sentinel-checked), with no recapture.  A
+lean checkpoint (issue 38) puts the arena to sleep first (``prepare(sleep=
+...)``, two buffers kept) and wakes it after (``finish``): the kept buffers
+keep their sentinels, the discarded ones of the zero_all set read zero, and
+the graph replays byte for byte too.
 
 Everything runs in child processes under watchdogs (helpers.run_watched; the
 engine under a deadline on each reply), so a restore that fails, or hangs,
@@ -29,8 +33,12 @@ pytestmark = pytest.mark.gpu
 HERE = os.path.dirname(os.path.abspath(__file__))
 LIMITS = (1024, 4096, 16, 32)
 SRC = "moe_router_in_f32"           # touched by neither zero_all nor the graph's writes
-KEPT = "gdn_fla_scratch"            # a sentinel nothing writes
+KEPT = "gdn_fla_scratch"            # a sentinel nothing writes (discarded by a lean checkpoint)
+TINY = "token_ids"                  # a small sentinel nothing writes (kept by a lean checkpoint)
 WRITTEN = ("hidden_states", "residual", "logits")
+# What a lean checkpoint keeps: SRC (the graph copies it) and TINY; every
+# other buffer is discarded.
+LEAN = {"keep": [SRC, TINY]}
 REPLY_TIMEOUT = 120.0
 
 
@@ -72,6 +80,8 @@ class Engine:
         t0 = time.perf_counter()
         self.exec = self.capture()
         self.capture_s = time.perf_counter() - t0
+        self.zero_all = self.arena.summary().groups["zero_all"]
+        self.prepared, self.kept = None, None      # the last prepare's record, what it kept
 
     def capture(self):
         cu, s = self.cu, self.stream
@@ -98,26 +108,49 @@ class Engine:
         np = self.np
         self.put(SRC, self.pattern(k))
         self.put(KEPT, np.full(getattr(self.sizes, KEPT), (0xC0 + k) % 256, np.uint8))
+        self.put(TINY, np.full(getattr(self.sizes, TINY), (0x30 + k) % 256, np.uint8))
         for name in WRITTEN:
             self.put(name, np.full(getattr(self.sizes, name), 0xAB, np.uint8))
         _ok(self.cu.cuCtxSynchronize())
         return {"committed": self.arena.committed_bytes()}
 
+    def edges(self, name, n=1 << 20):
+        """The first and last `n` bytes of a buffer (a whole one's check
+        would read gigabytes per round)."""
+        size = getattr(self.sizes, name)
+        if size <= 2 * n:
+            return self.get(name)
+        head = self.gpu.download(self.ptrs[name], n)
+        tail = self.gpu.download(self.ptrs[name] + size - n, n)
+        return self.np.frombuffer(head + tail, dtype=self.np.uint8)
+
     def verify(self, k):
         """Pointers unchanged, the sentinels kept, then one replay of the graph
-        captured at the start, checked byte for byte."""
+        captured at the start, checked byte for byte.  After a lean
+        checkpoint (the arena slept and woke), what it kept has its
+        sentinels, the discarded buffers of the zero_all set read zero
+        (WRITTEN whole, the others at both ends) and KEPT is not read (its
+        contents are undefined)."""
         np, cu = self.np, self.cu
-        bad = []
+        bad, kept, self.kept = [], self.kept, None
         if dict(self.arena.ptrs) != self.ptrs:
             bad.append("pointers moved")
         src = self.pattern(k)
         if not (self.get(SRC) == src).all():
             bad.append(f"{SRC} changed")
-        if not (self.get(KEPT) == (0xC0 + k) % 256).all():
-            bad.append(f"{KEPT} changed")
-        for name in WRITTEN:
-            if not (self.get(name) == 0xAB).all():
-                bad.append(f"{name} changed before the replay")
+        if not (self.get(TINY) == (0x30 + k) % 256).all():
+            bad.append(f"{TINY} changed")
+        if kept is None:
+            if not (self.get(KEPT) == (0xC0 + k) % 256).all():
+                bad.append(f"{KEPT} changed")
+            for name in WRITTEN:
+                if not (self.get(name) == 0xAB).all():
+                    bad.append(f"{name} changed before the replay")
+        else:
+            for name in self.zero_all:
+                if name not in kept and (self.get(name) if name in WRITTEN
+                                         else self.edges(name)).any():
+                    bad.append(f"{name} not zero after the wake")
         if self.extra is not None:
             tail = np.empty(1 << 20, np.uint8)
             _ok(cu.cuMemcpyDtoH(tail.ctypes.data, self.extra + self.extra_bytes - tail.size,
@@ -137,15 +170,45 @@ class Engine:
             bad.append("logits after the replay (zero_all)")
         return {"ok": not bad, "bad": bad, "replay_s": replay_s}
 
-    def self_suspend(self, k, timeout, probe_nvml=False):
-        """This process checkpoints itself (prepare, then suspend of its own
-        pid, from this thread) and replies while checkpointed: the supervisor
-        reads the GPU's memory meanwhile.  `probe_nvml`: whether NVML answers
-        in the checkpointed process, asked on a thread of its own (bounded)."""
+    def prepare(self, sleep):
+        """metrale.checkpoint.prepare, as an engine calls it before a
+        checkpoint (`sleep`: False, or LEAN); its record's figures."""
         import metrale.checkpoint as ckpt
-        out = {"armed": self.arm(k), "prepare_s": _timed_optional(ckpt.prepare)}
-        out["suspend"] = ckpt.suspend(os.getpid(), timeout=timeout)
+        t0 = time.perf_counter()
+        p = ckpt.prepare(sleep=sleep or False)
+        took = time.perf_counter() - t0
+        self.prepared = p
+        asleep = any(a is self.arena for a in p.arenas)
+        self.kept = (tuple(sleep.get("keep", ())) if isinstance(sleep, dict) else ()) \
+            if asleep else None
+        return {"prepare_s": took, "prepared": {
+            "arenas": len(p.arenas), "committed_bytes": p.committed_bytes,
+            "resident_bytes": p.resident_bytes, "kept_bytes": p.kept_bytes,
+            "offloaded_bytes": p.offloaded_bytes, "released_bytes": p.released_bytes,
+            "discarded_bytes": p.discarded_bytes, "line": str(p)}}
+
+    def finish(self, suspended=None):
+        """metrale.checkpoint.finish after the restore (the arena wakes if it
+        slept); with `suspended` (the supervisor's suspend figures) the log
+        line of the record and the image."""
+        import metrale.checkpoint as ckpt
+        t0 = time.perf_counter()
+        ckpt.finish()
+        out = {"finish_s": time.perf_counter() - t0}
+        if suspended is not None:
+            out["line"] = self.prepared.log_line(suspended)
+        return out
+
+    def self_suspend(self, timeout, probe_nvml=False):
+        """This process checkpoints itself (suspend of its own pid, from this
+        thread; `prepare` came before) and replies while checkpointed: the
+        supervisor reads the GPU's memory meanwhile.  `probe_nvml`: whether
+        NVML answers in the checkpointed process, asked on a thread of its
+        own (bounded)."""
+        import metrale.checkpoint as ckpt
+        out = {"suspend": ckpt.suspend(os.getpid(), timeout=timeout)}
         out["state"] = ckpt.state(os.getpid())
+        out["line"] = self.prepared.log_line(out["suspend"])    # CPU work only: allowed here
         if not probe_nvml:
             return out
         box = {}
@@ -160,21 +223,9 @@ class Engine:
         import metrale.checkpoint as ckpt
         out = {"resume": ckpt.resume(os.getpid(), timeout=timeout)}
         out["state_after"] = ckpt.state(os.getpid())
-        out["finish_s"] = _timed_optional(ckpt.finish)
+        out.update(self.finish())
         out.update(self.verify(k))
         return out
-
-
-def _timed_optional(fn):
-    """Seconds fn() took, or why it could not run (this build may lack peer
-    detaching: metrale.tp.shared_arenas)."""
-    from metrale import MetraleError
-    t0 = time.perf_counter()
-    try:
-        fn()
-    except MetraleError as e:
-        return str(e)
-    return time.perf_counter() - t0
 
 
 def engine_main():
@@ -191,6 +242,8 @@ def engine_main():
 
     reply({"ready": os.getpid(), "build_s": eng.build_s, "capture_s": eng.capture_s,
            "committed": eng.arena.committed_bytes(), "slab": eng.arena.slab_bytes(),
+           "sizes": {n: b.nbytes for n, b in eng.arena.buffers.items()},
+           "granularity": eng.gpu.allocation_granularity(),
            "first": eng.arm(0) and eng.verify(0)})
     for line in sys.stdin:
         cmd = json.loads(line)
@@ -199,9 +252,12 @@ def engine_main():
                 reply(eng.arm(cmd["k"]))
             elif cmd["cmd"] == "verify":
                 reply(eng.verify(cmd["k"]))
+            elif cmd["cmd"] == "prepare":
+                reply(eng.prepare(cmd.get("sleep", False)))
+            elif cmd["cmd"] == "finish":
+                reply(eng.finish(cmd.get("suspended")))
             elif cmd["cmd"] == "self_suspend":
-                reply(eng.self_suspend(cmd["k"], cmd.get("timeout", 120.0),
-                                       cmd.get("probe_nvml", False)))
+                reply(eng.self_suspend(cmd.get("timeout", 120.0), cmd.get("probe_nvml", False)))
             elif cmd["cmd"] == "self_resume":
                 reply(eng.self_resume(cmd["k"], cmd.get("timeout", 120.0)))
             elif cmd["cmd"] == "busy":          # queue GPU work, do not wait for it
@@ -345,6 +401,26 @@ def _supervised(rounds):
         eng.close()
 
 
+def supervised_round(eng, k, timeout=120.0, sleep=False):
+    """One round of a supervisor checkpointing an engine: the engine
+    prepares (`sleep`: prepare's), the supervisor suspends and resumes its
+    pid, the engine finishes (logging its record with the supervisor's
+    figures) and checks; the GPU's memory read here between the steps."""
+    import metrale.checkpoint as ckpt
+    r = {"armed": eng.ask(cmd="arm", k=k), "used_before": gpu_used_bytes()}
+    r.update(eng.ask(cmd="prepare", sleep=sleep))
+    r["used_prepared"] = gpu_used_bytes()
+    r["suspend"] = ckpt.suspend(eng.pid, timeout=timeout)
+    r["state"] = ckpt.state(eng.pid)
+    r["used_checkpointed"] = gpu_used_bytes()
+    r["resume"] = ckpt.resume(eng.pid, timeout=timeout)
+    r["state_after"] = ckpt.state(eng.pid)
+    r.update(eng.ask(cmd="finish", suspended=r["suspend"]))
+    r["used_after"] = gpu_used_bytes()
+    r.update(eng.ask(cmd="verify", k=k))
+    return r
+
+
 def _check_round(r, committed):
     assert r["ok"], r["bad"]
     assert (r["state"], r["state_after"]) == ("checkpointed", "running")
@@ -362,10 +438,14 @@ def test_a_supervisor_checkpoints_and_restores_an_engine():
         _check_round(r, out["ready"]["committed"])
 
 
-def self_round(eng, k, timeout=30.0, probe_nvml=False):
-    """One round of an engine checkpointing itself, the GPU's memory read here."""
-    r = {"used_before": gpu_used_bytes()}
-    r.update(eng.ask(wait=timeout + 15, cmd="self_suspend", k=k, timeout=timeout,
+def self_round(eng, k, timeout=30.0, probe_nvml=False, sleep=False):
+    """One round of an engine checkpointing itself (prepare, suspend of its
+    own pid; resume, finish, verify), the GPU's memory read here between
+    the steps.  `sleep`: prepare's (LEAN: a lean checkpoint)."""
+    r = {"armed": eng.ask(cmd="arm", k=k), "used_before": gpu_used_bytes()}
+    r.update(eng.ask(cmd="prepare", sleep=sleep))
+    r["used_prepared"] = gpu_used_bytes()
+    r.update(eng.ask(wait=timeout + 15, cmd="self_suspend", timeout=timeout,
                      probe_nvml=probe_nvml))
     r["used_checkpointed"] = gpu_used_bytes()
     r.update(eng.ask(wait=timeout + 15, cmd="self_resume", k=k, timeout=timeout))
@@ -386,6 +466,38 @@ def test_an_engine_checkpoints_and_restores_itself():
     print(json.dumps(out, indent=1))
     for r in out["rounds"]:
         _check_round(r, out["ready"]["committed"])
+
+
+def _lean(form, rounds):
+    eng = EngineProcess()
+    try:
+        step = self_round if form == "self" else supervised_round
+        return {"ready": eng.ready,
+                "rounds": [step(eng, k, sleep=LEAN) for k in range(1, rounds + 1)]}
+    finally:
+        eng.close()
+
+
+@pytest.mark.parametrize("form", ["self", "supervisor"])
+def test_a_lean_checkpoint_keeps_what_it_is_told_and_the_graph_replays(form):
+    out = run_watched(_lean, form, 1, timeout=120)
+    print(json.dumps(out, indent=1))
+    ready = out["ready"]
+    g, sizes = ready["granularity"], ready["sizes"]
+    # a reserved arena maps each buffer's size rounded up to the granularity
+    committed = sum(-(-n // g) * g for n in sizes.values())
+    kept = sizes[SRC] + sizes[TINY]
+    for r in out["rounds"]:
+        _check_round(r, committed)          # the replay byte for byte, the sentinels
+        p = r["prepared"]
+        assert (p["arenas"], p["committed_bytes"], p["resident_bytes"]) == (1, committed, 0)
+        assert (p["kept_bytes"], p["offloaded_bytes"]) == (kept, 0)
+        assert p["discarded_bytes"] == committed - kept
+        # given back by prepare, before the lock (NVML reads the whole GPU: 1 % leeway)
+        assert r["used_before"] - r["used_prepared"] >= 0.99 * committed, r
+        assert r["suspend"]["rss_before"] > 0 and r["resume"]["rss_after"] > 0
+        assert r["line"].startswith("prepare: 1 arena(s) detached or asleep; of ")
+        assert "of host memory (resident " in r["line"]
 
 
 def _refused_then_restored():

@@ -297,6 +297,21 @@ def _state_name(value):
     return STATES[value] if 0 <= value < len(STATES) else f"unknown (CUprocessState {value})"
 
 
+def _resident(pid):
+    """The resident host memory of process `pid` in bytes (``VmRSS`` of
+    /proc/<pid>/status: the kernel's counters, read without waiting on the
+    process, so a locked or checkpointed one answers too), or None where it
+    cannot be read (no such process, no /proc, a kernel thread)."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"VmRSS:"):
+                    return int(line.split()[1]) * 1024      # in kB, the kernel's unit
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def _exists(pid):
     try:
         os.kill(pid, 0)

@@ -14,8 +14,10 @@ tensor-parallel arena must unmap the peers' slabs first and map them again
 after the restore.  This module puts the pieces in order:
 
 * in the engine process, `prepare` (before the checkpoint: every shared
-  arena detaches its peers) and `finish` (after the restore: every shared
-  arena attaches them again, a collective call over the ranks on the host);
+  arena detaches its peers and, asked to, every other reserved arena
+  sleeps; it returns a `Prepared` record of what it kept out of the image)
+  and `finish` (after the restore: the arenas wake, and every shared arena
+  attaches its peers again, a collective call over the ranks on the host);
 * anywhere, on a pid: `state`, `lock`, `checkpoint`, `restore`, `unlock`,
   `restore_thread_id`, and `suspend` / `resume` (lock + checkpoint, restore
   + unlock, for one process or several).
@@ -38,16 +40,18 @@ from collections.abc import Mapping
 from . import _checkpoint_driver as _driver
 from ._checkpoint_driver import (CHECKPOINTED, DEFAULT_LOCK_TIMEOUT,
                                  DEFAULT_TIMEOUT, FAILED, LOCKED, QUERY_TIMEOUT, RUNNING,
-                                 STATES, _gpu_pairs, _pid, _state_now, checkpoint,
+                                 STATES, _gpu_pairs, _pid, _resident, _state_now, checkpoint,
                                  driver_info, lock, restore, restore_thread_id, state,
                                  unlock)
 from .._base._common import seconds_arg
+from .._base._record import Record
 from .._base.errors import MetraleError
 from .._sizing._spec import POOL_NAME
 
 __all__ = ["RUNNING", "LOCKED", "CHECKPOINTED", "FAILED", "STATES", "DEFAULT_LOCK_TIMEOUT",
            "DEFAULT_TIMEOUT", "QUERY_TIMEOUT", "driver_info", "state", "restore_thread_id", "lock",
-           "checkpoint", "restore", "unlock", "suspend", "resume", "prepare", "finish"]
+           "checkpoint", "restore", "unlock", "suspend", "resume", "prepare", "finish",
+           "Prepared"]
 
 
 def _pids(value):
@@ -78,6 +82,11 @@ def _timed(times, step, fn):
         fn()
     finally:
         times[step] = times.get(step, 0.0) + time.perf_counter() - t0
+
+
+def _plus(total, value):
+    """A sum of figures that may be missing (None): missing once one is."""
+    return None if total is None or value is None else total + value
 
 
 def _settle(pids, skip):
@@ -126,8 +135,13 @@ def suspend(pids, *, lock_timeout=DEFAULT_LOCK_TIMEOUT, timeout=DEFAULT_TIMEOUT)
     Returns
     -------
     dict
-        ``{"lock": s, "checkpoint": s}``: the seconds each step took (over
-        all the processes).
+        ``"lock"``, ``"checkpoint"``: the seconds each step took (over all
+        the processes); ``"rss_before"``, ``"rss_checkpointed"``: the
+        processes' resident host memory in bytes (``VmRSS``, summed) just
+        before and just after their checkpoints, None where /proc cannot
+        be read.  The difference is the host memory the checkpoint took:
+        the image of the device memory the driver copied out (the driver
+        itself gives no figure).
 
     Raises
     ------
@@ -141,6 +155,7 @@ def suspend(pids, *, lock_timeout=DEFAULT_LOCK_TIMEOUT, timeout=DEFAULT_TIMEOUT)
     lock_timeout = seconds_arg(lock_timeout, "lock_timeout")
     timeout = seconds_arg(timeout, "timeout")
     times, locked, step = {}, [], None
+    rss = {"rss_before": 0, "rss_checkpointed": 0}
     try:
         for p in pids:
             step = (p, "lock")
@@ -148,7 +163,11 @@ def suspend(pids, *, lock_timeout=DEFAULT_LOCK_TIMEOUT, timeout=DEFAULT_TIMEOUT)
             locked.append(p)
         for p in pids:
             step = (p, "checkpoint")
+            # Read right around the call (a file read: no CUDA call, so it
+            # works in the process being checkpointed itself).
+            rss["rss_before"] = _plus(rss["rss_before"], _resident(p))
             _timed(times, "checkpoint", lambda: checkpoint(p, timeout=timeout))
+            rss["rss_checkpointed"] = _plus(rss["rss_checkpointed"], _resident(p))
     except MetraleError as e:
         failed, what = step
         if what == "lock" and not locked:
@@ -156,6 +175,7 @@ def suspend(pids, *, lock_timeout=DEFAULT_LOCK_TIMEOUT, timeout=DEFAULT_TIMEOUT)
         skip = {failed} if getattr(e, "_timed_out", False) else set()
         touched = locked + [p for p in (failed,) if p not in locked]
         raise MetraleError(f"suspend: {e}; afterwards: {_settle(touched, skip)}") from e
+    times.update(rss)
     return times
 
 
@@ -181,7 +201,9 @@ def resume(pids, *, timeout=DEFAULT_TIMEOUT, gpu_map=None):
     Returns
     -------
     dict
-        ``{"restore": s, "unlock": s}``: the seconds each step took.
+        ``"restore"``, ``"unlock"``: the seconds each step took;
+        ``"rss_after"``: the processes' resident host memory in bytes
+        (``VmRSS``, summed) once unlocked, None where /proc cannot be read.
 
     Raises
     ------
@@ -211,13 +233,19 @@ def resume(pids, *, timeout=DEFAULT_TIMEOUT, gpu_map=None):
             raise MetraleError(errors[0])
         states = "; ".join(f"{p}: {_state_now(p)}" for p in pids)
         raise MetraleError(f"resume: {' / '.join(errors)}; afterwards: {states}")
+    times["rss_after"] = 0
+    for p in pids:
+        times["rss_after"] = _plus(times["rss_after"], _resident(p))
     return times
 
 
 # -- in the engine process -----------------------------------------------------------
 
 
-def _arenas(arenas, what):
+_PEERS = ("detach_peers", "attach_peers", "peers_detached")
+
+
+def _arenas(arenas, needs=_PEERS):
     if arenas is None:
         from .._arena.tp import shared_arenas
         return shared_arenas()
@@ -225,9 +253,11 @@ def _arenas(arenas, what):
         raise TypeError(f"arenas must be an iterable of BufferArena, got {type(arenas).__name__}")
     out = list(arenas)
     for a in out:
-        for name in ("detach_peers", "attach_peers", "peers_detached"):
+        for name in needs:
             if not callable(getattr(a, name, None)):
                 raise TypeError(f"arenas: {type(a).__name__} has no {name}()")
+    if len({id(a) for a in out}) != len(out):
+        raise ValueError("arenas names an arena twice")
     return out
 
 
@@ -299,6 +329,114 @@ def _for(a, kwargs):
                                        if not (type(n) is str and n == POOL_NAME))}
 
 
+def _size(n):
+    """Bytes for a log line: 512 B, 1.0 KiB, 92.4 MiB, 2.11 GiB (negative too)."""
+    v, unit = float(n), None
+    for u in ("KiB", "MiB", "GiB", "TiB"):
+        if abs(v) < 1024:
+            break
+        v, unit = v / 1024, u
+    if unit is None:
+        return f"{n} B"
+    return f"{v:.2f} {unit}" if unit in ("GiB", "TiB") else f"{v:.1f} {unit}"
+
+
+class Prepared(Record):
+    """What `prepare` did, and what it kept out of the checkpoint's image.
+
+    The driver's checkpoint copies every byte of device memory the process
+    maps into host memory (its image) and the restore copies it back; what
+    an arena gave back by sleeping is in neither.  The byte counts are over
+    the arenas `prepare` took (those given, or its default set), their
+    buffers' memory and their pools'.  ``str(p)`` (`log_line`) is one line
+    for an engine's log.
+
+    Attributes
+    ----------
+    arenas : tuple of BufferArena
+        The arenas whose peers are detached or that sleep now (because of
+        this call or an earlier one): `finish` attaches and wakes them.
+    committed_bytes : int
+        Device memory the arenas mapped when `prepare` began.
+    resident_bytes : int
+        Device memory they still map, which the driver copies into the
+        image: a shared arena's (it cannot sleep), and every arena's
+        without `sleep`.
+    kept_bytes : int
+        Bytes of the buffers named in ``keep``, copied to pinned host
+        memory by this call's sleeps (``memory_stats()["kept_bytes"]``).
+    offloaded_bytes : int
+        Bytes of the buffers named in ``offload`` and of the pools'
+        segments (``"torch"``) moved to host memory by this call's sleeps.
+    """
+
+    __slots__ = ("arenas", "committed_bytes", "resident_bytes", "kept_bytes",
+                 "offloaded_bytes")
+
+    @property
+    def released_bytes(self):
+        """Device memory the sleeps gave back: kept out of the image."""
+        return self.committed_bytes - self.resident_bytes
+
+    @property
+    def discarded_bytes(self):
+        """Device memory given back with no copy of it kept: the discarded
+        buffers' and pool segments', and the allocation granules' tails of
+        kept and offloaded buffers (`released_bytes` less what was copied)."""
+        return self.released_bytes - self.kept_bytes - self.offloaded_bytes
+
+    def log_line(self, suspended=None):
+        """One line for a log: the figures, and the image the checkpoint took.
+
+        Parameters
+        ----------
+        suspended : mapping, optional
+            The dict `suspend` returned for this process (an engine that
+            checkpoints itself has it): its ``"rss_before"`` and
+            ``"rss_checkpointed"`` add the host memory the checkpoint took.
+            None (the default): `prepare`'s figures only.
+
+        Returns
+        -------
+        str
+
+        Raises
+        ------
+        TypeError, ValueError
+            `suspended` is not a mapping, or lacks those keys.
+        """
+        text = (f"prepare: {len(self.arenas)} arena(s) detached or asleep; of "
+                f"{_size(self.committed_bytes)} of device memory, {_size(self.discarded_bytes)} "
+                f"discarded, {_size(self.kept_bytes)} kept and {_size(self.offloaded_bytes)} "
+                f"offloaded to host memory, {_size(self.resident_bytes)} left on the device (in "
+                "the checkpoint's image)")
+        if suspended is None:
+            return text
+        if not isinstance(suspended, Mapping):
+            raise TypeError(f"suspended must be the dict suspend returned, got "
+                            f"{type(suspended).__name__}")
+        missing = [k for k in ("rss_before", "rss_checkpointed") if k not in suspended]
+        if missing:
+            raise ValueError(f"suspended: no {' or '.join(map(repr, missing))} (the dict "
+                             "suspend returns has them)")
+        before, after = suspended["rss_before"], suspended["rss_checkpointed"]
+        if before is None or after is None:
+            return text + "; the checkpoint's host memory: unknown (/proc/<pid>/status not read)"
+        return (text + f"; the checkpoint took {_size(after - before)} of host memory "
+                f"(resident {_size(before)} -> {_size(after)})")
+
+    def __str__(self):
+        return self.log_line()
+
+
+def _device(a):
+    """(device bytes `a` maps now, its kept bytes, its offloaded bytes): its
+    buffers' and its pool's."""
+    m = a.memory_stats()
+    return (m["committed_bytes"] + m["pool_committed_bytes"], m["kept_bytes"],
+            m["offloaded_bytes"] + m["pool_offloaded_bytes"])
+
+
 def prepare(arenas=None, *, sleep=False):
     """Get this process ready for a checkpoint: every shared arena detaches
     its peers, and with `sleep` every other reserved arena sleeps.
@@ -314,15 +452,17 @@ def prepare(arenas=None, *, sleep=False):
     the device memory it gives back (its buffers', its pool's, what torch
     holds there) is then not in the driver's image, so the checkpoint
     writes and the restore reads only what the engine keeps; `finish`
-    wakes it at the same addresses, graphs captured over it valid.
+    wakes it at the same addresses, graphs captured over it valid.  The
+    `Prepared` record it returns says how much that was.
 
     Parameters
     ----------
     arenas : iterable of BufferArena, optional
         The arenas; None (the default): every live shared arena of this
         process (``metrale.tp.shared_arenas()``) and, with `sleep`, every
-        live reserved arena that is not shared and not asleep, in the
-        order they were built.  A shared arena is detached (it cannot
+        live reserved arena that is not shared and not asleep (or asleep
+        by an earlier `prepare`), in the order they were built.  An arena
+        given twice is a ValueError.  A shared arena is detached (it cannot
         sleep); with `sleep`, every other arena given sleeps (a plain one,
         built without ``reserve=``, refuses: MetraleError), but one asleep
         already is left as it is (and `finish` leaves it asleep).
@@ -333,13 +473,15 @@ def prepare(arenas=None, *, sleep=False):
         to every arena's ``sleep`` (``"torch"``, the pool, only to those
         that have one), e.g. ``{"offload": ["torch"]}`` (kept
         buffers go to pinned host memory, offloaded ones to host memory
-        mapped at their addresses: both then are in the image).
+        mapped at their addresses).
 
     Returns
     -------
-    list of BufferArena
-        The arenas whose peers are detached or that sleep now because of
-        this call or an earlier one.
+    Prepared
+        Its ``arenas``: those whose peers are detached or that sleep now
+        because of this call or an earlier one; and the figures: the
+        device memory they mapped, what the sleeps discarded, kept and
+        offloaded, what is left for the image (``str()`` is a log line).
 
     Raises
     ------
@@ -350,20 +492,22 @@ def prepare(arenas=None, *, sleep=False):
     MetraleError, BufferError, OutOfMemoryError
         This process is already locked or checkpointed, or an arena failed
         to detach or to sleep (as ``arena.sleep`` raises: a view alive, a
-        name not its buffer's, ...).  Prepare stops there: the arenas
-        before it stay detached or asleep (`finish` attaches and wakes
-        them); that arena stays as ``detach_peers`` or ``sleep`` left it.
+        name not its buffer's, ...).  Prepare stops there, with no record:
+        the arenas before it stay detached or asleep (`finish` attaches and
+        wakes them); that arena stays as ``detach_peers`` or ``sleep`` left
+        it.
     """
     kwargs = _sleep_args(sleep)
     if arenas is None and kwargs is not None:
         from .._arena._arena_state import reserved_arenas
-        arenas = _arenas(None, "prepare") + [a for a in reserved_arenas()
-                                             if not a.is_sleeping()]
+        arenas = _arenas(None) + [a for a in reserved_arenas()
+                                  if not a.is_sleeping() or a in _SLEPT]
     else:
-        arenas = _arenas(arenas, "prepare")
+        arenas = _arenas(arenas, _PEERS + ("memory_stats",))
     _check_running(arenas, "prepare")
-    done = []
+    done, committed, resident, kept, offloaded = [], 0, 0, 0, 0
     for a in arenas:
+        committed += _device(a)[0]
         if not a.peers_detached():
             a.detach_peers()            # nothing for an arena that is not shared
         if a.peers_detached():
@@ -372,9 +516,12 @@ def prepare(arenas=None, *, sleep=False):
             a.sleep(**_for(a, kwargs))
             _SLEPT[a] = next(_ORDER)
             done.append(a)
+            _, k, o = _device(a)        # what this sleep copied (an earlier one's is not)
+            kept, offloaded = kept + k, offloaded + o
         elif a in _SLEPT and a.is_sleeping():
             done.append(a)
-    return done
+        resident += _device(a)[0]
+    return Prepared(tuple(done), committed, resident, kept, offloaded)
 
 
 def finish(arenas=None, *, timeout=60.0):
@@ -417,7 +564,7 @@ def finish(arenas=None, *, timeout=60.0):
     """
     timeout = seconds_arg(timeout, "timeout")
     given = arenas is not None
-    arenas = _arenas(arenas, "finish")
+    arenas = _arenas(arenas)
     slept = sorted(((n, a) for a, n in list(_SLEPT.items())
                     if not given or any(a is b for b in arenas)), key=lambda t: t[0])
     _check_running(arenas + [a for _, a in slept], "finish")

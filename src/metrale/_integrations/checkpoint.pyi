@@ -1,12 +1,14 @@
 """Stubs of metrale._integrations.checkpoint (process checkpoints of an engine)."""
 
-from typing import Iterable, Mapping, SupportsIndex
+from typing import Iterable, Mapping, SupportsIndex, TypedDict
 
 from metrale._arena._buffer_arena import BufferArena
+from metrale._base._record import Record
 
 __all__ = ["RUNNING", "LOCKED", "CHECKPOINTED", "FAILED", "STATES", "DEFAULT_LOCK_TIMEOUT",
            "DEFAULT_TIMEOUT", "QUERY_TIMEOUT", "driver_info", "state", "restore_thread_id", "lock",
-           "checkpoint", "restore", "unlock", "suspend", "resume", "prepare", "finish"]
+           "checkpoint", "restore", "unlock", "suspend", "resume", "prepare", "finish",
+           "Prepared"]
 
 from metrale._integrations._checkpoint_driver import (CHECKPOINTED as CHECKPOINTED,
                                                       DEFAULT_LOCK_TIMEOUT as DEFAULT_LOCK_TIMEOUT,
@@ -20,11 +22,41 @@ from metrale._integrations._checkpoint_driver import (CHECKPOINTED as CHECKPOINT
                                                       restore_thread_id as restore_thread_id,
                                                       state as state, unlock as unlock)
 
+class _Suspended(TypedDict):
+    lock: float
+    checkpoint: float
+    rss_before: int | None
+    rss_checkpointed: int | None
+
+class _Resumed(TypedDict):
+    restore: float
+    unlock: float
+    rss_after: int | None
+
+class Prepared(Record):
+    def __init__(self, arenas: tuple[BufferArena, ...], committed_bytes: int,
+                 resident_bytes: int, kept_bytes: int, offloaded_bytes: int) -> None: ...
+    @property
+    def arenas(self) -> tuple[BufferArena, ...]: ...
+    @property
+    def committed_bytes(self) -> int: ...
+    @property
+    def resident_bytes(self) -> int: ...
+    @property
+    def kept_bytes(self) -> int: ...
+    @property
+    def offloaded_bytes(self) -> int: ...
+    @property
+    def released_bytes(self) -> int: ...
+    @property
+    def discarded_bytes(self) -> int: ...
+    def log_line(self, suspended: Mapping[str, object] | None = None) -> str: ...
+
 def suspend(pids: SupportsIndex | Iterable[SupportsIndex], *, lock_timeout: float = ...,
-            timeout: float = ...) -> dict[str, float]: ...
+            timeout: float = ...) -> _Suspended: ...
 def resume(pids: SupportsIndex | Iterable[SupportsIndex], *, timeout: float = ...,
-           gpu_map: Mapping[str | bytes, str | bytes] | None = None) -> dict[str, float]: ...
+           gpu_map: Mapping[str | bytes, str | bytes] | None = None) -> _Resumed: ...
 def prepare(arenas: Iterable[BufferArena] | None = None, *,
-            sleep: bool | Mapping[str, Iterable[str]] = False) -> list[BufferArena]: ...
+            sleep: bool | Mapping[str, Iterable[str]] = False) -> Prepared: ...
 def finish(arenas: Iterable[BufferArena] | None = None, *,
            timeout: float = ...) -> list[BufferArena]: ...
