@@ -27,6 +27,18 @@ cdef class Reservation:
     cdef int commit(self, const mt_layout *L, uintptr_t base) except -1
     # Unmap the chunks `L` no longer touches (the device waited for first).
     cdef int trim(self, const mt_layout *L, uintptr_t base) except -1
+    # Give back all that `L` does not need (trim): each chunk it needs only
+    # part of is replaced by new handles of just the needed granules (the
+    # bytes copied out to host memory first and back in after), all or none:
+    # on a failure every chunk is as before, bytes included; then the chunks
+    # it does not need at all are unmapped.  The device is waited for first.
+    cdef int refit(self, const mt_layout *L, uintptr_t base) except -1
+    # refit's steps, each chunk replaced a list (see _reservation.pyx)
+    cdef int _swap(self, list swaps, uintptr_t base, uintptr_t tmp) except -1
+    cdef int _replace(self, list s, uintptr_t base, uintptr_t tmp) except -1
+    cdef int _copy_in(self, list s, uintptr_t base, uintptr_t tmp, bint strict) except -1
+    cdef void _restore(self, list s, uintptr_t base, uintptr_t tmp) noexcept
+    cdef object _settle(self, list swaps)
     # Unmap `chunks` (some of ours) and release their handles; every one is
     # tried; returns the first error or None.
     cdef object unmap(self, uintptr_t base, object chunks)

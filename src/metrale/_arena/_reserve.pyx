@@ -1,12 +1,12 @@
 # cython: language_level=3, binding=False
 """Reserved memory of a BufferArena (docs/stable-addresses.md): building it,
-the reshape protocol (`begin`) and resize; sleep and wake, the other
+the reshape protocol (`begin`), resize and trim; sleep and wake, the other
 reshapes, are _sleep.pyx's.  Its state, the physical chunks, is the arena's
 Reservation (_reservation.pyx).
 
 The arena is one virtual reservation; each buffer a granularity-aligned
 sub-range sized for the reserved limits (the C core's reserved layout).
-BufferArena binds `resize`, `committed_bytes`, `is_reserved` and
+BufferArena binds `resize`, `trim`, `committed_bytes`, `is_reserved` and
 `is_sleeping` from here.
 """
 
@@ -107,9 +107,9 @@ def committed_bytes(ArenaState self):
 
     For an unreserved arena the slab (0 once freed); for a reserved one the
     mapped chunks: each buffer's size at the current limits rounded up to
-    the allocation granularity, plus any chunk a shrink kept because part
-    of it is still needed (a chunk is unmapped only whole); 0 while
-    sleeping or once released.
+    the allocation granularity, plus what a shrink kept of the chunks
+    still partly needed (a chunk is unmapped only whole; `trim` gives it
+    back); 0 while sleeping or once released.
 
     Returns
     -------
@@ -200,13 +200,20 @@ def resize(ArenaState self, max_batch_tokens=None, max_seq_len=None, kv_block_si
     accessors, `buffers` and the zeroing helpers follow the new limits.
     A CUDA graph captured before a growth replays correctly after it.
     Views of buffers the resize does not shrink stay valid (a view of
-    one it shrinks refuses it).  The device's pending work is waited for before anything is
-    unmapped.  A chunk is unmapped only whole, so a shrink keeps the
-    chunks still partly needed; on a sleeping arena resize only sets
-    the limits, and `wake` maps exactly what they need (sleep, resize,
-    wake gives back everything a shrink keeps).  Other threads'
-    operations on the arena are waited for; those that start meanwhile
-    raise MetraleError.
+    one it shrinks refuses it).  The device's pending work is waited for
+    before anything is unmapped.
+
+    What stays mapped after a shrink: every chunk (one physical handle,
+    mapped as one range when the memory was mapped) of which any granule
+    is still needed, whole, with its bytes; only the chunks no buffer
+    touches any more go.  A shrink back from a growth therefore gives
+    back exactly the growth (its chunks are the tails), while an arena
+    shrunk below the limits it was built at keeps its first chunks:
+    `trim` gives that memory back (copying the bytes still needed into
+    new chunks of just the needed granules).  On a sleeping arena resize
+    only sets the limits, and `wake` maps exactly what they need.
+    Other threads' operations on the arena are waited for; those that
+    start meanwhile raise MetraleError.
 
     Parameters
     ----------
@@ -325,3 +332,59 @@ def resize(ArenaState self, max_batch_tokens=None, max_seq_len=None, kv_block_si
     finally:
         mt_life_reshape_end(a._life, sleeping(a))    # paused while it sleeps
     return None
+
+
+@cython.binding(True)
+def trim(ArenaState self):
+    """Give back the physical memory the current limits do not need.
+
+    After a shrink (`resize`) the chunks still partly needed stay mapped
+    whole: an arena built at larger limits keeps them.  `trim` replaces
+    each such chunk by new physical memory for just the granules the
+    current sizes need (each buffer's size rounded up to the allocation
+    granularity, with its guard band on a debug arena), copying those bytes
+    through host memory (pinned on CUDA), and unmaps the chunks no buffer
+    needs at all; afterwards `committed_bytes` is exactly what the limits
+    need, as after `sleep`, `resize`, `wake`.  Every pointer stays where it
+    is and every buffer keeps its bytes, so views and CUDA graphs stay
+    valid; the bytes past a buffer's current size are not kept.  While it
+    runs, physical memory grows by the needed part of the chunks it
+    replaces (the old ones go last), and nothing may touch the arena's
+    memory (through views, tensors or kernels): the device's pending work
+    is waited for first, other threads' operations on the arena are waited
+    for, and those that start meanwhile raise MetraleError.  An arena with
+    nothing to give back is left alone (no backend call).  A sleeping arena
+    holds nothing trim could give back (`wake` maps exactly what the limits
+    need): it returns 0.  The arena's pool (`open_pool`) is not touched.
+
+    Returns
+    -------
+    int
+        The bytes given back (``committed_bytes`` before minus after).
+
+    Raises
+    ------
+    OutOfMemoryError
+        The host copy, a physical allocation or a mapping was refused; the
+        arena is as before (its chunks, its bytes, nothing leaked).
+    MetraleError
+        The arena has no reservation, is released, is shared with
+        tensor-parallel peers, or is called from inside one of its
+        operations; or the backend failed: a copy or an unmap before the
+        swap leaves the arena as before; a handle whose release is refused
+        afterwards is kept and released again later (the arena is trimmed).
+    """
+    cdef ArenaState a = self
+    cdef Reservation r = a._reservation
+    if r is None:
+        raise MetraleError("trim: the arena has no reservation (build it with reserve=...)")
+    # every view stays valid: no address moves and the bytes are copied back
+    begin(a, "trim", range(a._layout.n))
+    try:
+        if sleeping(a):
+            return 0
+        before = r.committed()
+        r.refit(&a._layout, a._base)
+        return before - r.committed()
+    finally:
+        mt_life_reshape_end(a._life, sleeping(a))
