@@ -357,3 +357,68 @@ def test_sleep_never_runs_while_a_view_of_a_discarded_buffer_lives():
                 t.join()
     assert not errors and slept and refused, (slept, refused)
     assert counts(gpu) == NOTHING
+
+
+# -- prepare_sleep: the first sleep's host memory made ahead (issue 37) ------------------------
+
+def test_prepare_sleep_makes_the_host_memory_the_sleep_then_reuses():
+    gpu = metrale.HostBackend()
+    with reserved(gpu) as a:
+        m, before = stamp(a, gpu)
+        view = a.view("hidden_states", "uint8")        # views stay: nothing moves
+        held = a.prepare_sleep(keep=KEEP, offload=OFFLOAD)
+        assert not a.is_sleeping() and a.committed_bytes() > 0
+        stats = a.memory_stats()
+        # the kept copies are each buffer's bytes; the offload's host memory
+        # covers the offloaded buffers at least
+        assert stats["host_keep_bytes"] == sum(a.nbytes(n) for n in KEEP)
+        assert stats["host_offload_bytes"] >= sum(a.nbytes(n) for n in OFFLOAD)
+        assert held == stats["host_keep_bytes"] + stats["host_offload_bytes"]
+        assert gpu.host_alloc_count == len(KEEP) and gpu.host_handle_count >= 1
+        assert all((m.read(n) == before[n]).all() for n in BUFFER_NAMES)   # nothing copied
+        made = gpu.host_handle_count, gpu.host_alloc_count
+        del view
+        a.sleep(keep=KEEP, offload=OFFLOAD)            # allocates nothing
+        assert (gpu.host_handle_count, gpu.host_alloc_count) == made
+        a.wake()
+        for name in OFFLOAD + KEEP:
+            assert (m.read(name) == before[name]).all(), name
+        # again: nothing more to make
+        assert a.prepare_sleep(keep=KEEP[:1], offload=OFFLOAD[:1]) == held
+        assert (gpu.host_handle_count, gpu.host_alloc_count) == made
+    assert counts(gpu) == NOTHING
+
+
+def test_prepare_sleep_refuses_what_sleep_refuses():
+    gpu = metrale.HostBackend()
+    with reserved(gpu) as a:
+        with pytest.raises(ValueError, match="keep, offload: logits in both"):
+            a.prepare_sleep(keep=["logits"], offload=["logits"])
+        with pytest.raises(ValueError, match="unknown buffer name 'nope'"):
+            a.prepare_sleep(keep=["nope"])
+        with pytest.raises(ValueError, match="'torch'.*is offloaded, not kept"):
+            a.prepare_sleep(keep=["torch"])
+        assert a.prepare_sleep() == 0 and counts(gpu)[1:] == (0, 0, 0, 0)
+        a.sleep()
+        with pytest.raises(MetraleError, match="prepare_sleep: the buffer arena is sleeping"):
+            a.prepare_sleep(keep=KEEP)
+        a.wake()
+    with BufferArena.new(COMPACT, *LIMITS, gpu) as plain:
+        with pytest.raises(MetraleError, match="prepare_sleep: the arena has no reservation"):
+            plain.prepare_sleep(keep=KEEP)
+
+
+@pytest.mark.parametrize("op", ["host_alloc", "create", "map", "reserve"])
+def test_a_failed_prepare_sleep_keeps_what_was_made(op):
+    gpu = FaultyBackend()
+    with reserved(gpu) as a:
+        gpu.inject_fault(op)
+        with pytest.raises((OutOfMemoryError, MetraleError)):
+            a.prepare_sleep(keep=KEEP, offload=OFFLOAD)
+        assert not a.is_sleeping()
+        m, before = stamp(a, gpu)
+        a.sleep(keep=KEEP, offload=OFFLOAD)            # the sleep makes what is missing
+        a.wake()
+        for name in OFFLOAD + KEEP:
+            assert (m.read(name) == before[name]).all(), name
+    assert counts(gpu) == NOTHING

@@ -1,1 +1,1 @@
-# metrale._arena._sleep: BufferArena binds sleep and wake from here (typed in _buffer_arena.pyi).
+# metrale._arena._sleep: BufferArena binds sleep, wake and prepare_sleep from here (typed in _buffer_arena.pyi).

@@ -7,7 +7,7 @@ addresses), and the pipelined copy and remap of an offload.
 The state is the arena's: each buffer's record and the host memory in its
 SleepState (_sleep_state.pyx), the device chunks in its Reservation
 (_reservation.pyx); the reshape protocol is _reserve.pyx's.  BufferArena
-binds `sleep` and `wake` from here.
+binds `sleep`, `wake` and `prepare_sleep` from here.
 """
 
 cimport cython
@@ -138,6 +138,82 @@ def sleep(ArenaState self, keep=(), offload=()):
     return None
 
 
+@cython.binding(True)
+def prepare_sleep(ArenaState self, keep=(), offload=()):
+    """Make, ahead of time, the host memory a later ``sleep(keep, offload)`` needs.
+
+    The first sleep that keeps or offloads buffers allocates their host
+    memory (pinned copies for `keep`, host memory mappable at the
+    buffers' addresses for `offload`): a one-time cost that grows with the
+    bytes (hundreds of milliseconds for gigabytes on an H200).  A
+    latency-sensitive engine pays it here, at start-up; a later sleep
+    naming these buffers (or fewer, at limits no larger) then allocates
+    nothing.  The arena stays awake; nothing is copied.  The memory is
+    kept until `release` (a later, larger sleep replaces it).
+
+    Parameters
+    ----------
+    keep, offload : iterable of str, optional
+        As `sleep` takes them (``"torch"``, the pool, allocates nothing
+        ahead: its segments' host memory is made by the sleep).
+
+    Returns
+    -------
+    int
+        Bytes of host memory held for sleeps after this call (the kept
+        copies' and the offloads').
+
+    Raises
+    ------
+    ValueError, TypeError
+        As `sleep`, for the names.
+    OutOfMemoryError
+        The host memory was refused; what earlier sleeps made is kept.
+    MetraleError
+        The arena is not reserved, is shared, sleeps, is released or in a
+        reshape on another thread.
+    """
+    cdef ArenaState a = self
+    cdef Reservation r
+    cdef SleepState st
+    keep, in_keep = _pool_named(keep)
+    if in_keep:
+        raise ValueError(f"keep: {_POOL_NAME!r} (the arena's pool) is offloaded, not kept")
+    offload, _pool_off = _pool_named(offload)
+    ids = buffer_ids(keep, "keep", a._buffers)
+    off = buffer_ids(offload, "offload", a._buffers)
+    both = [a._buffers.names[i] for i in ids if i in off]
+    if both:
+        raise ValueError(f"keep, offload: {', '.join(both)} in both (a buffer is kept or "
+                         "offloaded)")
+    begin(a, "prepare_sleep", list(range(len(a._buffers))))    # views stay: nothing moves
+    r, st = a._reservation, a._sleep_state
+    try:
+        if st.sleeping:
+            raise MetraleError("prepare_sleep: the buffer arena is sleeping")
+        _host_for(a, r, st, off, ids)
+        return st.host_keep_bytes() + st.host_offload_bytes()
+    finally:
+        mt_life_reshape_end(a._life, sleeping(a))
+
+
+cdef int _host_for(ArenaState a, Reservation r, SleepState st, list off, list ids) except -1:
+    """The host memory a sleep keeping `ids` and offloading `off` copies into
+    (made where it is missing: the first time, or grown)."""
+    if (off or ids) and not r.piece:
+        # Host memory, and from the next wake on device memory, in pieces
+        # of an eighth of the slab: a sleep unmaps the pieces it copies
+        # nothing from at once, and each other one (remapping an
+        # offloaded one at its addresses) as soon as its copy is done,
+        # while the next ones are still being copied.
+        r.piece = max(r.granule, (a._layout.slab_bytes // 8 + r.granule - 1)
+                      // r.granule * r.granule)
+    runs = _runs(a, off)
+    st.host_memory(runs, r.piece)
+    st.keep_copies(&a._layout, ids)
+    return 0
+
+
 cdef tuple _pool_named(object names):
     """`names` without the pool's name (a list, or `names` itself when it is
     not iterable: buffer_ids says so), and whether it was there.  Only str
@@ -155,17 +231,8 @@ cdef tuple _pool_named(object names):
 cdef int _sleep_buffers(ArenaState a, Reservation r, SleepState st, list off, list ids) except -1:
     """The buffers' part of `sleep`, after the device's work was waited for."""
     cdef Backend be = a._gpu
-    if (off or ids) and not r.piece:
-        # Host memory, and from the next wake on device memory, in pieces
-        # of an eighth of the slab: a sleep unmaps the pieces it copies
-        # nothing from at once, and each other one (remapping an
-        # offloaded one at its addresses) as soon as its copy is done,
-        # while the next ones are still being copied.
-        r.piece = max(r.granule, (a._layout.slab_bytes // 8 + r.granule - 1)
-                      // r.granule * r.granule)
+    _host_for(a, r, st, off, ids)
     runs = _runs(a, off)
-    st.host_memory(runs, r.piece)
-    st.keep_copies(&a._layout, ids)
     chunks = sorted(r.chunks)
     events = []
     try:
