@@ -24,7 +24,8 @@ cdef class Reservation:
 
     # Map what the layout `L` needs and is not mapped (no chunk longer than
     # `piece`); on failure what this call mapped is unmapped again.
-    cdef int commit(self, const mt_layout *L, uintptr_t base) except -1
+    cdef int commit(self, const mt_layout *L, uintptr_t base, uint64_t lo=*,
+                    uint64_t hi=*) except -1
     # Unmap the chunks `L` no longer touches (the device waited for first).
     cdef int trim(self, const mt_layout *L, uintptr_t base) except -1
     # Give back all that `L` does not need (trim): each chunk it needs only

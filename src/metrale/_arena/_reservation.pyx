@@ -48,7 +48,10 @@ cdef class Reservation:
             raise TypeError("Reservation is made by a reserved BufferArena")
         self.chunks, self.orphans = Held(3), Held(2)
 
-    cdef int commit(self, const mt_layout *L, uintptr_t base) except -1:
+    cdef int commit(self, const mt_layout *L, uintptr_t base, uint64_t lo=0,
+                    uint64_t hi=0xFFFFFFFFFFFFFFFF) except -1:
+        # [lo, hi): only what the limits need there (a wake maps device
+        # memory range by range, as each one's host memory is unmapped)
         cdef mt_range need[MT_MAX_BUFFERS]
         cdef mt_range *have = NULL
         cdef mt_range *gaps = NULL
@@ -66,19 +69,24 @@ cdef class Reservation:
                 have[i].offset = self.chunks[i][0]
                 have[i].length = self.chunks[i][1]
             ngaps = mt_commit_gaps(need, nneed, have, nhave, gaps)
-            pieces = cut([(gaps[i].offset, gaps[i].length) for i in range(ngaps)], self.piece)
+            window = []
+            for i in range(ngaps):
+                x, y = max(gaps[i].offset, lo), min(gaps[i].offset + gaps[i].length, hi)
+                if x < y:
+                    window.append((x, y - x))
+            pieces = cut(window, self.piece)
             try:
-                for lo, n in pieces:
+                for at, n in pieces:
                     if self.shareable:
                         be.create_exportable(n, &h)
                     else:
                         be.create(n, &h)
                     try:
-                        be.map(base + lo, n, h)
+                        be.map(base + at, n, h)
                     except BaseException:
                         be.release_handle(h, n)
                         raise
-                    added.append((lo, n, h))
+                    added.append((at, n, h))
             except BaseException:
                 self.chunks.extend(added)
                 unmap_chunks(be, base, added, self.chunks, self.orphans)
