@@ -104,8 +104,12 @@ def test_every_buffer_by_name_and_the_pointer_table():
             ptrs.raw = 1
         with pytest.raises(AttributeError, match="read-only"):
             del ptrs.raw
-        with pytest.raises(AttributeError):
-            ptrs.hidden_states
+        with pytest.raises(AttributeError, match=r"no buffer 'hidden_states' in this arena's "
+                                                 r"set of 9$"):
+            ptrs.hidden_states              # a reference buffer this set lacks
+        with pytest.raises(AttributeError, match="no buffer 'tiledd'.*did you mean tiled"):
+            ptrs.tiledd                     # a typo: the near names, as arena.ptr says
+        assert not hasattr(ptrs, "nope") and hasattr(ptrs, "tiled")
         with pytest.raises(TypeError, match="cannot be pickled"):
             pickle.dumps(ptrs)
         assert a.sizes().buffers is CUSTOM
