@@ -385,11 +385,12 @@ int mt_commit_needed(const mt_layout *L, uint64_t gran, mt_range *out)
     uint64_t lo, hi, n;
     for (int i = 0; i < L->n; i++) {
         int b = L->order[i];
-        if (L->size[b] == 0) continue;
-        /* the step inputs before the decode metadata keep their whole room:
-         * a step's upload runs over them in one copy, padding (and guard
-         * bands) included */
-        if (slab_part(L->flags[b]) <= MT_PART_TIGHT) n = L->room[b];
+        /* the step inputs before the decode metadata keep their whole room,
+         * empty or not: a step's upload runs over them in one copy, padding
+         * (and guard bands) included */
+        int tight = slab_part(L->flags[b]) <= MT_PART_TIGHT;
+        if (tight ? L->room[b] == 0 : L->size[b] == 0) continue;
+        if (tight) n = L->room[b];
         else if (with_guard(L, L->size[b], &n) != MT_OK) continue;
         /* the granules the buffer touches (token_ids and scratch may share one) */
         lo = L->offset[b] & ~(gran - 1);

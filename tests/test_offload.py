@@ -398,6 +398,9 @@ def test_prepare_sleep_refuses_what_sleep_refuses():
             a.prepare_sleep(keep=["nope"])
         with pytest.raises(ValueError, match="'torch'.*is offloaded, not kept"):
             a.prepare_sleep(keep=["torch"])
+        with pytest.raises(ValueError, match="offload: 'torch' names the arena's pool, and the "
+                                             "arena has none"):
+            a.prepare_sleep(offload=["torch"])
         assert a.prepare_sleep() == 0 and counts(gpu)[1:] == (0, 0, 0, 0)
         a.sleep()
         with pytest.raises(MetraleError, match="prepare_sleep: the buffer arena is sleeping"):

@@ -302,3 +302,26 @@ def test_a_set_without_a_count_has_no_step_inputs():
             a.step_inputs()
         assert gpu.host_alloc_count == 0
     assert metrale.buffers.STEP_ROLES["count"][1] == ("int32",)
+
+
+def test_an_empty_step_input_inside_the_span_stays_mapped():
+    # a step buffer empty at these limits (a per-position table at
+    # max_seq_len 0) between two others: its reserved room lies inside the
+    # span one upload copies, so it stays mapped through trim and sleep/wake
+    buffers = BufferSet([STEP[0], BufferSpec("per_pos", "int32", ["max_seq_len"], step="metadata"),
+                         STEP[1], WORK[0]])
+    gpu = HostBackend()
+    with BufferArena.new(CFG, M, 1 << 14, BLK, BS, gpu, env=NOENV, buffers=buffers,
+                         reserve=(M, 1 << 14, BLK, BS)) as a:
+        a.resize(max_seq_len=0)
+        assert a.nbytes("per_pos") == 0
+        a.trim()
+        a.sleep()
+        a.wake()
+        room = _ceil(4 * (1 << 14), 256)                  # per_pos reserved at 16,384 positions
+        with a.step_inputs() as st:
+            assert st.nbytes == _ceil(8 * M, 256) + room + 4 and st.view("per_pos").size == 0
+            st.fill([1, 2, 3])
+            st.upload()                                   # the whole span is mapped
+        assert _read(a, gpu, "num_tokens").view(np.int32)[0] == 3
+        assert _read(a, gpu, "input_ids", 24).view(np.int64).tolist() == [1, 2, 3]

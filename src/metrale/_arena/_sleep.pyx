@@ -168,7 +168,9 @@ def prepare_sleep(ArenaState self, keep=(), offload=()):
     ValueError, TypeError
         As `sleep`, for the names.
     OutOfMemoryError
-        The host memory was refused; what earlier sleeps made is kept.
+        The host memory was refused; the arena is as it was, but offload
+        host memory an earlier call made may have been given back (a
+        larger offload replaces it whole): the next sleep makes it again.
     MetraleError
         The arena is not reserved, is shared, sleeps, is released or in a
         reshape on another thread.
@@ -179,7 +181,10 @@ def prepare_sleep(ArenaState self, keep=(), offload=()):
     keep, in_keep = _pool_named(keep)
     if in_keep:
         raise ValueError(f"keep: {_POOL_NAME!r} (the arena's pool) is offloaded, not kept")
-    offload, _pool_off = _pool_named(offload)
+    offload, pool_off = _pool_named(offload)
+    if pool_off and a._pool is None:
+        raise ValueError(f"offload: {_POOL_NAME!r} names the arena's pool, and the arena has "
+                         "none (open_pool)")
     ids = buffer_ids(keep, "keep", a._buffers)
     off = buffer_ids(offload, "offload", a._buffers)
     both = [a._buffers.names[i] for i in ids if i in off]
