@@ -92,20 +92,7 @@ def sleep(ArenaState self, keep=(), offload=()):
     cdef Reservation r
     cdef SleepState st
     cdef Pool pool
-    keep, in_keep = _pool_named(keep)
-    if in_keep:
-        raise ValueError(f"keep: {_POOL_NAME!r} (the arena's pool) is offloaded, not kept: "
-                         f"sleep(offload=[{_POOL_NAME!r}])")
-    offload, pool_off = _pool_named(offload)
-    if pool_off and a._pool is None:
-        raise ValueError(f"offload: {_POOL_NAME!r} names the arena's pool, and the arena has "
-                         "none (open_pool)")
-    ids = buffer_ids(keep, "keep", a._buffers)
-    off = buffer_ids(offload, "offload", a._buffers)
-    both = [a._buffers.names[i] for i in ids if i in off]
-    if both:
-        raise ValueError(f"keep, offload: {', '.join(both)} in both (a buffer is kept or "
-                         "offloaded)")
+    ids, off, pool_off = _kept_and_offloaded(a, keep, offload)
     begin(a, "sleep", off)
     r, st = a._reservation, a._sleep_state
     try:
@@ -178,19 +165,7 @@ def prepare_sleep(ArenaState self, keep=(), offload=()):
     cdef ArenaState a = self
     cdef Reservation r
     cdef SleepState st
-    keep, in_keep = _pool_named(keep)
-    if in_keep:
-        raise ValueError(f"keep: {_POOL_NAME!r} (the arena's pool) is offloaded, not kept")
-    offload, pool_off = _pool_named(offload)
-    if pool_off and a._pool is None:
-        raise ValueError(f"offload: {_POOL_NAME!r} names the arena's pool, and the arena has "
-                         "none (open_pool)")
-    ids = buffer_ids(keep, "keep", a._buffers)
-    off = buffer_ids(offload, "offload", a._buffers)
-    both = [a._buffers.names[i] for i in ids if i in off]
-    if both:
-        raise ValueError(f"keep, offload: {', '.join(both)} in both (a buffer is kept or "
-                         "offloaded)")
+    ids, off, _pool_off = _kept_and_offloaded(a, keep, offload)
     begin(a, "prepare_sleep", list(range(len(a._buffers))))    # views stay: nothing moves
     r, st = a._reservation, a._sleep_state
     try:
@@ -217,6 +192,26 @@ cdef int _host_for(ArenaState a, Reservation r, SleepState st, list off, list id
     st.host_memory(runs, r.piece)
     st.keep_copies(&a._layout, ids)
     return 0
+
+
+cdef tuple _kept_and_offloaded(ArenaState a, object keep, object offload):
+    """`sleep`'s and `prepare_sleep`'s names, checked: (kept ids, offloaded
+    ids, whether the pool is offloaded).  Converted before any state changes."""
+    keep, in_keep = _pool_named(keep)
+    if in_keep:
+        raise ValueError(f"keep: {_POOL_NAME!r} (the arena's pool) is offloaded, not kept: "
+                         f"sleep(offload=[{_POOL_NAME!r}])")
+    offload, pool_off = _pool_named(offload)
+    if pool_off and a._pool is None:
+        raise ValueError(f"offload: {_POOL_NAME!r} names the arena's pool, and the arena has "
+                         "none (open_pool)")
+    ids = buffer_ids(keep, "keep", a._buffers)
+    off = buffer_ids(offload, "offload", a._buffers)
+    both = [a._buffers.names[i] for i in ids if i in off]
+    if both:
+        raise ValueError(f"keep, offload: {', '.join(both)} in both (a buffer is kept or "
+                         "offloaded)")
+    return ids, off, pool_off
 
 
 cdef tuple _pool_named(object names):
@@ -470,7 +465,7 @@ cdef int _restore(ArenaState a) except -1:
 
 
 cdef list _outside(uint64_t lo, uint64_t hi, list ranges):
-    """The parts of [lo, hi) outside the (disjoint) `ranges`."""
+    """The parts of [lo, hi) outside `ranges` (any order, overlapping or not)."""
     out = []
     for x, y in sorted(ranges):
         if y <= lo or hi <= x:
@@ -497,17 +492,7 @@ cdef int _zero_fresh_but(ArenaState a, list spans) except -1:
         i = a._index[name]
         if a._layout.size[i]:
             want.append((a._layout.offset[i], a._layout.offset[i] + a._layout.size[i]))
-    for lo, hi in sorted(spans):        # cut each span out of every wanted range
-        cut = []
-        for x, y in want:
-            if y <= lo or hi <= x:
-                cut.append((x, y))
-                continue
-            if x < lo:
-                cut.append((x, lo))
-            if hi < y:
-                cut.append((hi, y))
-        want = cut
+    want = [part for x, y in want for part in _outside(x, y, spans)]    # the spans cut out
     for x, y in sorted(want):
         if y > x:
             batch[k].offset, batch[k].length = x, y - x
