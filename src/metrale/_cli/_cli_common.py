@@ -162,3 +162,23 @@ def _fail(message, status):
     # One line, whatever the message holds.
     print("metrale: error: " + " ".join(str(message).split()), file=sys.stderr)
     return status
+
+
+def _svg_clash(args):
+    """The failure status of ``--svg -`` beside an option that also writes
+    to stdout (``--json``, ``--explain``), or None."""
+    if args.svg == "-" and (args.json or args.explain):
+        other = "--json" if args.json else "--explain"
+        return _fail(f"--svg - and {other} both write to stdout: give --svg a file name "
+                     "(see metrale --help)", USAGE)
+    return None
+
+
+def _svg_out(path, svg):
+    """``--svg PATH``: write `svg` to the file, or, for ``-``, give it back
+    for stdout to carry alone (None otherwise)."""
+    if path == "-":
+        return svg
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(svg)
+    return None

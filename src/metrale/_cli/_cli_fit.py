@@ -8,7 +8,7 @@ import sys
 
 from ._cli_common import (RUNTIME, USAGE, _buffer_args, _buffer_set, _closed_pipe, _fail,
                           _levers_help, _limit_args, _model, _model_args, _set_line,
-                          _SpecErrors, _target)
+                          _SpecErrors, _svg_clash, _svg_out, _target)
 from .._base.errors import MetraleError
 from .._sizing.sizes import BufferSizes
 
@@ -202,17 +202,12 @@ def _fit_picture(answer):
 
 def _fit_main(args):
     """`metrale fit`: compute, then print; the statuses of `main`."""
-    if args.svg == "-" and (args.json or args.explain):
-        other = "--json" if args.json else "--explain"
-        return _fail(f"--svg - and {other} both write to stdout: give --svg a file name "
-                     "(see metrale --help)", USAGE)
+    clash = _svg_clash(args)
+    if clash is not None:
+        return clash
     try:
         answer = fit_answer(args)
-        svg = _fit_picture(answer) if args.svg else None
-        if svg is not None and args.svg != "-":
-            with open(args.svg, "w", encoding="utf-8") as f:
-                f.write(svg)
-            svg = None
+        svg = _svg_out(args.svg, _fit_picture(answer)) if args.svg else None
     except (ValueError, TypeError, OSError) as e:
         return _fail(e, USAGE)
     except (MetraleError, MemoryError) as e:

@@ -11,7 +11,7 @@ import sys
 from .._version import __version__
 from ._cli_common import (RUNTIME, USAGE, _buffer_args, _buffer_set, _closed_pipe, _fail,
                           _levers_help, _limit_args, _mib, _model, _model_args, _set_line,
-                          _SpecErrors, _target)
+                          _SpecErrors, _svg_clash, _svg_out, _target)
 from ._cli_fit import _fit_main, _fit_parser
 from ._cli_fit import fit_answer  # noqa: F401  (public: metrale.cli.fit_answer)
 from .._base.errors import MetraleError
@@ -290,22 +290,15 @@ def main(argv=None):
             return e.code if isinstance(e.code, int) else 0
         if args.command == "fit":
             return _fit_main(args)
-        if args.svg == "-" and (args.json or args.explain):
-            other = "--json" if args.json else "--explain"
-            return _fail(f"--svg - and {other} both write to stdout: give --svg a file name "
-                         "(see metrale --help)", USAGE)
+        clash = _svg_clash(args)
+        if clash is not None:
+            return clash
         try:
             with _SpecErrors(args):
                 planned = _Planned(args)
                 result = _report(args, planned)
             text = _explain(args, planned) if args.explain else None
-            svg = None
-            if args.svg:
-                svg = _picture(args, planned)
-                if args.svg != "-":
-                    with open(args.svg, "w", encoding="utf-8") as f:
-                        f.write(svg)
-                    svg = None
+            svg = _svg_out(args.svg, _picture(args, planned)) if args.svg else None
         except (ValueError, TypeError, OSError) as e:
             return _fail(e, USAGE)
         except (MetraleError, MemoryError) as e:
