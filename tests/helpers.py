@@ -308,6 +308,28 @@ def arena_bytes(sizes, guard=0, granularity=None):
     return cur
 
 
+def needed_bytes(a, gran, guard=0):
+    """The bytes a reserved arena's current limits need mapped, written out
+    from the layout: every granule a live buffer touches, counted once.  A
+    buffer touches [offset, offset + span): span its size, or on a debug
+    arena its size up to the next 256 bytes plus the guard band; token_ids
+    runs up to scratch (a step's upload spans both, padding included, and
+    the two may share a granule)."""
+    sizes = a.sizes()
+    granules = set()
+    for n in NAMES:
+        size = getattr(sizes, n)
+        if not size:
+            continue
+        start = a.buffers[n].offset
+        if n == "token_ids":
+            end = a.buffers["scratch"].offset
+        else:
+            end = start + (size if not guard else -(-size // 256) * 256 + guard)
+        granules.update(range(start // gran, -(-end // gran)))
+    return len(granules) * gran
+
+
 def ptr_of(arena, name):
     """The pointer of any reference buffer (the two without an accessor via a view)."""
     if name in NO_POINTER:

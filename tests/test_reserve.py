@@ -14,8 +14,8 @@ from metrale import BufferArena, BufferSizes, MetraleError, OutOfMemoryError
 from metrale.sizes import BUFFER_NAMES
 from metrale.testing import FaultyBackend
 
-from helpers import (COMPACT, NOENV, check_zeroed, fill_all, resident_in, rows_expectation,
-                     slab_base, vm_counts)
+from helpers import (COMPACT, NOENV, check_zeroed, fill_all, needed_bytes, resident_in,
+                     rows_expectation, slab_base, vm_counts)
 from reference_oracle import PREFILL, ZERO_ALL
 
 CFG = COMPACT
@@ -62,7 +62,7 @@ def test_physical_memory_is_the_current_sizes_rounded_to_granules(backend):
         # every buffer's size rounded up to the granule, which the host and
         # CUDA report (page size, 2 MiB); only token_ids and scratch share one
         gran = _granularity(a)
-        want = _needed(a, gran)
+        want = needed_bytes(a, gran)
         assert g == want
         # few physical handles: at most one per buffer
         assert backend.handle_count <= sum(1 for n in BUFFER_NAMES if getattr(sizes, n))
@@ -74,22 +74,6 @@ def _granularity(a):
     40-odd buffers of unrelated sizes, the gcd is it)."""
     import math
     return math.gcd(*(a.buffers[n].offset or 0 for n in BUFFER_NAMES if n != "scratch"))
-
-
-def _needed(a, gran):
-    """Bytes the arena's current sizes need mapped: the granules each buffer
-    touches, once each (token_ids and scratch may share one: token_ids runs up
-    to scratch, the span of a step's upload)."""
-    sizes = a.sizes()
-    granules = set()
-    for n in BUFFER_NAMES:
-        size = getattr(sizes, n)
-        if not size:
-            continue
-        start = a.buffers[n].offset
-        end = a.buffers["scratch"].offset if n == "token_ids" else start + size
-        granules.update(range(start // gran, -(-end // gran)))
-    return len(granules) * gran
 
 
 @pytest.mark.parametrize("helper", ["zero_all", "zero_prefill_essentials", "rows1", "rows17",
@@ -323,7 +307,7 @@ def test_a_chunk_a_failed_sleep_left_goes_at_wake_if_unneeded():
         a.resize(*LIMITS)
         a.wake()
         gran = _granularity(a)
-        need = _needed(a, gran)
+        need = needed_bytes(a, gran)
         assert a.committed_bytes() == gpu.mapped_bytes
         assert need <= a.committed_bytes()
     assert vm_counts(gpu) == (0, 0, 0)
@@ -483,7 +467,7 @@ def test_resize_while_asleep_gives_back_what_a_shrink_cannot(backend):
         a.wake()
         gran = _granularity(a)
         sizes = a.sizes()
-        need = _needed(a, gran)
+        need = needed_bytes(a, gran)
         assert a.committed_bytes() == need <= shrunk
         assert pointers(a) == ptrs
         assert (m.read("hidden_states") == kept[:sizes.hidden_states]).all()
@@ -629,7 +613,7 @@ def test_random_reshape_sequences_keep_the_invariants():
                     a.resize(*step)
                     assert a.max_batch_tokens() == step[0]
                 sizes = a.sizes()
-                need = _needed(a, gran)
+                need = needed_bytes(a, gran)
                 assert pointers(a) == ptrs
                 assert a.committed_bytes() == gpu.mapped_bytes >= need
                 if step == "sleep":                 # a wake maps exactly what is needed,

@@ -1,7 +1,7 @@
 """arena.trim() (docs/stable-addresses.md): after a shrink, the chunks still
 partly needed are replaced by new physical memory for just the needed
 granules, so that the committed bytes are exactly the chunk rule written out
-below; pointers never move, every live buffer keeps its bytes (and a debug
+(helpers.needed_bytes); pointers never move, every live buffer keeps its bytes (and a debug
 arena its guard bands), views stay valid, and a fault at any backend step
 leaves the arena exactly as it was.  Host backend, and CUDA where the
 `backend` fixture has one (plus the issue's preset on the device)."""
@@ -20,7 +20,8 @@ from metrale.debug import DebugOptions
 from metrale.sizes import BUFFER_NAMES
 from metrale.testing import OPERATIONS, FaultyBackend
 
-from helpers import COMPACT, PRESET, Mem, blocked_operation, process_resources, vm_counts
+from helpers import (COMPACT, PRESET, Mem, blocked_operation, needed_bytes, process_resources,
+                     vm_counts)
 
 # The issue's scenario: built at 2048 tokens, grown to 8192, shrunk to 1024.
 BUILT, GROWN, SHRUNK = 2048, 8192, 1024
@@ -33,27 +34,6 @@ def granularity(a, gpu):
     if isinstance(gpu, metrale.HostBackend):
         return os.sysconf("SC_PAGESIZE")
     return gpu.allocation_granularity()
-
-
-def chunk_rule(a, gran, guard=0):
-    """The bytes the current limits need mapped, written out from the layout:
-    every granule a live buffer touches, counted once.  A buffer touches
-    [offset, offset + span): span its size, or on a debug arena its size up
-    to the next 256 bytes plus the guard band; token_ids runs up to scratch
-    (a step's upload spans both, padding included)."""
-    sizes = a.sizes()
-    granules = set()
-    for n in BUFFER_NAMES:
-        size = getattr(sizes, n)
-        if not size:
-            continue
-        start = a.buffers[n].offset
-        if n == "token_ids":
-            end = a.buffers["scratch"].offset
-        else:
-            end = start + (size if not guard else -(-size // 256) * 256 + guard)
-        granules.update(range(start // gran, -(-end // gran)))
-    return len(granules) * gran
 
 
 def pointers(a):
@@ -99,7 +79,7 @@ def test_trim_leaves_exactly_the_chunk_rule(backend, pieces):
         gran = granularity(a, backend)
         ptrs = pointers(a)
         m, want = stamp(a, backend)
-        kept, need = a.committed_bytes(), chunk_rule(a, gran)
+        kept, need = a.committed_bytes(), needed_bytes(a, gran)
         assert kept > need                      # what the issue reports: the shrink kept more
         mapped = backend.mapped_bytes
         given = a.trim()
@@ -111,7 +91,7 @@ def test_trim_leaves_exactly_the_chunk_rule(backend, pieces):
         assert a.trim() == 0 and a.committed_bytes() == need    # nothing left to give back
         # grown again after the trim: mapped at the tails, the bytes kept
         a.resize(GROWN)
-        assert a.committed_bytes() == chunk_rule(a, gran) and pointers(a) == ptrs
+        assert a.committed_bytes() == needed_bytes(a, gran) and pointers(a) == ptrs
         assert damaged(m, want) == []
         m2, want2 = stamp(a, backend)
         a.resize(SHRUNK)                        # back: the growth goes whole
@@ -137,7 +117,7 @@ def test_nothing_to_give_back_is_no_backend_call():
         gpu.clear_faults()
         assert (a.committed_bytes(), vm_counts(gpu), a.memory_stats()["physical_handles"],
                 gpu.host_alloc_count, gpu.d2h_count, gpu.h2d_count) == state
-        assert a.committed_bytes() == chunk_rule(a, granularity(a, gpu))
+        assert a.committed_bytes() == needed_bytes(a, granularity(a, gpu))
         assert damaged(m, want) == []
 
 
@@ -149,7 +129,7 @@ def test_a_chunk_a_failed_shrink_kept_goes_at_trim():
         with pytest.raises(MetraleError):
             a.resize(64)                # one tail stays mapped, tracked
         m, want = stamp(a, gpu)
-        need = chunk_rule(a, granularity(a, gpu))
+        need = needed_bytes(a, granularity(a, gpu))
         assert a.committed_bytes() > need
         assert a.trim() > 0
         assert a.committed_bytes() == need == gpu.mapped_bytes
@@ -166,7 +146,7 @@ def test_views_stay_valid_through_trim():
                                                                "logits")}
         addrs = {n: v.ctypes.data for n, v in views.items()}
         assert a.trim() > 0             # views of every buffer are alive: not refused
-        assert a.committed_bytes() == chunk_rule(a, granularity(a, gpu))
+        assert a.committed_bytes() == needed_bytes(a, granularity(a, gpu))
         for n, v in views.items():
             assert v.ctypes.data == addrs[n] and np.array_equal(v, want[n]), n
             v[:3] = (1, 2, 3)           # the view reaches the arena's memory, mapped
@@ -182,7 +162,7 @@ def test_a_debug_arenas_guard_bands_survive():
                   debug=DebugOptions(guard_bytes=guard)) as a:
         m, want = stamp(a, gpu)
         assert a.check_guards() == []
-        need = chunk_rule(a, granularity(a, gpu), guard)
+        need = needed_bytes(a, granularity(a, gpu), guard)
         assert a.committed_bytes() > need
         assert a.trim() > 0
         assert a.committed_bytes() == need
@@ -217,7 +197,7 @@ def test_a_sleeping_arena_has_nothing_to_trim():
         assert a.trim() == 0
         assert a.is_sleeping() and a.committed_bytes() == 0 and vm_counts(gpu) == state
         a.wake()                        # maps exactly what the limits need
-        assert a.committed_bytes() == chunk_rule(a, granularity(a, gpu))
+        assert a.committed_bytes() == needed_bytes(a, granularity(a, gpu))
         assert np.array_equal(m.read("hidden_states"), want["hidden_states"])
 
 
@@ -238,7 +218,7 @@ def test_released_and_unreserved_arenas_refuse():
 def test_trim_waits_for_the_operation_in_flight():
     gpu = FaultyBackend()
     with scenario(gpu, built=256, grown=1024, shrunk=64) as a:
-        need = chunk_rule(a, granularity(a, gpu))
+        need = needed_bytes(a, granularity(a, gpu))
         t, go = blocked_operation(gpu, a)       # zero_all held inside its memset
         out = {}
         trimmer = threading.Thread(target=lambda: out.setdefault("given", a.trim()))
@@ -298,7 +278,7 @@ def _run(op, nth):
     before_process = process_resources()[0::2]
     a = scenario(gpu, built=64, grown=128, shrunk=16, rest=(512, 16, 8))
     gran = granularity(a, gpu)
-    need = chunk_rule(a, gran)
+    need = needed_bytes(a, gran)
     m, want = stamp(a, gpu)
     views = {n: np.asarray(a.view(n, "uint8")) for n in HELD}
     before = _state(a, gpu)
@@ -355,7 +335,7 @@ def test_trim_gives_device_memory_back(gpu):
     with scenario(gpu, cfg=PRESET, rest=rest) as a:
         ptrs = pointers(a)
         m, want = stamp(a, gpu)
-        kept, need = a.committed_bytes(), chunk_rule(a, granularity(a, gpu))
+        kept, need = a.committed_bytes(), needed_bytes(a, granularity(a, gpu))
         assert kept > need
         gpu.synchronize()
         free0 = gpu.mem_info()[0]
