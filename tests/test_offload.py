@@ -8,6 +8,7 @@ leaves the arena as it was.  Host backend here (every rule); the CUDA side
 is in test_offload_cuda.py."""
 
 import ctypes
+import os
 import threading
 import time
 
@@ -15,7 +16,7 @@ import numpy as np
 import pytest
 
 import metrale
-from metrale import BufferArena, MetraleError, OutOfMemoryError
+from metrale import BufferArena, MetraleError, ModelConfig, OutOfMemoryError
 from metrale._arena._summary import Pin
 from metrale.sizes import BUFFER_NAMES
 from metrale.testing import FaultyBackend
@@ -96,6 +97,47 @@ def test_offloaded_buffers_live_through_sleep_at_their_addresses():
                 assert not m.read(name).any(), name
         assert a.memory_stats()["offloaded_bytes"] == a.memory_stats()["kept_bytes"] == 0
         del v, arr
+    assert counts(gpu) == NOTHING
+
+
+def test_the_last_host_piece_tapers_down_to_8_mib():
+    """An offload's host memory comes in pieces of an eighth of the slab (in
+    granules), and the last piece is halved again and again (the first half
+    rounded up to whole granules) until it is at most 8 MiB: a sleep maps
+    each piece at its buffers' addresses once its copy is done, and only the
+    last one's mapping follows the copies.  The handles are counted against
+    that rule written out here, every buffer of a 450 MiB slab offloaded."""
+    gpu = metrale.HostBackend()
+    g = os.sysconf("SC_PAGESIZE")
+    least = max(g, -(-(8 << 20) // g) * g)
+    with BufferArena.new(ModelConfig.preset("llama-3.1-8b"), 2048, 4096, 16, 32, gpu,
+                         reserve=(2048, 4096, 16, 32)) as a:
+        names = [n for n in BUFFER_NAMES if a.nbytes(n)]
+        a.sleep(offload=names)
+        runs = []                   # the granules the buffers touch, merged
+        for lo, hi in sorted((a.buffers[n].offset // g * g,
+                              -(-(a.buffers[n].offset + a.nbytes(n)) // g) * g) for n in names):
+            if runs and lo <= runs[-1][1]:
+                runs[-1][1] = max(runs[-1][1], hi)
+            else:
+                runs.append([lo, hi])
+        piece = max(g, -(-(a.slab_bytes() // 8) // g) * g)
+        sizes = []
+        for lo, hi in runs:
+            sizes += [piece] * ((hi - lo - 1) // piece) + [(hi - lo - 1) % piece + 1]
+        last = sizes.pop()
+        while last > least:
+            half = -(-(last // 2) // g) * g
+            sizes.append(half)
+            last -= half
+        sizes.append(last)
+        assert len(sizes) > 8 and sizes[-1] <= least
+        assert gpu.host_handle_count == len(sizes)
+        assert gpu.host_handle_bytes == sum(sizes) == sum(hi - lo for lo, hi in runs)
+        a.wake()
+        a.sleep(offload=names)      # the same pieces, made once
+        assert gpu.host_handle_count == len(sizes)
+        a.wake()
     assert counts(gpu) == NOTHING
 
 

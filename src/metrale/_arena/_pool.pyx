@@ -377,7 +377,7 @@ The pool of a reserved arena: segments of its own range (made by
                     if self.host is None:
                         self.host = sleep_state_new(self.gpu, 0, self.nbytes)
                     h = self.host
-                    h.host_memory(runs, 0)
+                    h.host_memory(runs, 0, 0)
                     self._copy(runs, False)
             except BaseException:
                 self.unhold()

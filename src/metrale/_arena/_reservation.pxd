@@ -61,3 +61,9 @@ cdef Reservation reservation_new(Backend gpu, bint shareable, object top_sizes,
                                  object top_limits)
 # The (offset, bytes) `runs` cut in pieces of at most `piece` bytes (0: whole).
 cdef list cut(list runs, uint64_t piece)
+# `pieces` (in address order) with the last one halved again and again, each
+# part whole granules, until the last is at most `least` bytes: what is done
+# piece by piece behind a stream of copies (an offloading sleep maps each host
+# piece at its buffers' addresses once its copy is done) leaves only the last,
+# smallest, piece's part after the copies.
+cdef list tapered(list pieces, uint64_t granule, uint64_t least)

@@ -325,3 +325,18 @@ cdef list cut(list runs, uint64_t piece):
             lo, n = lo + piece, n - piece
         out.append((lo, n))
     return out
+
+
+cdef list tapered(list pieces, uint64_t granule, uint64_t least):
+    out = list(pieces)
+    if not out:
+        return out
+    lo, n = out.pop()
+    while n > least:
+        h = (n // 2 + granule - 1) // granule * granule    # the first half, in whole granules
+        if h >= n:
+            break
+        out.append((lo, h))
+        lo, n = lo + h, n - h
+    out.append((lo, n))
+    return out

@@ -182,14 +182,16 @@ cdef int _host_for(ArenaState a, Reservation r, SleepState st, list off, list id
     (made where it is missing: the first time, or grown)."""
     if (off or ids) and not r.piece:
         # Host memory, and from the next wake on device memory, in pieces
-        # of an eighth of the slab: a sleep unmaps the pieces it copies
-        # nothing from at once, and each other one (remapping an
-        # offloaded one at its addresses) as soon as its copy is done,
-        # while the next ones are still being copied.
+        # of an eighth of the slab (the last host piece tapered down to a
+        # few granules, as the device memory that wake maps range by range
+        # under it): a sleep unmaps the pieces it copies nothing from at
+        # once, and each other one (remapping an offloaded one at its
+        # addresses) as soon as its copy is done, while the next ones are
+        # still being copied.
         r.piece = max(r.granule, (a._layout.slab_bytes // 8 + r.granule - 1)
                       // r.granule * r.granule)
     runs = _runs(a, off)
-    st.host_memory(runs, r.piece)
+    st.host_memory(runs, r.piece, r.granule)
     st.keep_copies(&a._layout, ids)
     return 0
 

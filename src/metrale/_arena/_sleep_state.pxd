@@ -42,8 +42,9 @@ cdef class SleepState:
     # when large enough, else a new one (the old freed once the new is made).
     cdef int keep_copies(self, const mt_layout *L, list ids) except -1
     # Host memory mapped at the staging range for every (offset, bytes) run,
-    # in pieces of at most `piece` bytes: what it has when it covers them.
-    cdef int host_memory(self, list runs, uint64_t piece) except -1
+    # in pieces of at most `piece` bytes, the last one tapered (tapered(), in
+    # `granule`s; 0: not): what it has when it covers them.
+    cdef int host_memory(self, list runs, uint64_t piece, uint64_t granule) except -1
     # Unmap from the staging range and release `hosted`; what fails stays
     # in `hosted` (or, a release, in `host_orphans`).
     cdef int _drop(self, list hosted) except -1

@@ -19,9 +19,15 @@ from metrale._backends._backend cimport Backend
 from metrale._base._common cimport logger
 from metrale._base._core cimport mt_layout
 from metrale._base._held cimport Held
-from metrale._arena._reservation cimport cut
+from metrale._arena._reservation cimport cut, tapered
 
 from metrale._base.errors import MetraleError, OutOfMemoryError
+
+cdef enum:
+    # The most bytes of an offload's last host piece (whole granules, at least
+    # one): on the H200, mapping 8 MiB of host memory at the buffers' addresses,
+    # which follows the last copy, takes about 0.1 ms (bench/RESULTS.md).
+    TAPER_BYTES = 8 << 20
 
 cdef object _TOKEN = object()
 
@@ -80,7 +86,7 @@ cdef class SleepState:
             self.rec[<int>i].capacity = n
         return 0
 
-    cdef int host_memory(self, list runs, uint64_t piece) except -1:
+    cdef int host_memory(self, list runs, uint64_t piece, uint64_t granule) except -1:
         cdef Backend be = self.gpu
         cdef uintptr_t stage
         cdef uint64_t h = 0
@@ -96,7 +102,15 @@ cdef class SleepState:
         try:
             if not stage:
                 be.reserve(self.stage_bytes, &stage)
-            for lo, n in cut(runs, piece):      # no handle longer than the arena's pieces
+            # no handle longer than the arena's pieces, the last ones halving down
+            # to TAPER_BYTES: a sleep maps each at its buffers' addresses once its
+            # copy is done, and the last one's mapping (about 9 ms a GB for host
+            # memory on the H200) is what no copy overlaps
+            pieces = cut(runs, piece)
+            if granule:
+                pieces = tapered(pieces, granule,
+                                 max(granule, (TAPER_BYTES + granule - 1) // granule * granule))
+            for lo, n in pieces:
                 be.create_host(n, &h)
                 try:
                     be.map_host(stage + lo, n, h)
