@@ -182,9 +182,9 @@ cdef int _host_for(ArenaState a, Reservation r, SleepState st, list off, list id
     (made where it is missing: the first time, or grown)."""
     if (off or ids) and not r.piece:
         # Host memory, and from the next wake on device memory, in pieces
-        # of an eighth of the slab (the last host piece tapered down to a
-        # few granules, as the device memory that wake maps range by range
-        # under it): a sleep unmaps the pieces it copies nothing from at
+        # of an eighth of the slab (the last host piece tapered down to
+        # 8 MiB, as the device memory that wake maps range by range under
+        # it): a sleep unmaps the pieces it copies nothing from at
         # once, and each other one (remapping an offloaded one at its
         # addresses) as soon as its copy is done, while the next ones are
         # still being copied.
