@@ -91,7 +91,7 @@ def main():
     ap.add_argument("--runs", type=int, default=30)
     ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--zeroing-only", action="store_true", help="part 1 only")
-    ap.add_argument("--tunings", default="4:512:8,8:512:8,4:256:32,8:256:32,4:256:4",
+    ap.add_argument("--tunings", default="8:512:8,4:512:8,16:512:8",
                     help="blocks_per_sm:tile_chunks:spread, comma-separated (part 1)")
     args = ap.parse_args()
     cfg = ModelConfig.preset("qwen3-next-80b")
@@ -114,7 +114,7 @@ def main():
     tunings = [tuple(int(x) for x in t.split(":")) for t in args.tunings.split(",")]
     for per_sm, per, spread in tunings:
         gpu.tune_rows_at(blocks_per_sm=per_sm, tile_chunks=per, spread=spread)
-        for n in (1, 16, 4096, 8192):
+        for n in (1, 16, 64, 256, 1024, 2048, 4096, 6000, 8192):
             cell.fill_(n)
             torch.cuda.synchronize()
             host = lambda: arena.zero_all_rows(stream=s, tokens=n)            # noqa: E731
@@ -127,6 +127,24 @@ def main():
             print(f"{n:>6} {per_sm:>7} {per:>5} {spread:>6} {rh[0]:>8.1f} ({rh[1]:.1f}..{rh[2]:.1f}) "
                   f"{rd[0]:>8.1f} ({rd[1]:.1f}..{rd[2]:.1f}) {rd[0] / rh[0]:>8.3f} {bd / bh:>7.3f}")
     gpu.tune_rows_at(**default)
+    # The device count inside one captured graph (the default shape), replayed for
+    # every n, against the host count's launch for that n.
+    print("\n1b. zero_all_rows(tokens_at=...) captured once in a CUDA graph, replayed for each n;"
+          " GPU µs, median of", args.runs)
+    g = torch.cuda.CUDAGraph()
+    torch.cuda.synchronize()
+    with torch.cuda.graph(g, stream=s):
+        arena.zero_all_rows(stream=torch.cuda.current_stream(), tokens_at=cell.data_ptr())
+    torch.cuda.set_stream(s)
+    print(f"{'n':>6} {'host count':>12} {'graph replay':>12} {'x':>7}")
+    for n in (1, 16, 64, 256, 1024, 2048, 4096, 6000, 8192):
+        cell.fill_(n)
+        torch.cuda.synchronize()
+        host = lambda: arena.zero_all_rows(stream=s, tokens=n)            # noqa: E731
+        rh = timed(host, s, args.runs)
+        rg = timed(g.replay, s, args.runs)
+        print(f"{n:>6} {rh[0]:>12.1f} {rg[0]:>12.1f} {rg[0] / rh[0]:>7.3f}")
+    del g
     if args.zeroing_only:
         return
 
