@@ -278,7 +278,7 @@ def test_missing_bindings_is_a_clear_error():
         assert "CudaBackend is unavailable" in r.stdout and "metrale[cuda]" in r.stdout, r.stdout
 
 
-ROWS_AT_DEFAULT = {"blocks_per_sm": 8, "tile_chunks": 512, "spread": 8}   # documented
+ROWS_AT_DEFAULT = {"blocks_per_sm": 1, "tile_chunks": 512, "spread": 8, "queue": True}   # documented
 
 
 def test_rows_at_tuning_is_checked_all_or_nothing(gpu):
@@ -291,26 +291,31 @@ def test_rows_at_tuning_is_checked_all_or_nothing(gpu):
                              ("tile_chunks", 3, ValueError), ("tile_chunks", 768, ValueError),
                              ("tile_chunks", 8192, ValueError), ("tile_chunks", 2.0, TypeError),
                              ("spread", 0, ValueError), ("spread", 2**32, ValueError),
-                             ("spread", "8", TypeError)):
-            others = {k: 1 for k in ROWS_AT_DEFAULT if k != kw}
+                             ("spread", "8", TypeError), ("queue", 1, TypeError),
+                             ("queue", "yes", TypeError)):
+            others = {k: (1 if k != "queue" else False) for k in ROWS_AT_DEFAULT if k != kw}
             with pytest.raises(exc, match=kw):
                 gpu.tune_rows_at(**others, **{kw: bad})
             assert gpu.rows_at_tuning() == ROWS_AT_DEFAULT, kw
-        gpu.tune_rows_at(blocks_per_sm=32, tile_chunks=4096, spread=2**32 - 1)
-        assert gpu.rows_at_tuning() == {"blocks_per_sm": 32, "tile_chunks": 4096, "spread": 2**32 - 1}
+        gpu.tune_rows_at(blocks_per_sm=32, tile_chunks=4096, spread=2**32 - 1, queue=False)
+        assert gpu.rows_at_tuning() == {"blocks_per_sm": 32, "tile_chunks": 4096, "spread": 2**32 - 1,
+                                        "queue": False}
         gpu.tune_rows_at(tile_chunks=1)
-        assert gpu.rows_at_tuning() == {"blocks_per_sm": 32, "tile_chunks": 1, "spread": 2**32 - 1}
+        assert gpu.rows_at_tuning() == {"blocks_per_sm": 32, "tile_chunks": 1, "spread": 2**32 - 1,
+                                        "queue": False}
     finally:
         gpu.tune_rows_at(**ROWS_AT_DEFAULT)
     assert gpu.rows_at_tuning() == ROWS_AT_DEFAULT
 
 
+@pytest.mark.parametrize("queue", [True, False])
 @pytest.mark.parametrize("shape", [(1, 1, 1), (32, 4096, 1), (4, 256, 32), (1, 16, 2**32 - 1)])
-def test_tuned_rows_at_clears_what_the_host_count_does(gpu, shape):
+def test_tuned_rows_at_clears_what_the_host_count_does(gpu, shape, queue):
     """Every launch shape clears exactly the rows zero_all_rows(tokens) does
-    (helpers.rows_expectation, written from ARENA §5.2)."""
+    (helpers.rows_expectation, written from ARENA §5.2), its blocks taking
+    their tiles from the arena's counter or in fixed shares."""
     blocks_per_sm, tile_chunks, spread = shape
-    gpu.tune_rows_at(blocks_per_sm=blocks_per_sm, tile_chunks=tile_chunks, spread=spread)
+    gpu.tune_rows_at(blocks_per_sm=blocks_per_sm, tile_chunks=tile_chunks, spread=spread, queue=queue)
     try:
         for tokens in (0, 1, 17, 100, -1):
             with new(gpu, COMPACT, m=100) as arena:

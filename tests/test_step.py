@@ -102,6 +102,30 @@ def test_device_count_matches_the_host_count_byte_for_byte_on_the_host():
                     ctypes.string_at(bases[1], b.slab_bytes()), (m, tokens)
 
 
+def test_arenas_zeroing_at_once_on_two_streams_each_clear_their_own(gpu):
+    """Each arena's device-count launches take their tiles from a counter of
+    their own: two arenas zeroed again and again on two streams at once (one
+    count trimming, the other clearing everything) both end exact."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA here")
+    m = 1000
+    with new(gpu, PRESET, m=m) as a, new(gpu, PRESET, m=m) as b:
+        streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+        for _ in range(5):
+            for arena in (a, b):
+                fill_all(arena, gpu)
+            cells = [count_cell(a, gpu, "token_ids", 0, 17), count_cell(b, gpu, "token_ids", 0, m)]
+            torch.cuda.synchronize()
+            for arena, cell, s in zip((a, b), cells, streams):
+                with torch.cuda.stream(s):
+                    torch.cuda._sleep(1_000_000)        # both launches start together
+                arena.zero_all_rows(stream=s, tokens_at=cell)
+            torch.cuda.synchronize()
+            check_rows(a, read_all(a, gpu), 17, spared=[("token_ids", 0, 4)])
+            check_rows(b, read_all(b, gpu), m, spared=[("token_ids", 0, 4)])
+
+
 def test_tokens_at_is_checked(backend):
     with new(backend, COMPACT, m=16) as arena:
         p = arena.token_ids()

@@ -59,6 +59,8 @@ cdef class ArenaState:
     cdef object _peers            # the peers' mappings of a shared arena (metrale.tp._Sharing),
                                   # or None (docs/tensor-parallel.md)
     cdef Pool _pool               # the pool beside the buffers (open_pool, docs/torch.md), or None
+    cdef uintptr_t _rows_queue    # the work counter of its zero_all_rows(tokens_at=...) launches,
+                                  # lent by _gpu at the first (0: none yet, or none to lend)
 
     cdef object __weakref__
     # The process's arenas, a list linked through the arenas themselves (no
@@ -103,3 +105,8 @@ cdef void unlink(ArenaState a) noexcept
 cdef int init_zero(ArenaState a) except -1
 # All-zero pointers for the arena's set.
 cdef tuple zeros(ArenaState a)
+
+# The arena's work counter for zero_all_rows(tokens_at=...), lent by its
+# backend at the first call (0 when the backend has none to lend: the launch
+# then shares its tiles out in fixed shares); returned by the finalizer.
+cdef uintptr_t rows_queue(ArenaState a) noexcept

@@ -211,6 +211,9 @@ cdef class ArenaState:
         and no operation can be alive here: each holds a reference.  In a forked
         child a GPU's memory is the parent's: nothing to free."""
         unlink(self)
+        if self._rows_queue and self._gpu is not None:
+            self._gpu.rows_queue_return(self._rows_queue)
+            self._rows_queue = 0
         if self._gpu is not None and self._life != NULL and not (
                 mt_life_forked(self._life) and self._gpu.device_type != 1):
             if self._reservation is not None:
@@ -230,6 +233,12 @@ cdef class ArenaState:
         return bool(self._base or (self._reservation is not None and (
             self._reservation.holds() or self._sleep_state.holds()))
             or (self._pool is not None and not self._pool.closed))
+
+
+cdef uintptr_t rows_queue(ArenaState a) noexcept:
+    if a._rows_queue == 0:
+        a._rows_queue = a._gpu.rows_queue_lend()
+    return a._rows_queue
 
 
 cdef bint sleeping(ArenaState a):

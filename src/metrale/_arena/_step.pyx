@@ -15,7 +15,7 @@ cimport cython
 from libc.stdint cimport int32_t, uint64_t, uintptr_t
 from libc.string cimport memcpy, memset as c_memset
 
-from metrale._arena._arena_state cimport ArenaState, reshapes
+from metrale._arena._arena_state cimport ArenaState, reshapes, rows_queue
 from metrale._arena._view cimport own_shape
 from metrale._backends._backend cimport Backend
 from metrale._base._common cimport as_stream, u64_arg
@@ -432,7 +432,7 @@ Pinned host staging for one step's inputs, uploaded with one copy.
                 self._gpu.copy_h2d(self._dst, self._host, self.nbytes, s)
                 self._gpu.event_record(self._event, s)
                 if zeroing:
-                    self._gpu.zero_rows_at(&self._rows, s)
+                    self._gpu.zero_rows_at(&self._rows, rows_queue(arena), s)
             finally:
                 mt_life_leave(arena._life)
         finally:

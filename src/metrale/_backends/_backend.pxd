@@ -31,8 +31,13 @@ cdef class Backend:
     cdef int zero_ranges(self, uintptr_t base, const mt_range *r, int n, uintptr_t stream) except -1
     # zero_all_rows with the token count read, when the work runs, from the
     # int32 at a.count_at (kernels/zero_ranges.h); the base class reads it with
-    # d2h and clears with zero_ranges.
-    cdef int zero_rows_at(self, const mt_rows_args *a, uintptr_t stream) except -1
+    # d2h and clears with zero_ranges.  `queue`: the arena's work counter
+    # (rows_queue_lend), 0 for none.
+    cdef int zero_rows_at(self, const mt_rows_args *a, uintptr_t queue, uintptr_t stream) except -1
+    # A work counter for one arena's zero_rows_at launches (0: none to lend,
+    # or none needed), and its return: host bookkeeping, never raises.
+    cdef uintptr_t rows_queue_lend(self) noexcept
+    cdef void rows_queue_return(self, uintptr_t q) noexcept
     # Host -> device copy in stream order, not waited for (capturable on CUDA):
     # src must stay unchanged until the copy has run (see the events below).
     cdef int copy_h2d(self, uintptr_t dst, const void *src, size_t n, uintptr_t stream) except -1

@@ -96,7 +96,7 @@ cdef class Backend:
         for i in range(n):
             self.memset(base + r[i].offset, r[i].length, stream)
         return 0
-    cdef int zero_rows_at(self, const mt_rows_args *a, uintptr_t stream) except -1:
+    cdef int zero_rows_at(self, const mt_rows_args *a, uintptr_t queue, uintptr_t stream) except -1:
         # Read the count when the call runs (d2h waits for the stream's work
         # before it), then clear what the table gives for it.
         cdef int32_t count = 0
@@ -114,6 +114,10 @@ cdef class Backend:
         if n:
             self.zero_ranges(a.base, r, n, stream)
         return 0
+    cdef uintptr_t rows_queue_lend(self) noexcept:
+        return 0
+    cdef void rows_queue_return(self, uintptr_t q) noexcept:
+        pass
     cdef int copy_h2d(self, uintptr_t dst, const void *src, size_t n, uintptr_t stream) except -1:
         return _unusable(self)
     cdef int event_create(self, uintptr_t *out) except -1:

@@ -188,13 +188,20 @@ An NVIDIA GPU through the CUDA driver.
         self.launch_count += 1
         return 0
 
-    cdef int zero_rows_at(self, const mt_rows_args *a, uintptr_t stream) except -1:
+    cdef int zero_rows_at(self, const mt_rows_args *a, uintptr_t queue, uintptr_t stream) except -1:
         cdef int launched
         with nogil:
             self._current()
-            launched = _kernels.zero_rows_at(&self._zero, a, self._sm_count, <cydriver.CUstream>stream)
+            launched = _kernels.zero_rows_at(&self._zero, a, queue, self._sm_count,
+                                             <cydriver.CUstream>stream)
         self.launch_count += launched
         return 0
+
+    cdef uintptr_t rows_queue_lend(self) noexcept:
+        return _kernels.queue_lend(&self._zero)
+
+    cdef void rows_queue_return(self, uintptr_t q) noexcept:
+        _kernels.queue_return(&self._zero, q)
 
     cdef int copy_h2d(self, uintptr_t dst, const void *src, size_t n, uintptr_t stream) except -1:
         with nogil:
@@ -466,39 +473,44 @@ An NVIDIA GPU through the CUDA driver.
             check(cydriver.cuMemGetInfo(&free_b, &total_b), "cuMemGetInfo")
         return (free_b, total_b)
 
-    def tune_rows_at(self, *, blocks_per_sm=None, tile_chunks=None, spread=None):
+    def tune_rows_at(self, *, blocks_per_sm=None, tile_chunks=None, spread=None, queue=None):
         """Set the launch shape of ``zero_all_rows(tokens_at=...)``.
 
         That zeroing reads the token count when it runs, so its grid is fixed
-        when it is enqueued (or captured): `blocks_per_sm` blocks per SM take
-        tiles in turn, each tile at least `tile_chunks` 16-byte chunks and
-        sized so that a block takes about `spread` of them (64 KiB at most).
-        The defaults, 8, 512 and 8, measured best on the H200
-        (``bench/bench_step.py``); this is for such measurements.  It applies
-        to later launches (an already captured graph keeps its shape).
-        Arguments left None keep their value; nothing changes when one is
-        refused.
+        when it is enqueued (or captured): the bytes every count clears get
+        blocks of their own, laid out as ``zero_all_rows(tokens=...)`` lays
+        out its launch, and `blocks_per_sm` blocks per SM clear what the
+        count adds, in tiles of at least `tile_chunks` 16-byte chunks sized
+        so that a block takes about `spread` of them (64 KiB at most).  With
+        `queue`, a block takes its next tile from a counter in device memory
+        (the arena's own), so blocks that finish early take more; without,
+        each block takes a fixed share.  The defaults, 1, 512, 8 and True,
+        measured best on the H200 (``bench/bench_step.py``); this is for such
+        measurements.  It applies to later launches (an already captured
+        graph keeps its shape).  Arguments left None keep their value;
+        nothing changes when one is refused.
 
         Parameters
         ----------
         blocks_per_sm : int, optional
-            Blocks per streaming multiprocessor, 1 to 32 (no GPU keeps more
-            resident on one SM).
+            Blocks (of 512 threads) per streaming multiprocessor, 1 to 32.
         tile_chunks : int, optional
             The smallest tile in 16-byte chunks: a power of two, 1 to 4096
             (64 KiB, the largest tile the kernel makes).
         spread : int, optional
             Tiles a block aims at, 1 to 2**32 - 1.
+        queue : bool, optional
+            Whether blocks take their tiles from a counter.
 
         Raises
         ------
         TypeError
-            An argument is not an int.
+            An argument is not an int (`queue`: not a bool).
         ValueError
             An argument is out of its range, or `tile_chunks` is not a power
             of two; the message names it.
         """
-        _kernels.tune_rows_at(&self._zero, blocks_per_sm, tile_chunks, spread)
+        _kernels.tune_rows_at(&self._zero, blocks_per_sm, tile_chunks, spread, queue)
 
     def rows_at_tuning(self):
         """The launch shape of ``zero_all_rows(tokens_at=...)`` (`tune_rows_at`).
@@ -506,8 +518,8 @@ An NVIDIA GPU through the CUDA driver.
         Returns
         -------
         dict
-            ``{"blocks_per_sm": int, "tile_chunks": int, "spread": int}``,
-            which ``tune_rows_at(**...)`` accepts back.
+            ``{"blocks_per_sm": int, "tile_chunks": int, "spread": int,
+            "queue": bool}``, which ``tune_rows_at(**...)`` accepts back.
         """
         return _kernels.rows_at_tuning(&self._zero)
 

@@ -13,8 +13,8 @@ from libc.stdint cimport uintptr_t
 from libc.string cimport memcpy, memset
 
 from cuda.bindings cimport cydriver
-from metrale._base._core cimport (MT_MAX_RANGES, mt_range, mt_rows_args, mt_rows_segment,
-                                  mt_zero_args)
+from metrale._base._core cimport (MT_MAX_RANGES, MT_MAX_ROWS_ENTRIES, mt_range, mt_rows_args,
+                                  mt_rows_launch, mt_rows_segment, mt_zero_args)
 from metrale._base._debug_core cimport (MT_DBG_FILL, MT_DBG_FINGERPRINT, MT_DBG_MAX_ITEMS,
                                         MT_DBG_NONFINITE, mt_debug_args, mt_debug_result)
 from metrale._base._common cimport index_arg
@@ -62,11 +62,49 @@ cdef int _load(const char *file, const char **names, int n, cydriver.CUmodule *m
 
 
 cdef int zero_load(ZeroKernels *k) except -1:
+    cdef size_t n = ROWS_AT_QUEUE_WORDS * 64 * 8
     _load(b"zero_ranges.ptx", _ZERO_NAMES, 2, &k.mod, k.fn)
+    try:
+        with nogil:
+            check(cydriver.cuMemAlloc(&k.queues, n), "cuMemAlloc", "zero_all_rows' work counters", n)
+            # on the legacy stream, waited for: no stream sees them unzeroed
+            check(cydriver.cuMemsetD8Async(k.queues, 0, n, NULL), "cuMemsetD8Async")
+            check(cydriver.cuStreamSynchronize(NULL), "cuStreamSynchronize")
+    except BaseException:
+        with nogil:
+            if k.queues != 0:
+                cydriver.cuMemFree(k.queues)
+            cydriver.cuModuleUnload(k.mod)
+        k.queues = 0
+        k.mod = NULL
+        raise
+    memset(k.queue_lent, 0, sizeof(k.queue_lent))
     k.blocks_per_sm = ROWS_AT_BLOCKS_PER_SM
     k.tile = ROWS_AT_TILE
     k.spread = ROWS_AT_SPREAD
+    k.queue = True
     return 0
+
+
+cdef uintptr_t queue_lend(ZeroKernels *k) noexcept nogil:
+    cdef int w, b
+    if k.queues == 0:
+        return 0
+    for w in range(ROWS_AT_QUEUE_WORDS):
+        if k.queue_lent[w] != 0xFFFFFFFFFFFFFFFFULL:
+            for b in range(64):
+                if not (k.queue_lent[w] >> b) & 1:
+                    k.queue_lent[w] |= 1ULL << b
+                    return <uintptr_t>(k.queues + <unsigned long long>(w * 64 + b) * 8)
+    return 0
+
+
+cdef void queue_return(ZeroKernels *k, uintptr_t q) noexcept nogil:
+    cdef unsigned long long i
+    if k.queues == 0 or q < k.queues or q >= k.queues + ROWS_AT_QUEUE_WORDS * 64 * 8:
+        return
+    i = (q - k.queues) // 8
+    k.queue_lent[i // 64] &= ~(1ULL << (i % 64))
 
 
 cdef const char *_PEER_NAMES[1]
@@ -103,24 +141,30 @@ cdef int debug_load(DebugKernels *k) except -1:
 
 
 cdef int tune_rows_at(ZeroKernels *k, object blocks_per_sm, object tile_chunks,
-                      object spread) except -1:
+                      object spread, object queue) except -1:
     b = k.blocks_per_sm if blocks_per_sm is None else \
         index_arg(blocks_per_sm, "blocks_per_sm", 1, ROWS_AT_MAX_BLOCKS_PER_SM)
     t = k.tile if tile_chunks is None else index_arg(tile_chunks, "tile_chunks", 1, ROWS_AT_MAX_TILE)
     if t & (t - 1):
         raise ValueError(f"tile_chunks must be a power of two, got {t}")
     s = k.spread if spread is None else index_arg(spread, "spread", 1, 0xFFFFFFFF)
-    k.blocks_per_sm, k.tile, k.spread = b, t, s
+    if queue is not None and type(queue) is not bool:
+        raise TypeError(f"queue must be a bool, got {type(queue).__name__}")
+    q = k.queue if queue is None else queue
+    k.blocks_per_sm, k.tile, k.spread, k.queue = b, t, s, q
     return 0
 
 
 cdef dict rows_at_tuning(const ZeroKernels *k):
-    return {"blocks_per_sm": k.blocks_per_sm, "tile_chunks": k.tile, "spread": k.spread}
+    return {"blocks_per_sm": k.blocks_per_sm, "tile_chunks": k.tile, "spread": k.spread,
+            "queue": bool(k.queue)}
 
 
 cdef void unload(ZeroKernels *z, DebugKernels *d, PeerKernels *p) noexcept nogil:
     if z.mod != NULL:
         cydriver.cuModuleUnload(z.mod)
+    if z.queues != 0:
+        cydriver.cuMemFree(z.queues)
     if p.mod != NULL:
         cydriver.cuModuleUnload(p.mod)
     if d.mod != NULL:
@@ -166,15 +210,13 @@ cdef int _too_many(int n, int most) except -1 with gil:
     raise MetraleError(f"zero_ranges: {n} ranges, at most {most}")
 
 
-cdef int zero_ranges(const ZeroKernels *k, uintptr_t base, const mt_range *r, int n,
-                     cydriver.CUstream s) except -1 nogil:
-    cdef mt_zero_args args
+cdef unsigned long long _ranges_args(uintptr_t base, const mt_range *r, int n,
+                                     mt_zero_args *args) noexcept nogil:
+    """Fill metrale_zero_ranges' parameter block for the n (<= MT_MAX_RANGES)
+    ranges of the slab at `base`; returns its block count."""
     cdef unsigned long long chunks[MT_MAX_RANGES]
-    cdef unsigned long long blocks
     cdef int order[MT_MAX_RANGES]
     cdef int i, j
-    if n > MT_MAX_RANGES:
-        return _too_many(n, MT_MAX_RANGES)
     # Largest range first (stable): its blocks are dispatched first and the
     # small ranges, latency-bound, fill the tail.  Measured best overall.
     for i in range(n):
@@ -183,37 +225,68 @@ cdef int zero_ranges(const ZeroKernels *k, uintptr_t base, const mt_range *r, in
             order[j] = order[j - 1]
             j -= 1
         order[j] = i
-    memset(&args, 0, sizeof(args))
+    memset(args, 0, sizeof(mt_zero_args))
     args.base = base
     args.count = n
     for i in range(n):
         args.offset[i] = r[order[i]].offset
         args.length[i] = r[order[i]].length
         chunks[i] = args.length[i] // 16        # its last block also clears length % 16 bytes
-    blocks = _grid(chunks, n, ZERO_PER, args.first, &args.per)
+    return _grid(chunks, n, ZERO_PER, args.first, &args.per)
+
+
+cdef int zero_ranges(const ZeroKernels *k, uintptr_t base, const mt_range *r, int n,
+                     cydriver.CUstream s) except -1 nogil:
+    cdef mt_zero_args args
+    cdef unsigned long long blocks
+    if n > MT_MAX_RANGES:
+        return _too_many(n, MT_MAX_RANGES)
+    blocks = _ranges_args(base, r, n, &args)
     return _launch(k.fn[0], _ZERO_NAMES[0], blocks, ZERO_THREADS, s, &args)
 
 
-cdef int zero_rows_at(const ZeroKernels *k, const mt_rows_args *a, int sm_count,
+cdef int zero_rows_at(const ZeroKernels *k, const mt_rows_args *a, uintptr_t queue, int sm_count,
                       cydriver.CUstream s) except -1 nogil:
-    # The kernel reads the count when it runs: its grid covers the most it can
-    # find to clear (every buffer whole), capped at a few blocks per SM.
-    cdef mt_rows_args args = a[0]
-    cdef unsigned long long lo, hi, tiles = 0, blocks
+    # The kernel reads the count when it runs: what every count clears (each
+    # entry's segment for 0 rows) is laid out here as zero_ranges lays out its
+    # launch, and a few blocks per SM clear what the count adds, at most as
+    # many as there are tiles of it at max_batch_tokens.
+    cdef mt_rows_launch L
+    cdef mt_range r[MT_MAX_ROWS_ENTRIES]
+    cdef unsigned long long lo, hi0, hi, fixed = 0, rows = 0
     cdef unsigned long long tile = <unsigned long long>k.tile * 16
-    cdef int i
-    for i in range(args.n):
-        mt_rows_segment(&args, i, args.m, &lo, &hi)
-        tiles += (hi - lo + tile - 1) // tile
-    if tiles == 0:
-        return 0
+    cdef unsigned long long blocks
+    cdef int i, n = 0
+    memset(&L, 0, sizeof(L))
+    L.a = a[0]
+    L.a.per = k.tile
+    L.a.spread = k.spread
+    L.queue = queue if k.queue else 0
+    for i in range(L.a.n):
+        mt_rows_segment(&L.a, i, 0, &lo, &hi0)
+        if hi0 > lo:
+            r[n].offset = lo
+            r[n].length = hi0 - lo
+            n += 1
+        mt_rows_segment(&L.a, i, L.a.m, &lo, &hi)
+        rows += (hi - hi0 + tile - 1) // tile
+    if n:
+        fixed = _ranges_args(L.a.base, r, n, &L.fixed)
+    if fixed > ROWS_AT_MAX_ITEMS or rows > ROWS_AT_MAX_ITEMS:   # 32-bit counts
+        return _too_many_items(fixed if fixed > rows else rows)
     blocks = <unsigned long long>sm_count * k.blocks_per_sm
-    if tiles < blocks:
-        blocks = tiles
-    args.per = k.tile
-    args.spread = k.spread
-    _launch(k.fn[1], _ZERO_NAMES[1], blocks, ZERO_THREADS, s, &args)
+    if rows < blocks:
+        blocks = rows
+    L.rows_blocks = <unsigned int>blocks
+    if blocks + fixed == 0:
+        return 0
+    _launch(k.fn[1], _ZERO_NAMES[1], blocks + fixed, ROWS_AT_THREADS, s, &L)
     return 1
+
+
+cdef int _too_many_items(unsigned long long n) except -1 with gil:
+    from metrale._base.errors import MetraleError
+    raise MetraleError(f"zero_all_rows(tokens_at=...): {n} tiles, at most {ROWS_AT_MAX_ITEMS}")
 
 
 cdef int debug_check(int op, const mt_debug_args *a, mt_debug_result *out) except -1:

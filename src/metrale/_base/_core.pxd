@@ -204,6 +204,11 @@ cdef extern from "metrale/kernels/zero_ranges.h" nogil:
         unsigned int per
         unsigned int spread
         int n
+    ctypedef struct mt_rows_launch:
+        mt_rows_args a
+        mt_zero_args fixed
+        unsigned long long queue
+        unsigned int rows_blocks
     int mt_rows_args_init(const mt_layout *L, uint64_t hole_lo, uint64_t hole_hi, mt_rows_args *a)
     unsigned long long mt_rows_count(const mt_rows_args *a, long long t)
     void mt_rows_segment(const mt_rows_args *a, int i, unsigned long long t,

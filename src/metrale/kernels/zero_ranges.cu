@@ -17,16 +17,28 @@
 // `python tools/kernels.py update`.
 #include "zero_ranges.h"
 
-extern "C" __global__ void metrale_zero_ranges(const mt_zero_args a)
+// Block b's share of a mt_zero_args launch.  Head: a range may start off a
+// 16-byte boundary (metrale_zero_rows_at's, where the count's bytes cut a
+// buffer), its first block clearing the bytes up to it one by one; without,
+// every range starts at a 256-byte aligned buffer offset.
+template <bool Head>
+__device__ __forceinline__ void zero_range_block(const mt_zero_args &a, unsigned b)
 {
     int r = 0;
-    while (r + 1 < a.count && blockIdx.x >= a.first[r + 1])
+    while (r + 1 < a.count && b >= a.first[r + 1])
         r++;
-    const unsigned long long n = a.length[r];
+    unsigned long long n = a.length[r];
+    unsigned char *p = (unsigned char *)(a.base + a.offset[r]);
+    if (Head) {
+        const unsigned long long head = min((16 - ((unsigned long long)p & 15)) & 15, n);
+        if (b == a.first[r] && threadIdx.x < head)
+            p[threadIdx.x] = 0;
+        p += head;
+        n -= head;
+    }
     const unsigned long long n16 = n >> 4;
-    // Every range starts at a 256-byte aligned buffer offset: 16-byte stores.
-    uint4 *q = (uint4 *)(a.base + a.offset[r]);
-    const unsigned long long lo = (unsigned long long)(blockIdx.x - a.first[r]) * a.per;
+    uint4 *q = (uint4 *)p;
+    const unsigned long long lo = (unsigned long long)(b - a.first[r]) * a.per;
     const unsigned long long end = min(lo + a.per, n16);
     const unsigned step = blockDim.x;
     unsigned long long i = lo + threadIdx.x;
@@ -37,8 +49,13 @@ extern "C" __global__ void metrale_zero_ranges(const mt_zero_args a)
     }
     if (i < end)
         q[i] = make_uint4(0, 0, 0, 0);
-    if (blockIdx.x + 1 == a.first[r + 1] && threadIdx.x < (n & 15))
-        ((unsigned char *)q)[(n16 << 4) + threadIdx.x] = 0;
+    if (b + 1 == a.first[r + 1] && threadIdx.x < (n & 15))
+        p[(n16 << 4) + threadIdx.x] = 0;
+}
+
+extern "C" __global__ void metrale_zero_ranges(const mt_zero_args a)
+{
+    zero_range_block<false>(a, blockIdx.x);
 }
 
 // Clear bytes [lo, hi) of the slab with the whole block: 16-byte stores over
@@ -68,13 +85,19 @@ __device__ __forceinline__ void clear_bytes(unsigned long long base, unsigned lo
 
 // zero_all_rows with the token count read here, when the kernel runs, from
 // the int32 at a.count_at: the grid is fixed at capture, so one CUDA graph
-// serves every batch size.  The first warp evaluates the table (lane i entry
-// i, with mt_rows_segment, the rule the host uses too), sizes the tiles from
-// the bytes it found (at least `per` 16-byte chunks, at most 64 KiB, about
-// `spread` tiles a block: few tiles of a small count balance badly, many small
-// tiles of a large one cost more than their stores) and numbers them with a
-// warp scan; then block b takes tiles b, b + gridDim.x, ...: every range is
-// spread over all blocks.  No division anywhere: at a few microseconds a
+// serves every batch size.  Two kinds of blocks (mt_rows_launch): those past
+// the first `rows_blocks` each clear one tile of the bytes every count clears,
+// laid out by the host, without reading the count; the first `rows_blocks`
+// clear what the count adds.  Their first warp reads the count and evaluates
+// the table (lane i entry i, with mt_rows_segment, the rule the host uses
+// too), sizes the tiles from the bytes it found (at least `per` 16-byte
+// chunks, at most 64 KiB, about `spread` tiles a block) and numbers them
+// with a warp scan; then each block takes tiles from the queue, asking for
+// the next one before it clears the current one: a block that ends early
+// takes more, so they end together whatever the count (a fixed share per
+// block ended 6-13 % after the host count's launch on the H200; these
+// blocks come first, so that they are dispatched beside the fixed tiles'
+// blocks: bench/RESULTS.md).  No division anywhere: at a few microseconds a
 // launch, 64-bit divisions cost more than the stores of a small count.
 static_assert(MT_MAX_ROWS_ENTRIES < 32, "one warp evaluates the table");
 
@@ -88,44 +111,81 @@ __device__ __forceinline__ unsigned long long warp_inclusive_sum(unsigned long l
     return v;
 }
 
-extern "C" __global__ void metrale_zero_rows_at(const mt_rows_args a)
+// This block's tile after `g` (first: ~0): the queue's next, else every
+// rows_blocks-th from its own index.
+__device__ __forceinline__ unsigned long long next_item(const mt_rows_launch &L, unsigned long long g)
 {
+    if (L.queue)
+        return atomicAdd((unsigned *)L.queue, 1u);
+    return g == ~0ULL ? blockIdx.x : g + L.rows_blocks;
+}
+
+// 512 threads a block, and registers for 4 of them an SM: the blocks of what
+// every count clears fill an SM as metrale_zero_ranges' do.
+extern "C" __global__ void __launch_bounds__(512, 4) metrale_zero_rows_at(const mt_rows_launch L)
+{
+    const mt_rows_args &a = L.a;
+    unsigned long long s;
+    int r = 0;
+    if (blockIdx.x >= L.rows_blocks) {            // a share of what every count clears
+        zero_range_block<true>(L.fixed, blockIdx.x - L.rows_blocks);
+        return;
+    }
     __shared__ unsigned long long start[MT_MAX_ROWS_ENTRIES], end[MT_MAX_ROWS_ENTRIES];
     __shared__ unsigned long long first[MT_MAX_ROWS_ENTRIES + 1];
+    __shared__ unsigned long long next[2];
     __shared__ unsigned tile_shift;
+    unsigned long long ahead = 0;
+    if (threadIdx.x == 0)
+        ahead = next_item(L, ~0ULL);
     if (threadIdx.x < 32) {
         const int lane = threadIdx.x;
-        unsigned long long s = 0, e = 0;
-        if (lane < a.n) {
+        unsigned long long lo = 0, hi = 0;
+        if (lane < a.n) {                         // what the count adds: [end(0), end(t))
             const unsigned long long t = mt_rows_count(&a, *(const volatile int *)a.count_at);
-            mt_rows_segment(&a, lane, t, &s, &e);
+            mt_rows_segment(&a, lane, 0, &s, &lo);
+            mt_rows_segment(&a, lane, t, &s, &hi);
         }
-        // bytes of the whole launch, in every lane: the tile is a power of two
-        // between per * 16 and 64 KiB near total / (spread * gridDim.x)
-        const unsigned long long total = __shfl_sync(0xffffffffu, warp_inclusive_sum(e - s, lane), 31);
-        const unsigned long long want = total / ((unsigned long long)a.spread * gridDim.x);
+        // its bytes, in every lane: the tile is a power of two between
+        // per * 16 and 64 KiB near total / (spread * rows_blocks)
+        const unsigned long long total = __shfl_sync(0xffffffffu, warp_inclusive_sum(hi - lo, lane), 31);
+        const unsigned long long want = total / ((unsigned long long)a.spread * L.rows_blocks);
         unsigned shift = 4 + __ffs(a.per) - 1;
         while (shift < 16 && (1ULL << shift) < want)
             shift++;
-        const unsigned long long tiles = warp_inclusive_sum((e - s + (1ULL << shift) - 1) >> shift, lane);
+        const unsigned long long tiles = warp_inclusive_sum((hi - lo + (1ULL << shift) - 1) >> shift, lane);
         if (lane < a.n) {
-            start[lane] = s;
-            end[lane] = e;
+            start[lane] = lo;
+            end[lane] = hi;
             first[lane + 1] = tiles;
         }
         if (lane == 0) {
             first[0] = 0;
             tile_shift = shift;
+            next[0] = ahead;
         }
     }
     __syncthreads();
     const unsigned shift = tile_shift;
     const unsigned long long count = first[a.n];
-    int r = 0;
-    for (unsigned long long g = blockIdx.x; g < count; g += gridDim.x) {
-        while (g >= first[r + 1])
-            r++;
-        const unsigned long long lo = start[r] + ((g - first[r]) << shift);
-        clear_bytes(a.base, lo, min(lo + (1ULL << shift), end[r]));
+    // next[cur] is read after the barrier that published it; thread 0 writes
+    // the other one, which every thread read before the last barrier.
+    for (int cur = 0;; cur ^= 1) {
+        const unsigned long long g = next[cur];
+        if (g >= count)
+            break;
+        if (threadIdx.x == 0)
+            ahead = next_item(L, g);              // asked for now, waited for below
+        for (r = 0; g >= first[r + 1]; r++) {}
+        s = start[r] + ((g - first[r]) << shift);
+        clear_bytes(a.base, s, min(s + (1ULL << shift), end[r]));
+        if (threadIdx.x == 0)
+            next[cur ^ 1] = ahead;
+        __syncthreads();
+    }
+    if (L.queue && threadIdx.x == 0 &&
+        atomicAdd((unsigned *)L.queue + 1, 1u) == L.rows_blocks - 1) {   // the last one out
+        atomicExch((unsigned *)L.queue, 0u);
+        atomicExch((unsigned *)L.queue + 1, 0u);
     }
 }

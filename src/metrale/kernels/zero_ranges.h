@@ -58,6 +58,23 @@ typedef struct mt_rows_args {
     int n;                       /* entries used */
 } mt_rows_args;
 
+/* The parameter block of metrale_zero_rows_at: the table and how the launch
+ * shares it out.  Blocks [rows_blocks, ...) clear what every count clears
+ * (each entry's segment for t = 0), laid out by the host as metrale_zero_ranges'
+ * launch is (`fixed`, a range's start not always 16-byte aligned).  Blocks
+ * [0, rows_blocks) clear what the count adds to each entry (from its end for
+ * t = 0 to its end for t: mt_rows_segment's end never falls as t grows), in
+ * tiles numbered by the kernel, taken from `queue` (two uint32 counters in
+ * device memory: tiles taken, blocks done; the last block done sets both
+ * back to 0), or, where queue is 0, block b taking tiles b, b + rows_blocks,
+ * ... */
+typedef struct mt_rows_launch {
+    mt_rows_args a;
+    mt_zero_args fixed;
+    unsigned long long queue;
+    unsigned int rows_blocks;
+} mt_rows_launch;
+
 #ifdef __cplusplus
 extern "C" {
 #endif
