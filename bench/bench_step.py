@@ -91,8 +91,8 @@ def main():
     ap.add_argument("--runs", type=int, default=30)
     ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--zeroing-only", action="store_true", help="part 1 only")
-    ap.add_argument("--tunings", default="8:512:8,4:512:8,16:512:8",
-                    help="blocks_per_sm:tile_chunks:spread, comma-separated (part 1)")
+    ap.add_argument("--tunings", default="1:512:8:1,2:512:8:1,1:512:8:0",
+                    help="blocks_per_sm:tile_chunks:spread:queue (1 or 0), comma-separated (part 1)")
     args = ap.parse_args()
     cfg = ModelConfig.preset("qwen3-next-80b")
     gpu = CudaBackend(0)
@@ -108,12 +108,12 @@ def main():
     # -- 1. device count against host count ---------------------------------------------
     print("\n1. zero_all_rows: GPU µs, median (min..max) of", args.runs,
           "alone / per op over 20 back to back")
-    print(f"{'n':>6} {'grid/SM':>7} {'tile':>5} {'spread':>6} {'host count':>22} {'device count':>22} {'x alone':>8} {'x b2b':>7}")
+    print(f"{'n':>6} {'grid/SM':>7} {'tile':>5} {'spread':>6} {'queue':>5} {'host count':>22} {'device count':>22} {'x alone':>8} {'x b2b':>7}")
     cell = torch.zeros(1, dtype=torch.int32, device="cuda")
     default = gpu.rows_at_tuning()
     tunings = [tuple(int(x) for x in t.split(":")) for t in args.tunings.split(",")]
-    for per_sm, per, spread in tunings:
-        gpu.tune_rows_at(blocks_per_sm=per_sm, tile_chunks=per, spread=spread)
+    for per_sm, per, spread, queue in tunings:
+        gpu.tune_rows_at(blocks_per_sm=per_sm, tile_chunks=per, spread=spread, queue=bool(queue))
         for n in (1, 16, 64, 256, 1024, 2048, 4096, 6000, 8192):
             cell.fill_(n)
             torch.cuda.synchronize()
@@ -124,7 +124,7 @@ def main():
             rd = timed(dev, s, args.runs)
             bh = timed_back_to_back(host, s, max(args.runs // 3, 5))
             bd = timed_back_to_back(dev, s, max(args.runs // 3, 5))
-            print(f"{n:>6} {per_sm:>7} {per:>5} {spread:>6} {rh[0]:>8.1f} ({rh[1]:.1f}..{rh[2]:.1f}) "
+            print(f"{n:>6} {per_sm:>7} {per:>5} {spread:>6} {queue:>5} {rh[0]:>8.1f} ({rh[1]:.1f}..{rh[2]:.1f}) "
                   f"{rd[0]:>8.1f} ({rd[1]:.1f}..{rd[2]:.1f}) {rd[0] / rh[0]:>8.3f} {bd / bh:>7.3f}")
     gpu.tune_rows_at(**default)
     # The device count inside one captured graph (the default shape), replayed for
