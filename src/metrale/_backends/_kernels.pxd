@@ -21,6 +21,7 @@ cdef enum:
     ROWS_AT_MAX_ITEMS = 0x7FFF0000      # tiles of each kind a launch may have (32-bit counts)
     ROWS_AT_QUEUE_WORDS = 64            # 64 work counters a word of queue_lent: 4096 for one
                                         # backend, as many arenas with one at once
+    ROWS_AT_QUEUE_BYTES = ROWS_AT_QUEUE_WORDS * 64 * 8      # the counters' memory (8 bytes each)
 
 # kernels/zero_ranges.ptx, loaded with the backend, and the launch shape of
 # metrale_zero_rows_at (CudaBackend.tune_rows_at).

@@ -62,7 +62,7 @@ cdef int _load(const char *file, const char **names, int n, cydriver.CUmodule *m
 
 
 cdef int zero_load(ZeroKernels *k) except -1:
-    cdef size_t n = ROWS_AT_QUEUE_WORDS * 64 * 8
+    cdef size_t n = ROWS_AT_QUEUE_BYTES
     _load(b"zero_ranges.ptx", _ZERO_NAMES, 2, &k.mod, k.fn)
     try:
         with nogil:
@@ -101,7 +101,7 @@ cdef uintptr_t queue_lend(ZeroKernels *k) noexcept nogil:
 
 cdef void queue_return(ZeroKernels *k, uintptr_t q) noexcept nogil:
     cdef unsigned long long i
-    if k.queues == 0 or q < k.queues or q >= k.queues + ROWS_AT_QUEUE_WORDS * 64 * 8:
+    if k.queues == 0 or q < k.queues or q >= k.queues + ROWS_AT_QUEUE_BYTES:
         return
     i = (q - k.queues) // 8
     k.queue_lent[i // 64] &= ~(1ULL << (i % 64))

@@ -42,7 +42,8 @@ __device__ __forceinline__ void zero_range_block(const mt_zero_args &a, unsigned
     const unsigned long long end = min(lo + a.per, n16);
     const unsigned step = blockDim.x;
     unsigned long long i = lo + threadIdx.x;
-    // two stores in flight per thread (per = 2 x blockDim.x: one pass)
+    // per = 2 x blockDim.x for metrale_zero_ranges (two stores in flight per
+    // thread, one pass); metrale_zero_rows_at's 512-thread blocks store once
     for (; i + step < end; i += 2 * step) {
         q[i] = make_uint4(0, 0, 0, 0);
         q[i + step] = make_uint4(0, 0, 0, 0);
