@@ -22,7 +22,7 @@ import pytest
 import metrale
 import metrale._integrations._checkpoint_driver as ckdriver
 import metrale.checkpoint as ckpt
-from helpers import _reserved
+from helpers import _reserved, under_asan
 from test_checkpoint import FakeDriver, StandInArena
 
 MiB = 1 << 20
@@ -232,57 +232,108 @@ def test_resident_memory_is_read_from_proc():
 
 
 class ImageDriver(FakeDriver):
-    """A fake driver whose checkpoint of this process takes `size` bytes of
-    host memory (written, so resident) and whose restore gives them back,
-    as the driver's image does."""
+    """A fake driver whose checkpoint of the process `holder` says takes
+    `size` bytes of host memory (written, so resident) and whose restore
+    gives them back, as the driver's image does: `holder` is a Holder, or
+    None for this process itself."""
 
-    def __init__(self, pids, size):
+    def __init__(self, pids, size, holder=None):
         super().__init__(pids)
-        self.size, self.image = size, None
+        self.size, self.holder, self.image = size, holder, None
+
+    def _pid(self):
+        return os.getpid() if self.holder is None else self.holder.pid
 
     def checkpoint(self, pid):
-        # An anonymous mapping, not a bytes object: its pages leave the
-        # process at restore whatever the allocator keeps (ASan's quarantine
-        # holds freed blocks resident).
         err = super().checkpoint(pid)
-        if err == 0 and pid == os.getpid():
-            self.image = mmap.mmap(-1, self.size)
-            chunk = b"\x5a" * MiB
-            for off in range(0, self.size, MiB):
-                self.image[off:off + MiB] = chunk
+        if err == 0 and pid == self._pid():
+            if self.holder is not None:
+                self.holder.ask(f"take {self.size}")
+            else:
+                # An anonymous mapping, not a bytes object: its pages leave
+                # the process at restore whatever the allocator keeps.
+                self.image = mmap.mmap(-1, self.size)
+                _touch(self.image)
         return err
 
     def restore(self, pid, pairs):
         err = super().restore(pid, pairs)
-        if err == 0 and pid == os.getpid():
-            self.image.close()
-            self.image = None
+        if err == 0 and pid == self._pid():
+            if self.holder is not None:
+                self.holder.ask("give")
+            else:
+                self.image.close()
+                self.image = None
         return err
 
 
+def _touch(image):
+    chunk = b"\x5a" * MiB
+    for off in range(0, len(image), MiB):
+        image[off:off + MiB] = chunk
+
+
+_HOLDER = f"""
+import mmap, sys
+MiB = {MiB}
+image, chunk = None, b"\\x5a" * MiB      # one chunk: nothing freed for a quarantine to keep
+print("up", flush=True)
+for line in sys.stdin:
+    word, *arg = line.split()
+    if word == "take":
+        image = mmap.mmap(-1, int(arg[0]))
+        for off in range(0, len(image), MiB):
+            image[off:off + MiB] = chunk
+    else:
+        image.close()
+        image = None
+    print("ok", flush=True)
+"""
+
+
+class Holder:
+    """A process that does nothing but hold an image when asked: its
+    resident memory moves by the image alone.  This test process's does not
+    (under AddressSanitizer with PYTHONMALLOC=malloc, .ci/run's sanitizer
+    stage, it moved by 135 MiB between two readings as the quarantine
+    recycled), so the readings are checked on processes like this."""
+
+    def __init__(self):
+        self.p = subprocess.Popen([sys.executable, "-c", _HOLDER], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True)
+        assert self.p.stdout.readline() == "up\n"    # settled before its memory is read
+        self.pid = self.p.pid
+
+    def ask(self, line):
+        self.p.stdin.write(line + "\n")
+        self.p.stdin.flush()
+        assert self.p.stdout.readline() == "ok\n"
+
+    def close(self):
+        self.p.kill()
+        self.p.wait(60)
+
+
 @pytest.fixture
-def child():
-    # settled (its interpreter started) before its memory is read
-    p = subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); "
-                          "time.sleep(60)"], stdout=subprocess.PIPE, text=True)
-    assert p.stdout.readline() == "up\n"
-    yield p.pid
-    p.kill()
-    p.wait(60)
+def holders():
+    hs = [Holder(), Holder()]
+    yield hs
+    for h in hs:
+        h.close()
 
 
-def test_suspend_and_resume_read_the_processes_resident_memory(monkeypatch, child):
+def test_suspend_and_resume_read_the_processes_resident_memory(monkeypatch, holders):
+    # Two processes, the image in the second: the figures are their sum.
     size = 64 * MiB
-    me = os.getpid()
-    d = ImageDriver((me, child), size)
+    pids = [h.pid for h in holders]
+    d = ImageDriver(pids, size, holder=holders[1])
     monkeypatch.setattr(ckdriver, "_driver", lambda: d)
-    before = _statm_resident(me) + _statm_resident(child)
-    got = ckpt.suspend([me, child])
-    assert abs(got["rss_before"] - before) < 8 * MiB
-    # the image: the bytes the checkpoint took (a few MiB of the interpreter's own either way)
-    assert size - 4 * MiB <= got["rss_checkpointed"] - got["rss_before"] <= size + 8 * MiB
-    back = ckpt.resume([me, child])
-    assert got["rss_checkpointed"] - back["rss_after"] >= size - 4 * MiB
+    before = sum(_statm_resident(p) for p in pids)
+    got = ckpt.suspend(pids)
+    assert abs(got["rss_before"] - before) < 2 * MiB
+    assert size - 2 * MiB <= got["rss_checkpointed"] - got["rss_before"] <= size + 2 * MiB
+    back = ckpt.resume(pids)
+    assert size - 2 * MiB <= got["rss_checkpointed"] - back["rss_after"] <= size + 2 * MiB
     assert set(got) == {"lock", "checkpoint", "rss_before", "rss_checkpointed"}
     assert set(back) == {"restore", "unlock", "rss_after"}
 
@@ -315,7 +366,9 @@ def test_an_engine_checkpoints_itself_and_logs_the_image(monkeypatch):
     line = p.log_line(got)
     assert line.startswith("prepare: 1 arena(s) detached or asleep; of ")
     taken = got["rss_checkpointed"] - got["rss_before"]
-    assert size - 4 * MiB <= taken <= size + 8 * MiB
+    # This process's own memory moves under the sanitizer stage (Holder says
+    # why); the readings themselves are checked on holders above.
+    assert under_asan() or size - 4 * MiB <= taken <= size + 8 * MiB
     # the wording to the byte is test_the_log_line's; the figure is `taken`
     assert line.startswith(str(p) + "; the checkpoint took ") and "MiB of host memory" in line
     a.release()
