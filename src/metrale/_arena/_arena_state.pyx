@@ -211,9 +211,6 @@ cdef class ArenaState:
         and no operation can be alive here: each holds a reference.  In a forked
         child a GPU's memory is the parent's: nothing to free."""
         unlink(self)
-        if self._rows_queue and self._gpu is not None:
-            self._gpu.rows_queue_return(self._rows_queue)
-            self._rows_queue = 0
         if self._gpu is not None and self._life != NULL and not (
                 mt_life_forked(self._life) and self._gpu.device_type != 1):
             if self._reservation is not None:
@@ -226,6 +223,12 @@ cdef class ArenaState:
             elif self._base:            # unreleased, or a release whose free failed
                 self._gpu.free_quiet(self._alloc, self._layout.slab_bytes)
             self._base = 0
+        # After the memory is freed, which waits for the device's work on it (a
+        # reservation quiesces, cuMemFree synchronizes): no launch of this
+        # arena still counts on the counter the next arena may be lent.
+        if self._rows_queue and self._gpu is not None:
+            self._gpu.rows_queue_return(self._rows_queue)
+            self._rows_queue = 0
 
     cdef bint holds(self):
         """Whether it still holds memory, a reservation or a handle (what
