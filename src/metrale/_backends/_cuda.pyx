@@ -103,11 +103,11 @@ An NVIDIA GPU through the CUDA driver.
             check(cydriver.cuDeviceGetAttribute(&self._cc_minor,
                   cydriver.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, self._dev), "cuDeviceGetAttribute")
             self._current()
-        # Loaded once here, never inside a graph capture.
-        _kernels.zero_load(&self._zero)
         with nogil:
             check(cydriver.cuStreamCreate(&self._side, cydriver.CU_STREAM_NON_BLOCKING),
                   "cuStreamCreate")
+        # Loaded once here, never inside a graph capture.
+        _kernels.zero_load(&self._zero, self._side)
 
     def __dealloc__(self):
         if not self._retained or mt_py_finalizing() or mt_fork_generation() != self._fork_gen:

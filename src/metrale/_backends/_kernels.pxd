@@ -59,7 +59,7 @@ cdef dict rows_at_tuning(const ZeroKernels *k)
 
 # With the context current; on failure nothing stays loaded.  Never inside a
 # graph capture.
-cdef int zero_load(ZeroKernels *k) except -1
+cdef int zero_load(ZeroKernels *k, cydriver.CUstream s) except -1     # s: zeroes the counters
 cdef int debug_load(DebugKernels *k) except -1
 cdef int peer_load(PeerKernels *k) except -1
 # Best effort, from a finalizer.

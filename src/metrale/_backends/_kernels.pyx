@@ -61,15 +61,16 @@ cdef int _load(const char *file, const char **names, int n, cydriver.CUmodule *m
     return 0
 
 
-cdef int zero_load(ZeroKernels *k) except -1:
+cdef int zero_load(ZeroKernels *k, cydriver.CUstream s) except -1:
     cdef size_t n = ROWS_AT_QUEUE_BYTES
     _load(b"zero_ranges.ptx", _ZERO_NAMES, 2, &k.mod, k.fn)
     try:
         with nogil:
             check(cydriver.cuMemAlloc(&k.queues, n), "cuMemAlloc", "zero_all_rows' work counters", n)
-            # on the legacy stream, waited for: no stream sees them unzeroed
-            check(cydriver.cuMemsetD8Async(k.queues, 0, n, NULL), "cuMemsetD8Async")
-            check(cydriver.cuStreamSynchronize(NULL), "cuStreamSynchronize")
+            # waited for, so no stream sees them unzeroed; on a non-blocking
+            # stream, so it waits for no one else's work
+            check(cydriver.cuMemsetD8Async(k.queues, 0, n, s), "cuMemsetD8Async")
+            check(cydriver.cuStreamSynchronize(s), "cuStreamSynchronize")
     except BaseException:
         with nogil:
             if k.queues != 0:
