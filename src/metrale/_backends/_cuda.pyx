@@ -523,6 +523,21 @@ An NVIDIA GPU through the CUDA driver.
         """
         return _kernels.rows_at_tuning(&self._zero)
 
+    def rows_at_counters(self):
+        """The work counters of ``zero_all_rows(tokens_at=...)``: how many are lent.
+
+        An arena borrows one at its first such call and gives it back when
+        it is collected; an arena that finds none left zeroes in fixed
+        shares (`tune_rows_at`'s ``queue=False``: the same bytes, slower at
+        large counts).
+
+        Returns
+        -------
+        tuple of (int, int)
+            ``(lent, total)``; the backend has 4096.
+        """
+        return _kernels.queues_lent(&self._zero)
+
     # -- Python-level helpers ------------------------------------------------------------
     def target(self):
         """The target of this device, which ``BufferArena.new`` sizes for.

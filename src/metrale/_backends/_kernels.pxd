@@ -79,6 +79,8 @@ cdef int zero_rows_at(const ZeroKernels *k, const mt_rows_args *a, uintptr_t que
 # back.  Host bookkeeping only: fine during a capture, never raise.
 cdef uintptr_t queue_lend(ZeroKernels *k) noexcept nogil
 cdef void queue_return(ZeroKernels *k, uintptr_t q) noexcept nogil
+# How many are lent, of how many (0 of 0 before zero_load).
+cdef tuple queues_lent(const ZeroKernels *k)
 # Check a debug call's items before anything runs: at most MT_DBG_MAX_ITEMS,
 # 16-byte aligned where the kernel reads whole lanes; then clear out[0 .. n).
 # Returns the item count n.

@@ -108,6 +108,16 @@ cdef void queue_return(ZeroKernels *k, uintptr_t q) noexcept nogil:
     k.queue_lent[i // 64] &= ~(1ULL << (i % 64))
 
 
+cdef tuple queues_lent(const ZeroKernels *k):
+    cdef int w, b, lent = 0
+    if k.queues == 0:
+        return (0, 0)
+    for w in range(ROWS_AT_QUEUE_WORDS):
+        for b in range(64):
+            lent += (k.queue_lent[w] >> b) & 1
+    return (lent, ROWS_AT_QUEUE_WORDS * 64)
+
+
 cdef const char *_PEER_NAMES[1]
 _PEER_NAMES[:] = [b"metrale_peer_reduce"]
 
