@@ -94,8 +94,22 @@ class FakeDriver:
         return [c[:2] for c in self.log if c[0] not in ("state", "tid")]
 
 
-# Live pids (the fake does not care, but the error for a missing process reads /proc).
-PIDS = (os.getpid(), os.getppid(), 1)
+# Three distinct live pids (the fake does not care, but the error for a missing
+# process reads /proc): this process, its parent and init, or where two of them
+# are one (pytest run as pid 1, or its parent gone and pytest reparented to
+# init) a child that lives until this process exits and closes its stdin.
+def _three_live_pids():
+    pids = list(dict.fromkeys((os.getpid(), os.getppid(), 1)))
+    while len(pids) < 3:
+        child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                                 stdin=subprocess.PIPE)
+        _CHILDREN.append(child)
+        pids.append(child.pid)
+    return tuple(pids)
+
+
+_CHILDREN = []
+PIDS = _three_live_pids()
 
 
 @pytest.fixture
