@@ -60,7 +60,8 @@ cdef class ArenaState:
                                   # or None (docs/tensor-parallel.md)
     cdef Pool _pool               # the pool beside the buffers (open_pool, docs/torch.md), or None
     cdef uintptr_t _rows_queue    # the work counter of its zero_all_rows(tokens_at=...) launches,
-                                  # lent by _gpu at the first (0: none yet, or none to lend)
+                                  # lent by _gpu at the first (0: none yet, or none to lend),
+                                  # given back when the arena is released or collected
 
     cdef object __weakref__
     # The process's arenas, a list linked through the arenas themselves (no
@@ -88,6 +89,8 @@ cdef class ArenaState:
     cdef int free_memory(self) except -1
     # The finalizer: unlinked, and what the arena still holds freed.
     cdef void finalize(self) noexcept
+    # The work counter back to _gpu, once the memory is freed (release, finalize).
+    cdef void _return_queue(self) noexcept
     # Whether it still holds memory, a reservation or a handle.
     cdef bint holds(self)
 

@@ -168,6 +168,8 @@ cdef class ArenaState:
                     raise
             self._set_ptrs(zeros(self))
             self.free_memory()
+            if not self.holds():
+                self._return_queue()
         finally:
             self._freeing = False
         return 0
@@ -223,9 +225,13 @@ cdef class ArenaState:
             elif self._base:            # unreleased, or a release whose free failed
                 self._gpu.free_quiet(self._alloc, self._layout.slab_bytes)
             self._base = 0
-        # After the memory is freed, which waits for the device's work on it (a
-        # reservation quiesces, cuMemFree synchronizes): no launch of this
-        # arena still counts on the counter the next arena may be lent.
+        self._return_queue()
+
+    cdef void _return_queue(self) noexcept:
+        """Give the work counter back, once the memory is freed: freeing waits
+        for the device's work on it (a reservation quiesces, cuMemFree
+        synchronizes), so no launch of this arena still counts on the counter
+        that the next arena may be lent."""
         if self._rows_queue and self._gpu is not None:
             self._gpu.rows_queue_return(self._rows_queue)
             self._rows_queue = 0
