@@ -527,9 +527,9 @@ An NVIDIA GPU through the CUDA driver.
         """The work counters of ``zero_all_rows(tokens_at=...)``: how many are lent.
 
         An arena borrows one at its first such call and gives it back when
-        it is released or collected; an arena that finds none left zeroes in fixed
-        shares (`tune_rows_at`'s ``queue=False``: the same bytes, slower at
-        large counts).
+        it is released or collected; an arena that finds none left zeroes
+        in fixed shares (`tune_rows_at`'s ``queue=False``: the same bytes,
+        slower at large counts).
 
         Returns
         -------
