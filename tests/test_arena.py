@@ -19,9 +19,6 @@ from helpers import (COMPACT, NOENV, PRESET, AttrStream, Mem, ProtoStream, check
 from reference_oracle import (CHECKSUM, COUNT, LIVE_QWEN3_NEXT_M128, NAMES, POINTER, PREFILL,
                               ZERO_ALL)
 
-# The older BufferArena.from_sizes(config, sizes, max_batch_tokens, max_batch_size, gpu):
-# deprecated for sizes made by BufferSizes.from_config; the tests of that form expect it to say so.
-OLD = r"from_sizes\(config, sizes, max_batch_tokens, max_batch_size, gpu\) is deprecated"
 
 # -- construction ----------------------------------------------------------------------
 
@@ -514,11 +511,10 @@ def test_from_sizes_bad_inputs():
     s = BufferSizes.from_config(PRESET, 4, 4096, 16, 32, env=NOENV)
     with pytest.raises(TypeError, match="sizes"):
         BufferArena.from_sizes(PRESET, s.as_dict(), 4, 32, gpu)
-    # the older positional form, deprecated for sizes that carry their limits: still checked
-    with pytest.raises(TypeError, match="gpu"), pytest.warns(DeprecationWarning, match=OLD):
+    # the reference's positional form: checked as the short one
+    with pytest.raises(TypeError, match="gpu"):
         BufferArena.from_sizes(PRESET, s, 4, 32, object())
-    with pytest.raises(ValueError, match="max_batch_tokens"), \
-            pytest.warns(DeprecationWarning, match=OLD):
+    with pytest.raises(ValueError, match="max_batch_tokens"):
         BufferArena.from_sizes(PRESET, s, 0, 32, gpu)
     with pytest.raises(TypeError):
         BufferArena()
@@ -526,6 +522,26 @@ def test_from_sizes_bad_inputs():
     with pytest.raises(ValueError, match="max_batch_tokens"):
         BufferArena.from_sizes(PRESET, huge, 4, 32, gpu)
     assert gpu.alloc_count == 0
+
+
+def test_the_reference_calls_never_warn():
+    """The reference engine's constructors, called as its port calls them, with
+    sizes from from_config and sizes built by hand: no warning of any kind
+    (the reference API is the contract; the short form sits beside it)."""
+    gpu = HostBackend()
+    s = BufferSizes.from_config(PRESET, 64, 4096, 16, 32, env=NOENV)
+    by_hand = BufferSizes(**s.as_dict())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with BufferArena.new(PRESET, 64, 4096, 16, 32, gpu) as a, \
+                BufferArena.from_sizes(PRESET, s, 64, 32, gpu) as b, \
+                BufferArena.from_sizes(PRESET, by_hand, 64, 32, gpu) as c, \
+                BufferArena.from_sizes(s, gpu) as d:
+            assert b.sizes() == c.sizes() == d.sizes() == s and a.max_batch_tokens() == 64
+            assert b.max_batch_tokens() == c.max_batch_tokens() == 64
+            b.zero_all(gpu, 0)
+            b.release(gpu)
+    assert gpu.live_alloc_count == 0
 
 
 def test_info_log(caplog):
@@ -552,16 +568,13 @@ def test_from_sizes_refuses_limits_the_sizes_were_not_computed_for():
     sizes record their limits, so a disagreement is refused, naming both."""
     gpu = HostBackend()
     s = BufferSizes.from_config(PRESET, 512, 4096, 16, 32, env=NOENV)
-    # the limits can only be given in the older form, deprecated for these sizes
-    with pytest.raises(ValueError, match="max_batch_tokens=1024 .*max_batch_tokens=512"), \
-            pytest.warns(DeprecationWarning, match=OLD):
+    # the limits can only be given in the reference's form
+    with pytest.raises(ValueError, match="max_batch_tokens=1024 .*max_batch_tokens=512"):
         BufferArena.from_sizes(PRESET, s, 1024, 32, gpu)
-    with pytest.raises(ValueError, match="max_batch_size=8 .*max_batch_size=32"), \
-            pytest.warns(DeprecationWarning, match=OLD):
+    with pytest.raises(ValueError, match="max_batch_size=8 .*max_batch_size=32"):
         BufferArena.from_sizes(PRESET, s, 512, 8, gpu)
     assert gpu.alloc_count == 0
-    with pytest.warns(DeprecationWarning, match=OLD):
-        a = BufferArena.from_sizes(PRESET, s, None, None, gpu)
+    a = BufferArena.from_sizes(PRESET, s, None, None, gpu)
     with a:
         assert (a.max_batch_tokens(), a.max_seq_len(), a.kv_block_size(), a.max_batch_size(),
                 a.tp_size()) == (512, 4096, 16, 32, 1)

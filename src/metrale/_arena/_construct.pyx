@@ -16,8 +16,6 @@ from metrale._sizing._layout cimport plan_into
 from metrale._arena._peer cimport build_shared
 from metrale._arena._reserve cimport build
 
-import warnings
-
 from metrale._sizing.config import ModelConfig
 from metrale._sizing.debug import DebugOptions
 from metrale._base.errors import OutOfMemoryError
@@ -41,7 +39,8 @@ cdef tuple new_sizes(object config, tuple limits, object gpu, object reserve, ob
 
 cdef tuple sizes_args(tuple args):
     """(config, sizes, max_batch_tokens, max_batch_size, gpu) of from_sizes'
-    two forms, checked; the older one warns for sizes that carry them."""
+    two forms, checked.  The reference's five-argument form is the contract:
+    it never warns, whatever the sizes carry."""
     if len(args) == 2:
         sizes, gpu = args
         if not isinstance(sizes, BufferSizes):
@@ -58,11 +57,6 @@ cdef tuple sizes_args(tuple args):
             raise TypeError(f"config must be a ModelConfig, got {type(config).__name__}")
         if not isinstance(sizes, BufferSizes):
             raise TypeError(f"sizes must be a BufferSizes, got {type(sizes).__name__}")
-        if sizes.limits is not None and sizes.config is not None:
-            warnings.warn("from_sizes(config, sizes, max_batch_tokens, max_batch_size, gpu) "
-                          "is deprecated for sizes made by BufferSizes.from_config, which "
-                          "carry their shape and limits: write BufferArena.from_sizes(sizes, "
-                          "gpu)", DeprecationWarning, stacklevel=1)   # the caller (this is C)
     else:
         raise TypeError(f"from_sizes() takes (sizes, gpu), or (config, sizes, max_batch_tokens, "
                         f"max_batch_size, gpu) for sizes built by hand; got {len(args)} "
