@@ -346,7 +346,8 @@ enum {
     MT_POOL_FOREIGN = -12,     /* not a segment of this pool (or not of that size) */
     MT_POOL_DEVICE = -13,      /* an operation failed; *err holds its code */
     MT_POOL_IN_USE = -14,      /* mt_pool_close: segments are still handed out */
-    MT_POOL_AWAKE = -15        /* mt_pool_wake: the pool does not sleep */
+    MT_POOL_AWAKE = -15,       /* mt_pool_wake: the pool does not sleep */
+    MT_POOL_SIZE = -16         /* a segment of this pool, asked for with another size */
 };
 
 typedef struct mt_pool_stats {
@@ -373,9 +374,9 @@ void mt_pool_free(mt_pool *p);
  * MT_OK and *out, or MT_POOL_FULL / MT_POOL_ASLEEP / MT_POOL_DEVICE (*err),
  * nothing mapped by a refused call staying mapped. */
 int mt_pool_alloc(mt_pool *p, uint64_t n, uint64_t *out, int *err);
-/* Give a segment back: `ptr` where mt_pool_alloc put it and `n` (0: any) a
- * size that rounds to its pages.  Its pages stay mapped.  MT_OK or
- * MT_POOL_FOREIGN (nothing changes). */
+/* Give a segment back: `ptr` where mt_pool_alloc put it and `n` (0: not
+ * checked) the size it was asked for, exactly.  Its pages stay mapped.  MT_OK,
+ * MT_POOL_FOREIGN or MT_POOL_SIZE (nothing changes). */
 int mt_pool_release(mt_pool *p, uint64_t ptr, uint64_t n);
 /* Unmap and release every chunk no segment touches (the device waited for by
  * the caller); every chunk is tried, each one whole or not at all, and

@@ -20,6 +20,7 @@ struct mt_pool {
     uint64_t base, npages, granule;
     unsigned char *state;       /* MAPPED | USED per page */
     uint64_t *seg;              /* pages of the segment that starts at a page, else 0 */
+    uint64_t *asked;            /* the bytes that segment was asked for (0 for 0) */
     chunk *chunks;              /* mapped now, sorted by first page, disjoint */
     uint64_t nchunks;
     chunk *orphans;             /* unmapped, release failed: (handle, count) retried */
@@ -42,11 +43,13 @@ mt_pool *mt_pool_new(uint64_t base, uint64_t npages, uint64_t granule, const mt_
         return NULL;
     p->state = calloc(npages, 1);
     p->seg = calloc(npages, sizeof *p->seg);
+    p->asked = calloc(npages, sizeof *p->asked);
     p->chunks = calloc(npages, sizeof *p->chunks);    /* a chunk holds a page at least */
     p->orphans = calloc(npages, sizeof *p->orphans);
-    if (p->state == NULL || p->seg == NULL || p->chunks == NULL || p->orphans == NULL
-            || pthread_mutex_init(&p->mu, NULL) != 0) {
-        free(p->state); free(p->seg); free(p->chunks); free(p->orphans); free(p);
+    if (p->state == NULL || p->seg == NULL || p->asked == NULL || p->chunks == NULL
+            || p->orphans == NULL || pthread_mutex_init(&p->mu, NULL) != 0) {
+        free(p->state); free(p->seg); free(p->asked); free(p->chunks); free(p->orphans);
+        free(p);
         return NULL;
     }
     p->ops = *ops;
@@ -61,7 +64,7 @@ void mt_pool_free(mt_pool *p)
     if (p == NULL)
         return;
     pthread_mutex_destroy(&p->mu);
-    free(p->state); free(p->seg); free(p->chunks); free(p->orphans); free(p);
+    free(p->state); free(p->seg); free(p->asked); free(p->chunks); free(p->orphans); free(p);
 }
 
 /* ---- chunks ---------------------------------------------------------------- */
@@ -243,6 +246,7 @@ int mt_pool_alloc_locked(mt_pool *p, uint64_t n, uint64_t *out, int *err)
         goto refused;
     mark(p, best, need, USED, 1);
     p->seg[best] = need;
+    p->asked[best] = n;
     p->used += need;
     p->segments++;
     p->allocs++;
@@ -271,10 +275,13 @@ int mt_pool_release_locked(mt_pool *p, uint64_t ptr, uint64_t n)
             || (page = (ptr - p->base) / p->granule) >= p->npages)
         return MT_POOL_FOREIGN;
     pages = p->seg[page];
-    if (pages == 0 || (n != 0 && (n - 1) / p->granule + 1 != pages))
+    if (pages == 0)
         return MT_POOL_FOREIGN;
+    if (n != 0 && n != p->asked[page])
+        return MT_POOL_SIZE;
     mark(p, page, pages, USED, 0);
     p->seg[page] = 0;
+    p->asked[page] = 0;
     p->used -= pages;
     p->segments--;
     p->frees++;
@@ -432,6 +439,7 @@ int mt_pool_close(mt_pool *p, int force, int *err)
     if (rc == MT_OK) {
         memset(p->state, 0, p->npages);
         memset(p->seg, 0, p->npages * sizeof *p->seg);
+        memset(p->asked, 0, p->npages * sizeof *p->asked);
         p->used = p->segments = 0;
         p->asleep = 0;
     }

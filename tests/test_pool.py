@@ -137,6 +137,7 @@ def test_the_pool_follows_its_contract(seed):
     gpu = HostBackend()
     arena, pool, before = _pool(gpu)
     model = Model(PAGES)
+    asked = {}                  # first page -> the bytes the segment was asked for
     g = pool.granularity
     for _ in range(60):
         op = rng.random()
@@ -152,10 +153,20 @@ def test_the_pool_follows_its_contract(seed):
                     pool.alloc(nbytes)
             else:
                 assert pool.alloc(nbytes) == pool.base + want * g
+                asked[want] = nbytes
         elif op < 0.8 and model.seg:
             w = rng.choice(sorted(model.seg))
-            pool.free(pool.base + w * g, model.seg[w] * g if rng.random() < 0.5 else 0)
-            model.free(w)
+            # the size as asked, exactly, or 0; any other size (the pages' bytes
+            # too, where they differ) is refused and changes nothing
+            wrong = sorted({asked[w] + 1, asked[w] - 1, model.seg[w] * g} - {asked[w], 0})
+            if rng.random() < 0.3:
+                with pytest.raises(ValueError, match=f"nbytes: .* not the size the segment at "
+                                                     f"{pool.base + w * g:#x} was asked for"):
+                    pool.free(pool.base + w * g, rng.choice(wrong))
+            else:
+                pool.free(pool.base + w * g, asked.pop(w) if rng.random() < 0.5 else 0)
+                asked.pop(w, None)
+                model.free(w)
         elif op < 0.88:
             if not model.asleep:
                 assert pool.trim() == (sum(model.mapped) - sum(
@@ -358,9 +369,20 @@ def test_bad_input_and_refusals():
         pool.alloc(9 * 4096)
     assert pool.stats()["refused"] == 1
     p = pool.alloc(4096)
-    for ptr, n in ((p + 1, 0), (p, 2 * 4096), (pool.base + 4096, 0), (12, 0)):
+    for ptr, n in ((p + 1, 0), (pool.base + 4096, 0), (12, 0), (12, 4096)):
         with pytest.raises(ValueError, match="ptr: .* not a segment of this pool"):
             pool.free(ptr, n)
+    with pytest.raises(ValueError, match="nbytes: 0; a segment holds at least one byte"):
+        pool.alloc(0)
+    q = pool.alloc(5000)                        # two pages
+    for n in (6000, 4097, 8192, 4999, 2 * 4096 + 1):
+        with pytest.raises(ValueError, match=f"nbytes: {n} is not the size the segment at "
+                                             f"{q:#x} was asked for"):
+            pool.free(q, n)
+    assert pool.stats()["segments"] == 2
+    pool.free(q, 5000)
+    with pytest.raises(ValueError, match="nbytes: 8192 is not the size"):
+        pool.free(p, 2 * 4096)
     with pytest.raises(TypeError):
         pool.alloc("1")
     with pytest.raises(MetraleError, match="cannot serve torch"):

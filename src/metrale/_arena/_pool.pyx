@@ -19,7 +19,7 @@ from metrale._backends._backend cimport Backend
 from metrale._base._common cimport logger, u64_arg
 from metrale._base._core cimport (MT_ERR_NOMEM, MT_OK, MT_POOL_ASLEEP, MT_POOL_AWAKE,
                                   MT_POOL_DEVICE, MT_POOL_FOREIGN, MT_POOL_FULL, MT_POOL_IN_USE,
-                                  mt_pool_alloc, mt_pool_bind, mt_pool_chunks, mt_pool_close,
+                                  MT_POOL_SIZE, mt_pool_alloc, mt_pool_bind, mt_pool_chunks, mt_pool_close,
                                   mt_pool_free, mt_pool_get_stats, mt_pool_hold, mt_pool_new,
                                   mt_pool_release, mt_pool_segments, mt_pool_sleep,
                                   mt_pool_slot_alloc, mt_pool_slot_free, mt_pool_stats,
@@ -150,6 +150,8 @@ The pool of a reserved arena: segments of its own range (made by
         Parameters
         ----------
         nbytes : int
+            At least 1 (torch's allocator asks for no empty segment; one
+            page for a zero-byte ask would be a size silently not asked).
 
         Returns
         -------
@@ -158,6 +160,8 @@ The pool of a reserved arena: segments of its own range (made by
 
         Raises
         ------
+        ValueError
+            `nbytes` is 0 or negative.
         OutOfMemoryError
             No run of free pages is long enough, or physical memory was
             refused; nothing stays mapped.
@@ -166,6 +170,8 @@ The pool of a reserved arena: segments of its own range (made by
         """
         cdef uint64_t n = u64_arg(nbytes, "nbytes"), out = 0
         cdef int rc, err = 0
+        if n == 0:
+            raise ValueError("nbytes: 0; a segment holds at least one byte")
         self._start("alloc")
         try:
             with nogil:
@@ -184,12 +190,13 @@ The pool of a reserved arena: segments of its own range (made by
         ptr : int
             Where `alloc` put it.
         nbytes : int, optional
-            Its size as asked (0: not checked).
+            Its size as `alloc` was asked for it, exactly (0: not checked).
 
         Raises
         ------
         ValueError
-            `ptr` is not a segment of this pool, or not of that size.
+            `ptr` is not a segment of this pool, or `nbytes` is not the size
+            it was asked for; nothing changes.
         """
         cdef uint64_t p = u64_arg(ptr, "ptr"), n = u64_arg(nbytes, "nbytes")
         cdef int rc
@@ -199,8 +206,11 @@ The pool of a reserved arena: segments of its own range (made by
                 rc = mt_pool_release(self._p, p, n)
         finally:
             self._end()
+        if rc == MT_POOL_SIZE:
+            raise ValueError(f"nbytes: {n} is not the size the segment at {p:#x} was asked "
+                             "for (pass that size, or 0)")
         if rc != MT_OK:
-            raise ValueError(f"ptr: {p:#x} ({n} bytes) is not a segment of this pool")
+            raise ValueError(f"ptr: {p:#x} is not a segment of this pool")
 
     def trim(self):
         """Unmap the physical memory no segment touches (the range stays).

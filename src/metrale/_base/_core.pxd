@@ -133,6 +133,7 @@ cdef extern from "arena_core.h" nogil:
         MT_POOL_DEVICE
         MT_POOL_IN_USE
         MT_POOL_AWAKE
+        MT_POOL_SIZE
         MT_POOL_SLOTS
     ctypedef struct mt_pool_stats:
         uint64_t reserved
