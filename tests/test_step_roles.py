@@ -244,6 +244,13 @@ def test_upload_writes_the_step_inputs_and_zeroes_for_their_count(backend, n):
         assert not got["logits"].any() and (got["kv_scratch"] == SENTINEL).all()
 
 
+class _ArrayGivingList:
+    """An array-like whose __array__ breaks numpy's protocol (returns a list)."""
+
+    def __array__(self, dtype=None, copy=None):
+        return [1, 2]
+
+
 def test_fill_checks_every_region_before_it_writes():
     with _new(HostBackend()) as a, a.step_inputs() as st:
         st.fill(np.arange(4), pos=[7, 8, 9, 10], temperatures=[1, 2])   # ints into floats
@@ -258,11 +265,23 @@ def test_fill_checks_every_region_before_it_writes():
                 (dict(block_tables=np.zeros((BS, B + 1), np.int32)), ValueError,
                  "does not fit its region of shape"),
                 (dict(block_tables=[1, 2]), ValueError, "block_tables must be 2-D"),
-                (dict(input_ids=[2**63]), ValueError, r"token_ids: values must lie in"),
-                (dict(positions=np.zeros(M + 1, np.int64)), ValueError, "does not fit")):
+                (dict(positions=np.zeros(M + 1, np.int64)), ValueError, "does not fit"),
+                # numpy's own refusals, with the argument named
+                (dict(block_tables=[[1], [1, 2]]), ValueError,
+                 r"block_tables: not a rectangular array of numbers \(.*inhomogeneous"),
+                (dict(pos=_ArrayGivingList()), ValueError,
+                 r"pos: not a rectangular array of numbers \(.*__array__"),
+                # one region twice: by its role and by its buffer's name
+                (dict(input_ids=[7, 8, 9]), TypeError,
+                 "token_ids and input_ids both give the region 'token_ids'.*give it once")):
             with pytest.raises(err, match=match):
                 st.fill([1, 2], **kw)
             assert bytes(memoryview(st)) == before, kw     # nothing written
+        for kw, match in ((dict(input_ids=[2**63]), r"input_ids: values must lie in"),
+                          (dict(token_ids=[2**63]), r"token_ids: values must lie in")):
+            with pytest.raises(ValueError, match=match):
+                st.fill(**kw)                              # named as given
+            assert bytes(memoryview(st)) == before, kw
         # input_ids= is token_ids=: it sets the count
         st.fill(input_ids=[5, 6, 7])
         assert st.tokens == 3 and st.token_ids[:3].tolist() == [5, 6, 7]

@@ -354,20 +354,23 @@ Pinned host staging for one step's inputs, uploaded with one copy.
         Raises
         ------
         ValueError
-            An array of the wrong dimension, longer than its region, or with
-            a value its region's type cannot hold (each named), or `tokens`
-            out of range; nothing is written.
+            Something that is no rectangular array (ragged rows, an
+            ``__array__`` that gives no array), an array of the wrong
+            dimension, longer than its region, or with a value its region's
+            type cannot hold (each named as given), or `tokens` out of
+            range; nothing is written.
         TypeError
             Neither `token_ids` nor `tokens`, a region these step inputs do
-            not have, or an array that is not of numbers of the region's
-            kind (bool included); nothing is written.
+            not have, a region given twice (by its role and by its buffer's
+            name), or an array that is not of numbers of the region's kind
+            (bool included); nothing is written.
         MetraleError
             The step inputs are released.
         """
         given = [("token_ids", token_ids), ("positions", positions), ("seq_slot", seq_slot),
                  ("slots", slots), ("seq_lens", seq_lens), ("block_table", block_table)]
         given.extend(buffers.items())
-        checked, ids = [], None
+        checked, ids, by = [], None, {}
         for name, value in given:
             if value is None:
                 continue
@@ -375,7 +378,12 @@ Pinned host staging for one step's inputs, uploaded with one copy.
             if region == "count" or region not in self._regions:
                 raise TypeError(f"fill: these step inputs have no region {name!r} (they hold "
                                 f"{', '.join(self._regions)}; the count is tokens=)")
-            a = self._checked(region, value)
+            if region in by:
+                raise TypeError(f"fill: {by[region]} and {name} both give the region {region!r} "
+                                "(a role's region by its role and by its buffer's name): "
+                                "give it once")
+            by[region] = name
+            a = self._checked(region, value, name)
             checked.append((region, a))
             if region == "token_ids":
                 ids = a
@@ -388,9 +396,9 @@ Pinned host staging for one step's inputs, uploaded with one copy.
             dst[tuple(slice(0, d) for d in a.shape)] = a
         self.tokens = n
 
-    cdef object _checked(self, str name, object value):
+    cdef object _checked(self, str name, object value, str arg):
         dtype, _off, shape = self._regions[name]
-        return check_array(name, value, dtype, shape)
+        return check_array(name, value, dtype, shape, arg)
 
     # -- the upload ----------------------------------------------------------------
     def upload(self, stream=None, *, zero=True):

@@ -158,19 +158,22 @@ def _fits(have, want):
     return ok
 
 
-def check_array(name, value, dtype, shape):
+def check_array(name, value, dtype, shape, arg=None):
     """`value` as a numpy array that region `name` can take exactly.
 
     Parameters
     ----------
     name : str
-        The region, for the messages.
+        The region.
     value : array_like
         What the engine gives.
     dtype : str
         The region's numpy element type.
     shape : tuple of int
         The region's shape: the array's may be smaller in each dimension.
+    arg : str, optional
+        The argument `value` was given as, for the messages (`name` when
+        None).
 
     Returns
     -------
@@ -179,13 +182,20 @@ def check_array(name, value, dtype, shape):
     Raises
     ------
     ValueError
-        A wrong dimension, a longer shape, or a value `dtype` cannot hold.
+        Not an array (ragged nesting, an ``__array__`` that returns
+        something else), a wrong dimension, a longer shape, or a value
+        `dtype` cannot hold.
     TypeError
         Not numbers of the region's kind (integers; floats too for a float
         region); bool is refused.
     """
     import numpy
-    a = numpy.asarray(value)
+    label = name if arg is None else arg
+    try:
+        a = numpy.asarray(value)
+    except ValueError as e:     # ragged nesting, an __array__ giving no array: numpy's
+        raise ValueError(f"{label}: not a rectangular array of numbers ({e})") from None
+    name, region = label, name
     if a.ndim != len(shape):
         raise ValueError(f"{name} must be {len(shape)}-D, got shape {a.shape}")
     for have, most in zip(a.shape, shape):
@@ -198,7 +208,7 @@ def check_array(name, value, dtype, shape):
     if a.dtype.kind not in ("iuf" if floats else "iu"):
         raise TypeError(f"{name} must hold {'numbers' if floats else 'integers'}, got dtype "
                         f"{a.dtype}")
-    if _fits(a.dtype, dtype) and name not in _LENGTHS:
+    if _fits(a.dtype, dtype) and region not in _LENGTHS:
         return a
     if floats:
         most = float(numpy.finfo(dtype).max)
@@ -206,7 +216,7 @@ def check_array(name, value, dtype, shape):
             raise ValueError(f"{name}: values must lie within +-{most:g} ({dtype})")
         return a
     lo, hi = _INT_RANGES[dtype]
-    if name in _LENGTHS:
+    if region in _LENGTHS:
         lo = 0
     least, most = int(a.min()), int(a.max())
     if least < lo or most > hi:
