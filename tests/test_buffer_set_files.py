@@ -6,10 +6,11 @@ Every expected value here is written out from the docs, not read back from
 the code under test."""
 
 import json
+import re
 
 import pytest
 
-from metrale import REFERENCE, BufferSet
+from metrale import REFERENCE, BufferSet, BufferSpec
 
 from helpers import LSE, SAMPLER, STAGING
 
@@ -132,6 +133,76 @@ def test_bad_data_is_refused_naming_where(data, exc, words):
     assert msg.startswith("my.toml: "), msg
     for w in words:
         assert w in msg, (w, msg)
+
+
+def test_files_past_the_bounds_are_refused_before_they_are_parsed(tmp_path, monkeypatch):
+    """A parser recurses once a level (100,000 '[' raised RecursionError) and
+    TOML's took seconds for 250,000 tables: the bytes are bounded first, so
+    no parser runs at all (each is replaced by one that fails the test)."""
+    from metrale._sizing import buffers as B
+    assert (B.MAX_FILE_BYTES, B.MAX_DEPTH, B.MAX_TABLES) == (1 << 20, 32, 1024)
+    cases = {
+        "deep.json": ("[" * 100_000 + "]" * 100_000, "nested more than 32 levels deep"),
+        "deep.toml": ("x = " + "[" * 100_000 + "]" * 100_000 + "\n",
+                      "nested more than 32 levels deep"),
+        "table.toml": ("x = " + "{a = " * 40 + "1" + "}" * 40 + "\n", "nested more than 32"),
+        "just.json": ("[" * 33 + "]" * 33, "nested more than 32"),
+        "many.toml": ('[[buffer]]\nname = "x"\nsize = 1\n' * 1025,
+                      r"more than 1024 tables \(1025\)"),
+        "many.json": (json.dumps({"buffer": [{"name": f"b{i}", "size": 1} for i in range(1025)]}),
+                      r"more than 1024 tables \(1026\)"),
+        "arrays.json": ('{"drop": [' + "[]," * 20_000 + "[]]}", "more than 16384 arrays"),
+        "huge.json": (" " * (1 << 20) + "{}", "larger than 1 MiB"),
+    }
+    parsers = [json]
+    try:
+        import tomllib
+        parsers.append(tomllib)
+    except ImportError:                 # Python 3.10: tomli, where installed
+        pass
+    for mod in parsers:
+        monkeypatch.setattr(mod, "loads", lambda *a, **k: pytest.fail("parsed"))
+    for name, (text, words) in cases.items():
+        path = tmp_path / name
+        path.write_text(text)
+        with pytest.raises(ValueError, match=f"^{re.escape(str(path))}: {words}"):
+            BufferSet.load(path)
+
+
+def test_files_at_the_bounds_load(tmp_path):
+    """Brackets in strings and comments are not structure: 256 buffers whose
+    texts are full of brackets load, as JSON and as TOML; 32 levels pass the
+    bound (the parser then judges the file)."""
+    mine = BufferSet([BufferSpec(f"b{i}", "float32", ["M", 4],
+                                 holds=f"row [{i}] of {{x}} ]]] [[[ '\"")
+                      for i in range(256)])
+    path = tmp_path / "max.json"
+    path.write_text(json.dumps(mine.to_dict()))
+    assert BufferSet.load(path) == mine
+    lines = ['base = "empty"  # [[[[ {{{{']
+    for spec in mine:
+        lines += ["[[buffer]]", f'name = "{spec.name}"', 'dtype = "float32"',
+                  'shape = ["M", 4]', f"holds = {json.dumps(spec.holds)}"]
+    path = tmp_path / "max.toml"
+    path.write_text("\n".join(lines) + "\n")
+    assert BufferSet.load(path) == mine
+    at = tmp_path / "at.json"
+    at.write_text('{"base": "empty", "x": ' + "[" * 31 + "]" * 31 + "}")
+    with pytest.raises(ValueError, match="unknown key 'x'"):      # parsed: within the bound
+        BufferSet.load(at)
+    strings = tmp_path / "strings.toml"
+    strings.write_text('base = "empty"\n[[buffer]]\nname = "x"\nsize = 1\n'
+                       "holds = '''\n" + "[" * 100 + "'''\n"
+                       'words = """' + "{" * 100 + '\\""" ]"""\n')
+    assert BufferSet.load(strings)["x"].holds == "[" * 100
+
+
+def test_a_set_past_the_buffer_count_is_refused_before_its_specs_are_built():
+    bad = [{"name": f"b{i}", "dtype": "no-such-type", "size": 1} for i in range(257)]
+    with pytest.raises(ValueError, match="at most 256 buffers, got 257"):
+        BufferSet.from_dict({"base": "empty", "buffer": bad})
+    with pytest.raises(ValueError, match="at most 256 buffers, got 257"):
+        BufferSet.from_dict({"base": "reference", "buffer": bad[:211]})     # 46 + 211
 
 
 def test_bad_files_are_refused_naming_the_file(tmp_path):

@@ -9,6 +9,10 @@ from metrale._sizing._spec import (ACCESSORS as ACCESSORS, MAX_BUFFERS as MAX_BU
                                    ROW_RULES as ROW_RULES, STEP_ROLES as STEP_ROLES,
                                    BufferSpec as BufferSpec)
 
+MAX_FILE_BYTES: int
+MAX_DEPTH: int
+MAX_TABLES: int
+
 class BufferSet:
     def __init__(self, specs: Iterable[BufferSpec] = ()) -> None: ...
     @property
