@@ -455,3 +455,82 @@ def _fork_while_held(during):
 @pytest.mark.parametrize("during", ["operation", "reshape"])
 def test_a_forked_child_can_release_an_inherited_arena(during):
     assert run_watched(_fork_while_held, during) == (0, (0, 0, 0))
+
+
+def _mapped_in_proc(lo, hi):
+    """Whether any mapping of this process overlaps [lo, hi) (/proc/self/maps)."""
+    with open("/proc/self/maps") as f:
+        for line in f:
+            a, b = (int(x, 16) for x in line.split()[0].split("-"))
+            if a < hi and lo < b:
+                return True
+    return False
+
+
+def _fork_with_the_pool_held():
+    """fork() while a thread is inside the pool, holding its lock (a mapping of
+    a segment blocked), with a segment written: in the child every call on
+    the pool and the arena refuses at once, without that lock, and release
+    returns at once and gives the child's copy of the pool's range back; the
+    parent's pool and its bytes are untouched."""
+    import ctypes
+    import os
+    import time
+    import warnings
+    from helpers import vm_counts
+    gpu = FaultyBackend()
+    arena = _reserved(gpu)
+    pool = arena.open_pool(64 * 4096)
+    seg = pool.alloc(3 * 4096)
+    ctypes.memset(seg, 0x5A, 3 * 4096)
+    inside, go = threading.Event(), threading.Event()
+    gpu.inject_call("map", lambda: (inside.set(), go.wait(60)))
+    t = threading.Thread(target=pool.alloc, args=(4096,))
+    t.start()
+    assert inside.wait(60)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)     # fork with threads (3.12+)
+        pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            assert repr(pool) == "Pool(inherited across fork())"
+            for call in (lambda: pool.alloc(4096), lambda: pool.free(seg), pool.trim, pool.stats,
+                         pool.segments, pool.chunks, arena.close_pool, arena.memory_stats,
+                         lambda: arena.sleep(offload=["torch"]), arena.summary):
+                try:
+                    call()
+                except MetraleError as e:
+                    assert "inherited across fork()" in str(e), e
+                else:
+                    raise AssertionError("a call on an inherited pool ran")
+            base, n = pool.base, pool.nbytes
+            assert _mapped_in_proc(base, base + n)
+            arena.release()                  # a segment is held: the parent's, not the child's
+            assert arena.is_released() and pool.closed and arena.pool is None
+            assert not _mapped_in_proc(base, base + n)      # the child's copy is given back
+            code = 0
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 30
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            raise AssertionError("the forked child hung")
+        time.sleep(0.01)
+    go.set()
+    t.join(30)
+    assert ctypes.string_at(seg, 3 * 4096) == b"\x5a" * (3 * 4096)     # the parent's, untouched
+    assert pool.stats()["segments"] == 2
+    for p, _n in pool.segments():
+        pool.free(p)
+    arena.release()
+    return os.waitstatus_to_exitcode(status), vm_counts(gpu)
+
+
+def test_a_forked_child_can_release_an_inherited_pool_held_by_a_parent_thread():
+    assert run_watched(_fork_with_the_pool_held) == (0, (0, 0, 0))

@@ -154,7 +154,9 @@ cdef class ArenaState:
                 if self._reservation is not None:
                     self._reservation.forget()
                     self._sleep_state.forget()
-                self._pool = None       # the parent's too (its C pool is left, not freed)
+                if self._pool is not None:      # the parent's too: its C pool is left
+                    self._pool.close_inherited()
+                    self._pool = None
                 return 0
         elif rc != MT_LIFE_OK:
             raise_life(rc, "the buffer arena", "release", self._exported())

@@ -25,6 +25,7 @@ cdef class Pool:
                                   # reused, freed by close), or None
     cdef list moved               # [(offset, bytes)] the offloading sleep now moved, or []
     cdef bint offloaded           # the sleep now (or the last) offloaded the segments
+    cdef unsigned long fork_gen   # the process's fork generation when made (_life)
 
     cdef int _start(self, str call) except -1
     cdef void _end(self) noexcept
@@ -54,6 +55,11 @@ cdef class Pool:
     # (first error or None, whether it is closed).  Refused while segments
     # are handed out unless `force`.
     cdef tuple close(self, bint force)
+    # In a process forked from the pool's: give back this process's copy of
+    # the range (host memory; a GPU's is the parent's: nothing), touching
+    # neither the C pool nor its lock (a parent thread may have held it).
+    cdef void close_inherited(self) noexcept
+    cdef bint inherited(self)
 
 
 # A pool of `nbytes` (rounded up to the granularity) in a range reserved on `gpu`.

@@ -17,7 +17,8 @@ from libc.stdlib cimport free, malloc
 from metrale._arena._sleep_state cimport SleepState, sleep_state_new
 from metrale._backends._backend cimport Backend
 from metrale._base._common cimport logger, u64_arg
-from metrale._base._core cimport (MT_ERR_NOMEM, MT_OK, MT_POOL_ASLEEP, MT_POOL_AWAKE,
+from metrale._base._life cimport mt_fork_generation, raise_life
+from metrale._base._core cimport (MT_ERR_NOMEM, MT_LIFE_FORKED, MT_OK, MT_POOL_ASLEEP, MT_POOL_AWAKE,
                                   MT_POOL_DEVICE, MT_POOL_FOREIGN, MT_POOL_FULL, MT_POOL_IN_USE,
                                   MT_POOL_SIZE, mt_pool_alloc, mt_pool_bind, mt_pool_chunks, mt_pool_close,
                                   mt_pool_free, mt_pool_get_stats, mt_pool_hold, mt_pool_new,
@@ -108,6 +109,8 @@ The pool of a reserved arena: segments of its own range (made by
     cdef int _start(self, str call) except -1:
         if self._p == NULL or self.dead:
             raise MetraleError(f"pool.{call}: the pool is closed (its arena was released)")
+        if self.inherited():        # before the C pool's lock, which a parent thread may hold
+            raise_life(MT_LIFE_FORKED, "the arena's pool", f"pool.{call}")
         self.error = None
         self.busy += 1
         return 0
@@ -363,6 +366,8 @@ The pool of a reserved arena: segments of its own range (made by
     def __repr__(self):
         if self.closed:
             return "Pool(closed)"
+        if self.inherited():
+            return "Pool(inherited across fork())"
         s = self.stats()
         return (f"Pool(base={self.base:#x}, reserved={s['reserved']:,}, "
                 f"committed={s['committed']:,}, in_use={s['in_use']:,}, "
@@ -515,9 +520,29 @@ The pool of a reserved arena: segments of its own range (made by
             self.gpu.sync(0)
         return 0
 
+    cdef bint inherited(self):
+        return mt_fork_generation() != self.fork_gen
+
+    cdef void close_inherited(self) noexcept:
+        cdef Backend be = self.gpu
+        if self.dead:
+            return
+        self.dead, self._p = True, NULL     # the C pool's memory is left: its lock may be held
+        self.slot = -1
+        if be.device_type != 1:             # a GPU's memory is the parent's
+            return
+        try:
+            if self.host is not None:       # this process's copy of an offload's host memory
+                self.host.close(self.base)
+            be.unreserve(self.base, self.nbytes)    # every page mapped in the range with it
+        except Exception as e:
+            logger().warning("buffer arena: giving back a forked child's copy of the pool "
+                             "failed: %s", e)
+        self.base = 0
+
     cdef bint asleep(self):
         cdef mt_pool_stats s
-        if self._p == NULL or self.dead:
+        if self._p == NULL or self.dead or self.inherited():
             return False
         with nogil:
             mt_pool_get_stats(self._p, &s)
@@ -525,7 +550,7 @@ The pool of a reserved arena: segments of its own range (made by
 
     cdef uint64_t segments_held(self):
         cdef mt_pool_stats s
-        if self._p == NULL or self.dead:
+        if self._p == NULL or self.dead or self.inherited():
             return 0
         with nogil:
             mt_pool_get_stats(self._p, &s)
@@ -534,6 +559,9 @@ The pool of a reserved arena: segments of its own range (made by
     cdef tuple close(self, bint force):
         cdef int rc, err = 0
         if self._p == NULL or self.dead:
+            return None, True
+        if self.inherited():
+            self.close_inherited()
             return None, True
         if not force and self.segments_held():
             return MetraleError(f"torch still holds {self.segments_held()} segments of the "
@@ -578,6 +606,7 @@ cdef Pool pool_new(Backend gpu, uint64_t nbytes):
     cdef uintptr_t at = 0
     cdef Pool p = Pool.__new__(Pool, _TOKEN)
     p.gpu, p.granule, p.nbytes = gpu, g, n
+    p.fork_gen = mt_fork_generation()
     p.direct = gpu.pool_ops(&p.ops) == 1
     if not p.direct:
         p.ops.ctx = <void *>p            # borrowed: the pool outlives its C pool

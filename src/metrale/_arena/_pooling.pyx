@@ -9,8 +9,8 @@ from libc.stdint cimport uint64_t
 from metrale._arena._arena_state cimport ArenaState, sleeping
 from metrale._arena._pool cimport Pool, pool_new
 from metrale._base._common cimport u64_arg
-from metrale._base._core cimport MT_LIFE_OK
-from metrale._base._life cimport mt_life_enter, mt_life_leave, raise_life
+from metrale._base._core cimport MT_LIFE_FORKED, MT_LIFE_OK
+from metrale._base._life cimport mt_life_enter, mt_life_forked, mt_life_leave, raise_life
 
 from metrale._base.errors import MetraleError
 
@@ -90,6 +90,8 @@ def close_pool(ArenaState self):
     cdef ArenaState a = self
     if a._pool is None:
         return None
+    if mt_life_forked(a._life):         # the pool goes with the arena's release alone
+        raise_life(MT_LIFE_FORKED, "the buffer arena", "close_pool")
     err, closed = a._pool.close(False)
     if closed:
         a._pool = None
