@@ -8,10 +8,9 @@ from metrale._sizing._spec import (ACCESSORS as ACCESSORS, MAX_BUFFERS as MAX_BU
                                    MAX_ZERO_ALL as MAX_ZERO_ALL, RESERVED_NAMES as RESERVED_NAMES,
                                    ROW_RULES as ROW_RULES, STEP_ROLES as STEP_ROLES,
                                    BufferSpec as BufferSpec)
-
-MAX_FILE_BYTES: int
-MAX_DEPTH: int
-MAX_TABLES: int
+from metrale._sizing._buffer_file import (MAX_DEPTH as MAX_DEPTH,
+                                          MAX_FILE_BYTES as MAX_FILE_BYTES,
+                                          MAX_TABLES as MAX_TABLES)
 
 class BufferSet:
     def __init__(self, specs: Iterable[BufferSpec] = ()) -> None: ...
