@@ -346,8 +346,7 @@ enum {
     MT_POOL_FOREIGN = -12,     /* not a segment of this pool (or not of that size) */
     MT_POOL_DEVICE = -13,      /* an operation failed; *err holds its code */
     MT_POOL_IN_USE = -14,      /* mt_pool_close: segments are still handed out */
-    MT_POOL_AWAKE = -15,       /* mt_pool_wake: the pool does not sleep */
-    MT_POOL_SIZE = -16         /* a segment of this pool, asked for with another size */
+    MT_POOL_SIZE = -15         /* a segment of this pool, asked for with another size */
 };
 
 typedef struct mt_pool_stats {
@@ -383,14 +382,20 @@ int mt_pool_release(mt_pool *p, uint64_t ptr, uint64_t n);
  * *unmapped says how many bytes went.  MT_OK or MT_POOL_DEVICE (the first
  * error); a handle whose release fails is kept and retried by later calls. */
 int mt_pool_trim(mt_pool *p, uint64_t *unmapped, int *err);
-/* Unmap every chunk (the device waited for by the caller), keeping the
- * segments: all or nothing (an unmap that fails maps back what this call
- * unmapped, with its handles, so nothing is lost); the handles are released
- * once all are unmapped.  MT_OK, MT_POOL_ASLEEP or MT_POOL_DEVICE. */
-int mt_pool_sleep(mt_pool *p, int *err);
-/* Map the pages of every segment again (one handle per run of them): all or
- * nothing.  MT_OK, MT_POOL_AWAKE or MT_POOL_DEVICE. */
-int mt_pool_wake(mt_pool *p, int *err);
+/* A sleep and a wake move the pool's memory chunk by chunk (the offload
+ * engine, _offload.pyx, with the device waited for by the caller):
+ * mt_pool_unmap_chunk unmaps and releases the chunk that starts at byte
+ * `offset` from the base.  MT_OK; MT_POOL_FOREIGN (no chunk starts there);
+ * MT_POOL_DEVICE (*err): the unmap failed and the chunk stays mapped
+ * (*gone = 0), or it went and its handle's release failed (*gone = 1: the
+ * handle is kept and released again by later calls). */
+int mt_pool_unmap_chunk(mt_pool *p, uint64_t offset, int *gone, int *err);
+/* Map every unmapped page of [offset, offset + bytes) (whole pages), one
+ * handle per run of them: all or nothing.  MT_OK or MT_POOL_DEVICE. */
+int mt_pool_commit(mt_pool *p, uint64_t offset, uint64_t bytes, int *err);
+/* The pool asleep (allocations refused as MT_POOL_ASLEEP, trim does nothing)
+ * or awake; its memory is the caller's to move. */
+void mt_pool_set_asleep(mt_pool *p, int on);
 /* Refuse allocations (MT_POOL_ASLEEP) while `on`, awake or not, and trim
  * nothing: the segments and their pages stay what they are while a sleep or
  * a wake copies them. */

@@ -310,7 +310,7 @@ int mt_pool_trim(mt_pool *p, uint64_t *unmapped, int *err)
     int rc = MT_OK;
     *unmapped = 0;
     pthread_mutex_lock(&p->mu);
-    if (p->held) {              /* a sleep or wake is copying the segments' pages */
+    if (p->held || p->asleep) { /* a sleep or wake moves the segments' pages */
         pthread_mutex_unlock(&p->mu);
         return MT_OK;
     }
@@ -339,51 +339,54 @@ int mt_pool_trim(mt_pool *p, uint64_t *unmapped, int *err)
     return rc;
 }
 
-int mt_pool_sleep(mt_pool *p, int *err)
+int mt_pool_unmap_chunk(mt_pool *p, uint64_t offset, int *gone, int *err)
 {
-    uint64_t done = 0;
-    int rc = MT_OK;
+    int rc = MT_POOL_FOREIGN;
+    *gone = 0;
     pthread_mutex_lock(&p->mu);
-    if (p->asleep) {
-        rc = MT_POOL_ASLEEP;
-        goto out;
-    }
-    for (; done < p->nchunks; done++) {
-        chunk c = p->chunks[done];
+    for (uint64_t i = 0; i < p->nchunks; i++) {
+        chunk c = p->chunks[i];
+        if (c.first * p->granule != offset)
+            continue;
         int e = p->ops.unmap(p->ops.ctx, p->base + c.first * p->granule, c.count * p->granule);
         if (e != 0) {
             *err = e;
             rc = MT_POOL_DEVICE;
             break;
         }
+        remove_chunk(p, i);
+        *gone = 1;
+        e = drop_handle(p, c);
+        rc = e == 0 ? MT_OK : MT_POOL_DEVICE;
+        if (e != 0)
+            *err = e;
+        break;
     }
-    if (rc != MT_OK) {
-        /* Map back what was unmapped, with the same handles: nothing is lost.
-         * Should that fail too, that chunk's contents are gone: its handle is
-         * released and the segments' pages are mapped with new memory. */
-        int lost = 0, e2 = 0;
-        for (uint64_t i = done; i-- > 0;) {
-            chunk c = p->chunks[i];
-            if (p->ops.map(p->ops.ctx, p->base + c.first * p->granule, c.count * p->granule,
-                           c.handle) != 0) {
-                remove_chunk(p, i);
-                drop_handle(p, c);
-                lost = 1;
-            }
-        }
-        if (lost)       /* the segments' pages backed again, with new memory */
-            map_gaps(p, 0, p->npages, USED, &e2);
-        goto out;
-    }
-    while (p->nchunks > 0) {
-        chunk c = p->chunks[p->nchunks - 1];
-        remove_chunk(p, p->nchunks - 1);
-        drop_handle(p, c);
-    }
-    p->asleep = 1;
-out:
     pthread_mutex_unlock(&p->mu);
     return rc;
+}
+
+int mt_pool_commit(mt_pool *p, uint64_t offset, uint64_t bytes, int *err)
+{
+    int rc = MT_OK;
+    uint64_t first, end;
+    pthread_mutex_lock(&p->mu);
+    first = offset / p->granule;
+    end = bytes ? (offset + bytes - 1) / p->granule + 1 : first;
+    if (end > p->npages)
+        end = p->npages;
+    retry_orphans(p);
+    if (first < end)
+        rc = map_gaps(p, first, end - first, 0, err);
+    pthread_mutex_unlock(&p->mu);
+    return rc;
+}
+
+void mt_pool_set_asleep(mt_pool *p, int on)
+{
+    pthread_mutex_lock(&p->mu);
+    p->asleep = on != 0;
+    pthread_mutex_unlock(&p->mu);
 }
 
 void mt_pool_hold(mt_pool *p, int on)
@@ -391,23 +394,6 @@ void mt_pool_hold(mt_pool *p, int on)
     pthread_mutex_lock(&p->mu);
     p->held = on != 0;
     pthread_mutex_unlock(&p->mu);
-}
-
-int mt_pool_wake(mt_pool *p, int *err)
-{
-    int rc;
-    pthread_mutex_lock(&p->mu);
-    if (!p->asleep) {
-        rc = MT_POOL_AWAKE;
-        goto out;
-    }
-    retry_orphans(p);
-    rc = map_gaps(p, 0, p->npages, USED, err);
-    if (rc == MT_OK)
-        p->asleep = 0;
-out:
-    pthread_mutex_unlock(&p->mu);
-    return rc;
 }
 
 int mt_pool_close(mt_pool *p, int force, int *err)

@@ -21,7 +21,7 @@ from metrale._arena._summary import Pin
 from metrale.sizes import BUFFER_NAMES
 from metrale.testing import FaultyBackend
 
-from helpers import COMPACT, Mem, vm_counts
+from helpers import COMPACT, Mem, run_watched, vm_counts
 from reference_oracle import ZERO_ALL
 
 LIMITS = (64, 512, 16, 8)
@@ -334,9 +334,14 @@ def test_a_failed_mapping_at_the_buffers_addresses_wakes_the_arena_again():
     assert counts(gpu) == NOTHING
 
 
-@pytest.mark.parametrize("op", ["unmap", "create", "map", "copy", "h2d", "memset"])
-def test_a_failed_wake_still_sleeps_with_the_offloaded_buffers_in_place(op):
-    gpu = FaultyBackend()
+@pytest.mark.parametrize("over,op", [(True, op) for op in ("unmap", "create", "map", "h2d",
+                                                            "memset")] +
+                         [(False, op) for op in ("unmap", "create", "map", "copy", "h2d",
+                                                 "memset")])
+def test_a_failed_wake_still_sleeps_with_the_offloaded_buffers_in_place(over, op):
+    # mapping over (the host backend) the new memory holds the bytes as it is
+    # mapped: no copy back; CUDA's order copies them (maps_over=False)
+    gpu = FaultyBackend(maps_over=over)
     with reserved(gpu) as a:
         m, before = stamp(a, gpu)
         arr = np.asarray(a.view("hidden_states", "uint8"))
@@ -467,3 +472,98 @@ def test_a_failed_prepare_sleep_keeps_what_was_made(op):
         for name in OFFLOAD + KEEP:
             assert (m.read(name) == before[name]).all(), name
     assert counts(gpu) == NOTHING
+
+
+# -- readers during the transition --------------------------------------------------------
+
+def _readers_through_offload_cycles(cycles, maps_over):
+    """Two threads read offloaded buffers and pool segments, without the GIL
+    (memcmp against their bytes), the whole time the main thread runs `cycles` offloading
+    sleeps and wakes: (bytes that read differently, reads made).  Where the
+    backend maps over memory no address is ever left without memory: a hole
+    is a segmentation fault, which ends the process (run_watched reports it)."""
+    gpu = FaultyBackend(maps_over=maps_over)
+    a = reserved(gpu, (8, 128, 16, 4), (16, 256, 16, 4))     # small: 2-3 ms a cycle
+    m, before = stamp(a, gpu)
+    pool = a.open_pool(64 * 4096)
+    segs = [(pool.alloc(n * 4096), n * 4096, 0x70 + i) for i, n in enumerate((1, 3, 2, 5))]
+    for p, n, b in segs:
+        ctypes.memset(p, b, n)
+    names = ("hidden_states", "residual")
+    watched = [[(a.ptr(x), a.nbytes(x), before[x].tobytes()) for x in names],
+               [(p, n, bytes([b]) * n) for p, n, b in segs]]
+    stop, bad, reads = threading.Event(), [], [0, 0]
+
+    memcmp = ctypes.CDLL(None).memcmp       # a C call: no GIL, beside the sleep's calls
+    memcmp.argtypes, memcmp.restype = (ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t), \
+        ctypes.c_int
+
+    def reader(k):
+        while not stop.is_set():
+            for p, n, want in watched[k]:
+                if memcmp(p, want, n):
+                    bad.append(hex(p))
+            reads[k] += 1
+
+    threads = [threading.Thread(target=reader, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        for _ in range(cycles):
+            a.sleep(offload=names + ("torch",))
+            a.wake()
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(60)
+    for p, _n, _b in segs:
+        pool.free(p)
+    a.release()
+    return sorted(set(bad)), reads
+
+
+def test_readers_of_offloaded_memory_never_fault_nor_see_a_changed_byte():
+    """Issue 49: a thread that read an offloaded buffer's view, or a pool
+    segment, while another slept or woke the arena fell into the moment
+    between the device memory's unmap and the host memory's mapping.  On the
+    host backend host memory now goes over the device memory in one mmap,
+    and device memory already holding the bytes over the host memory in one
+    mremap: 1,000 cycles with two readers, no fault, every byte the same."""
+    bad, reads = run_watched(_readers_through_offload_cycles, 1000, True, timeout=300)
+    assert bad == [] and min(reads) > 100, (bad, reads)
+
+
+def test_what_the_arena_sees_during_the_transition_is_refused():
+    """While a sleep or a wake runs, another thread's operations on the
+    arena, its new views (of offloaded buffers too) and torch's allocations
+    from the pool are refused with MetraleError: on CUDA, where an address
+    can be without memory for a moment, nothing the arena hands out
+    reaches it (docs/stable-addresses.md)."""
+    gpu = FaultyBackend(maps_over=False)
+    with reserved(gpu) as a:
+        pool = a.open_pool(16 * 4096)
+        seg = pool.alloc(4096)
+        seen = []
+
+        def other():
+            for call in (lambda: a.view("hidden_states", "uint8"), a.zero_all,
+                         lambda: a.zero_all_rows(tokens=3), lambda: pool.alloc(4096),
+                         lambda: a.step_inputs()):
+                try:
+                    call()
+                except BaseException as e:      # noqa: BLE001 -- reported below
+                    seen.append(f"{type(e).__name__}: {e}")
+                else:
+                    seen.append("ran")
+
+        def inside():
+            t = threading.Thread(target=other)
+            t.start()
+            t.join(30)
+        for step, op in ((lambda: a.sleep(offload=("hidden_states", "torch")), "copy"),
+                         (a.wake, "map")):
+            gpu.inject_call(op, inside)
+            step()
+            assert len(seen) == 5 and all(x.startswith("MetraleError: ") for x in seen), seen
+            seen.clear()
+        pool.free(seg)

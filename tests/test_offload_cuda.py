@@ -85,6 +85,42 @@ def test_tensors_and_a_graph_live_through_sleep_and_wake(gpu):
         g = x = y = None                                # before the arena's release
 
 
+def test_a_kernel_launched_before_the_sleep_on_another_stream_completes_with_its_bytes(gpu):
+    """Issue 49: CUDA maps only where nothing is mapped, so the sleep and the
+    wake wait for the device's work queued before them.  A long kernel and a
+    read of the offloaded buffer queued on another stream just before
+    `sleep(offload=...)`, and again before `wake`, finish with the right
+    bytes and no device fault (the arena and the device still work after)."""
+    torch = pytest.importorskip("torch")
+    with BufferArena.new(COMPACT, *LIMITS, gpu, reserve=LIMITS) as a:
+        x = torch.from_dlpack(a.view("hidden_states", "int32"))
+        n = x.numel()
+        seq = torch.arange(n, dtype=torch.int32, device="cuda")
+        x.copy_(seq)
+        torch.cuda.synchronize()
+        side = torch.cuda.Stream()
+        outs = []
+        for step in (a.sleep, a.wake):
+            out = torch.empty_like(x)
+            with torch.cuda.stream(side):
+                torch.cuda._sleep(50_000_000)       # tens of ms: still queued at the call
+                out.copy_(x)                        # reads the offloaded buffer
+                out.add_(1)
+            if step == a.sleep:
+                step(offload=("hidden_states",))
+            else:
+                step()
+            side.synchronize()
+            outs.append(out)
+        torch.cuda.synchronize()
+        for out in outs:
+            assert torch.equal(out, seq + 1)
+        assert torch.equal(x, seq)
+        a.zero_all()
+        gpu.synchronize()
+        x = None
+
+
 OFFLOAD, KEEP = ("hidden_states", "residual", "logits"), ("gate_logits_f32", "norm_unit_w")
 
 

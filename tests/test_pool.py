@@ -411,8 +411,8 @@ def test_bad_input_and_refusals():
 
 # -- a fault at every device step ---------------------------------------------------------
 
-def _faulty():
-    gpu = FaultyBackend()
+def _faulty(maps_over=True):
+    gpu = FaultyBackend(maps_over=maps_over)
     arena, pool, before = _pool(gpu, 16)
     return gpu, arena, pool, before
 
@@ -446,34 +446,43 @@ def test_a_refused_allocation_leaves_nothing_mapped(op, nth):
     _agree(pool, model, gpu, before, arena)
 
 
-@pytest.mark.parametrize("nth", [1, 2, 3])
-def test_a_failed_pool_sleep_leaves_the_arena_asleep_and_the_pool_awake_and_intact(nth):
-    gpu, arena, pool, before = _faulty()
+@pytest.mark.parametrize("over", [True, False])
+@pytest.mark.parametrize("nth", [1, 2, 3, 4])
+def test_a_failed_pool_unmap_leaves_it_asleep_with_that_chunk_and_wakeable(nth, over):
+    """The buffers' chunks and the pool's go in one pipeline (docs/torch.md):
+    an unmap that fails leaves that chunk mapped, the arena and its pool
+    asleep (the error follows), and wake maps around it."""
+    gpu, arena, pool, before = _faulty(maps_over=over)
     g = pool.granularity
     segs = [pool.alloc(g), pool.alloc(g), pool.alloc(g)]
     pool.free(segs[1])
-    pool.alloc(2 * g)                          # three chunks mapped
+    pool.alloc(2 * g)                          # four chunks: pages 0, 1, 2 and 3-4
     for i, p in enumerate(segs):
         if i != 1:
             _fill(p, g, 0x40 + i)
     chunks = pool.chunks()
-    # the buffers sleep first (one unmap per handle), then the pool
+    assert chunks == [(0, g), (g, g), (2 * g, g), (3 * g, 2 * g)]
+    # the buffers' chunks are unmapped first (one unmap each), then the pool's
     gpu.inject_fault("unmap", arena.memory_stats()["physical_handles"] + nth)
-    with pytest.raises(MetraleError):
+    with pytest.raises(MetraleError, match="unmap"):
         arena.sleep()
-    assert arena.is_sleeping() and not pool.stats()["asleep"]
-    assert pool.chunks() == chunks             # mapped back with the same handles
-    assert arena.memory_stats()["physical_handles"] == 0
-    # A host handle is a token (anonymous pages, unlike a device's): only the
-    # chunks this sleep did not unmap keep their bytes here; the GPU test
-    # checks the others.
-    for i in (0, 2):
-        if i >= nth - 1:
+    assert arena.is_sleeping() and pool.stats()["asleep"]
+    assert pool.chunks() == [chunks[nth - 1]] and arena.memory_stats()["physical_handles"] == 0
+    with pytest.raises(MetraleError, match="sleeps"):
+        pool.alloc(g)
+    left = chunks[nth - 1]
+    for i in (0, 2):                            # the chunk left mapped keeps its bytes
+        if left[0] == i * g:
             assert _read(segs[i], g) == bytes([0x40 + i]) * g
-    arena.wake()                               # the pool awake already: the buffers wake
-    assert not pool.stats()["asleep"] and pool.chunks() == chunks
+    arena.wake()                               # maps every segment's pages around it
+    assert not pool.stats()["asleep"] and left in pool.chunks()
+    assert pool.stats()["committed"] == 4 * g + (left[1] if left[0] == g else 0)
     arena.sleep()
     arena.wake()
+    for p, n in pool.segments():
+        pool.free(p)
+    arena.release()
+    assert vm_counts(gpu) == (0, 0, 0)
 
 
 @pytest.mark.parametrize("op", ["create", "map"])
@@ -523,8 +532,10 @@ def test_a_failed_trim_and_a_failed_release_keep_the_books():
 # -- what runs while a sleep or a wake copies the segments ---------------------------------
 # (FaultyBackend.inject_call runs the other thread's calls inside the copy.)
 
-def test_no_segment_is_taken_while_wake_copies_the_bytes_back():
-    gpu = FaultyBackend()
+@pytest.mark.parametrize("over,op", [(True, "map"), (False, "copy")])
+def test_no_segment_is_taken_while_wake_copies_the_bytes_back(over, op):
+    # mapping over, the new memory is mapped holding the bytes; else copied
+    gpu = FaultyBackend(maps_over=over)
     arena, pool, _ = _pool(gpu, 16)
     g = pool.granularity
     a, b = pool.alloc(g), pool.alloc(g)
@@ -539,7 +550,7 @@ def test_no_segment_is_taken_while_wake_copies_the_bytes_back():
             seen.append(pool.alloc(g))
         except MetraleError as e:
             seen.append(e)
-    gpu.inject_call("copy", other_thread)
+    gpu.inject_call(op, other_thread)
     arena.wake()
     assert isinstance(seen[0], MetraleError)            # held: refused until the copy is done
     assert _read(a, g) == b"\x11" * g

@@ -202,7 +202,7 @@ cdef class ArenaState:
             first = first or err
         first = first or self._sleep_state.close(self._base)
         err, freed = self._reservation.close(self._base, self._alloc, self._layout.slab_bytes,
-                                             bool(self._sleep_state.at_base))
+                                             bool(self._sleep_state.offload.at_base))
         if freed:
             self._base = self._alloc = 0
         first = first or err

@@ -3,12 +3,13 @@
 # memory_stats) and metrale.torch.
 from libc.stdint cimport uint64_t, uintptr_t
 
-from metrale._arena._sleep_state cimport SleepState
+from metrale._arena._offload cimport Lane, Offload, Owner
 from metrale._backends._backend cimport Backend
 from metrale._base._core cimport mt_pool, mt_pool_ops
 
 
-cdef class Pool:
+# An Owner (_offload.pxd): the offload engine moves its chunks.
+cdef class Pool(Owner):
     cdef mt_pool *_p              # the C pool (src/pool.c); NULL once closed
     cdef Backend gpu
     cdef mt_pool_ops ops          # the backend's, without the GIL, or this object's methods
@@ -21,10 +22,11 @@ cdef class Pool:
     cdef object error             # what a backend method raised inside the last operation
     cdef int busy                 # calls inside the C pool without the GIL now
     cdef bint dead                # closed: the last call out frees the C pool
-    cdef SleepState host          # host memory of an offloading sleep (made by the first one,
-                                  # reused, freed by close), or None
+    cdef Offload host             # host memory of its offloads (made by the first one, reused,
+                                  # freed by close) and the engine that moves them
     cdef list moved               # [(offset, bytes)] the offloading sleep now moved, or []
-    cdef bint offloaded           # the sleep now (or the last) offloaded the segments
+    cdef uintptr_t fill           # commit_need over host memory: new chunks hold the bytes
+                                  # at fill + offset (the host backend's operations), or 0
     cdef unsigned long fork_gen   # the process's fork generation when made (_life)
 
     cdef int _start(self, str call) except -1
@@ -33,21 +35,18 @@ cdef class Pool:
     cdef void _free_if_idle(self) noexcept
     cdef object _failure(self, int rc, int err, str call, uint64_t n=*)
 
-    # Sleep, in two steps (the device waited for first; all or nothing):
-    # unmap everything, keeping the segments; with `offload`, their contents
-    # move to host memory mapped at their own addresses.  `stage` copies the
-    # segments out for an offload, refusing allocations from then on (the
-    # runs copied), `sleep_staged` unmaps and maps the host memory there.
-    cdef list stage(self, bint offload)
-    # Take allocations again after `stage` when no `sleep_staged` follows.
-    cdef void unhold(self) noexcept
-    cdef int sleep_staged(self, bint offload, list runs) except -1
-    # Map the segments' pages again (an offload's contents copied back);
-    # all or nothing.
-    cdef int wake(self) except -1
-    cdef void _undo_sleep(self) noexcept
+    # Its part of the arena's sleep (the engine's lane; every chunk goes, the
+    # segments stay): with `offload` their bytes move to host memory mapped at
+    # their addresses (made here the first time).  No segment is taken from
+    # here on: `slept` says how the sleep ended (asleep, or awake again).
+    cdef Lane sleep_lane(self, bint offload)
+    cdef void slept(self, Lane lane) noexcept
+    # Its part of the arena's wake: the segments' pages mapped again, an
+    # offload's bytes back; `woke` says how the wake ended.
+    cdef Lane wake_lane(self)
+    cdef void woke(self, Lane lane) noexcept
+    cdef void _hold(self, bint on) noexcept
     cdef list _runs(self)
-    cdef int _copy(self, list runs, bint back) except -1
     cdef bint asleep(self)
     # Segments handed out now.
     cdef uint64_t segments_held(self)

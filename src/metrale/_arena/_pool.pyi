@@ -1,5 +1,7 @@
 from typing import TypedDict, final
 
+from metrale._arena._offload import Owner
+
 class PoolStats(TypedDict):
     reserved: int
     committed: int
@@ -18,7 +20,7 @@ class PoolStats(TypedDict):
     host_bytes: int
 
 @final
-class Pool:
+class Pool(Owner):
     @property
     def nbytes(self) -> int: ...
     @property

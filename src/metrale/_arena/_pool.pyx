@@ -14,18 +14,17 @@ cimport cython
 from libc.stdint cimport uint64_t, uintptr_t
 from libc.stdlib cimport free, malloc
 
-from metrale._arena._sleep_state cimport SleepState, sleep_state_new
+from metrale._arena._offload cimport Lane, Owner, lane_new, offload_new
 from metrale._backends._backend cimport Backend
 from metrale._base._common cimport logger, u64_arg
 from metrale._base._life cimport mt_fork_generation, raise_life
-from metrale._base._core cimport (MT_ERR_NOMEM, MT_LIFE_FORKED, MT_OK, MT_POOL_ASLEEP, MT_POOL_AWAKE,
-                                  MT_POOL_DEVICE, MT_POOL_FOREIGN, MT_POOL_FULL, MT_POOL_IN_USE,
-                                  MT_POOL_SIZE, mt_pool_alloc, mt_pool_bind, mt_pool_chunks, mt_pool_close,
-                                  mt_pool_free, mt_pool_get_stats, mt_pool_hold, mt_pool_new,
-                                  mt_pool_release, mt_pool_segments, mt_pool_sleep,
-                                  mt_pool_slot_alloc, mt_pool_slot_free, mt_pool_stats,
-                                  mt_pool_stray_calls, mt_pool_trim, mt_pool_unbind,
-                                  mt_pool_unretire, mt_pool_wake, mt_range)
+from metrale._base._core cimport (
+    MT_ERR_NOMEM, MT_LIFE_FORKED, MT_OK, MT_POOL_ASLEEP, MT_POOL_DEVICE, MT_POOL_FOREIGN,
+    MT_POOL_FULL, MT_POOL_IN_USE, MT_POOL_SIZE, mt_pool_alloc, mt_pool_bind, mt_pool_chunks,
+    mt_pool_close, mt_pool_commit, mt_pool_free, mt_pool_get_stats, mt_pool_hold, mt_pool_new,
+    mt_pool_release, mt_pool_segments, mt_pool_set_asleep, mt_pool_slot_alloc, mt_pool_slot_free,
+    mt_pool_stats, mt_pool_stray_calls, mt_pool_trim, mt_pool_unbind, mt_pool_unmap_chunk,
+    mt_pool_unretire, mt_range)
 
 from metrale._base.errors import MetraleError, OutOfMemoryError
 
@@ -57,7 +56,10 @@ cdef int _release(void *ctx, uint64_t handle, uint64_t n) noexcept with gil:
 cdef int _map(void *ctx, uint64_t at, uint64_t n, uint64_t handle) noexcept with gil:
     cdef Pool p = <Pool>ctx
     try:
-        p.gpu.map(at, n, handle)
+        if p.fill:          # a wake's, over the host memory there, holding its bytes
+            p.gpu.map_filled(at, n, handle, p.fill + (at - p.base))
+        else:
+            p.gpu.map(at, n, handle)
         return 0
     except BaseException as e:
         p.error = e
@@ -77,7 +79,7 @@ cdef int _unmap(void *ctx, uint64_t at, uint64_t n) noexcept with gil:
 # no_gc: it holds its backend and plain values only; the arena closes it.
 @cython.no_gc
 @cython.final
-cdef class Pool:
+cdef class Pool(Owner):
     """Pool()
 --
 
@@ -265,7 +267,7 @@ The pool of a reserved arena: segments of its own range (made by
                 "creates": s.creates, "allocs": s.allocs, "frees": s.frees,
                 "refused": s.refused, "asleep": bool(s.asleep),
                 "offloaded": sum(n for _, n in self.moved),
-                "host_bytes": self.host.host_offload_bytes() if self.host is not None else 0}
+                "host_bytes": self.host.host_bytes()}
 
     def segments(self):
         """The segments handed out: ``[(ptr, bytes)]`` in address order."""
@@ -373,125 +375,89 @@ The pool of a reserved arena: segments of its own range (made by
                 f"committed={s['committed']:,}, in_use={s['in_use']:,}, "
                 f"segments={s['segments']}{', asleep' if s['asleep'] else ''})")
 
-    # -- for the arena -------------------------------------------------------------------
-    cdef list stage(self, bint offload):
-        cdef SleepState h
-        if not offload:
-            return []
+    # -- for the arena: its part of a sleep and a wake, through the engine ------------------
+    cdef void _hold(self, bint on) noexcept:
+        if self._p != NULL and not self.dead:
+            with nogil:
+                mt_pool_hold(self._p, on)
+
+    cdef Lane sleep_lane(self, bint offload):
         self._start("sleep")
         try:
             # No segment is taken from here on (one taken between the copy and
             # the unmap would be left with no memory at its addresses).
-            with nogil:
-                mt_pool_hold(self._p, 1)
+            self._hold(True)
             try:
-                runs = self._runs()
-                if runs:
-                    # Host memory mapped at a staging range (made once,
-                    # reused), the segments copied there while on the device.
-                    if self.host is None:
-                        self.host = sleep_state_new(self.gpu, 0, self.nbytes)
-                    h = self.host
-                    h.host_memory(runs, 0, 0)
-                    self._copy(runs, False)
+                need = self._runs()
+                moves = need if offload else []
+                if moves:
+                    self.host.host_memory(moves)    # made once, reused
+                return lane_new(self.host, self, self.base, moves, [], need)
             except BaseException:
-                self.unhold()
+                self._hold(False)
                 raise
         finally:
             self._end()
-        return runs
 
-    cdef void unhold(self) noexcept:
-        if self._p != NULL and not self.dead:
-            with nogil:
-                mt_pool_hold(self._p, 0)
+    cdef void slept(self, Lane lane) noexcept:
+        if lane.asleep:
+            self.moved = lane.moves
+            if self._p != NULL and not self.dead:
+                with nogil:
+                    mt_pool_set_asleep(self._p, 1)      # allocations refused as such
+        self._hold(False)
 
-    cdef int sleep_staged(self, bint offload, list runs) except -1:
-        cdef int rc, err = 0
-        cdef SleepState h = self.host
+    cdef Lane wake_lane(self):
+        self._start("wake")
+        try:
+            self._hold(True)        # nothing taken, nothing trimmed until the bytes are back
+            need = self._runs()     # a segment freed while asleep is not mapped again
+            return lane_new(self.host, self, self.base, _overlap(self.moved, need), [], need)
+        finally:
+            self._end()
+
+    cdef void woke(self, Lane lane) noexcept:
+        if not lane.asleep:
+            self.moved = []
+            if self._p != NULL and not self.dead:
+                with nogil:
+                    mt_pool_set_asleep(self._p, 0)
+        self._hold(False)
+
+    # -- the Owner protocol (_offload.pxd) ----------------------------------------------------
+    cdef list mapped(self):
+        return self.chunks()
+
+    cdef object unmap_one(self, uintptr_t base, uint64_t offset):
+        cdef int rc, gone = 0, err = 0
         self._start("sleep")
         try:
             with nogil:
-                rc = mt_pool_sleep(self._p, &err)
-            if rc != MT_OK:
-                e = self._failure(rc, err, "sleep")
-                if runs:
-                    # Mapped back with the same handles; the bytes copied back
-                    # all the same (a host backend's handles are fresh pages),
-                    # where they are mapped (a failed map-back leaves some not).
-                    try:
-                        self._copy(_overlap(runs, self.chunks()), True)
-                    except Exception as e2:
-                        logger().warning("buffer arena: copying the pool's segments back "
-                                         "after a failed sleep failed: %s", e2)
-                self.unhold()
-                raise e
-            self.unhold()           # asleep: allocations are refused as such
-            self.offloaded, self.moved = offload, runs
-            if runs:
-                try:
-                    h.map_at(self.base, h.overlapping(runs))
-                except BaseException:
-                    self._undo_sleep()
-                    raise
+                rc = mt_pool_unmap_chunk(self._p, offset, &gone, &err)
+            if rc == MT_OK or rc == MT_POOL_FOREIGN:
+                return None
+            return self._failure(rc, err, "sleep")
         finally:
             self._end()
-        return 0
 
-    cdef void _undo_sleep(self) noexcept:
-        """After a failed mapping of an offload's host memory: the pool
-        awake again with its contents, or (a second failure) asleep with
-        them on the host for `wake`."""
+    cdef int commit_need(self, uintptr_t base, list need, uint64_t lo, uint64_t hi,
+                         uintptr_t fill) except -1:
         cdef int rc, err = 0
-        try:
-            with nogil:
-                mt_pool_hold(self._p, 1)        # nothing taken before the bytes are back
-            try:
-                with nogil:
-                    rc = mt_pool_wake(self._p, &err)
-                if rc != MT_OK:
-                    raise self._failure(rc, err, "sleep")
-                self._copy(self.moved, True)
-                self.moved = []
-            finally:
-                self.unhold()
-        except Exception as e:
-            logger().warning("buffer arena: waking the pool after a failed offload failed "
-                             "(it sleeps, its segments on the host; wake() brings them "
-                             "back): %s", e)
-
-    cdef int wake(self) except -1:
-        cdef int rc, err = 0
-        cdef SleepState h = self.host
+        cdef uint64_t x, y
+        if fill and self.direct:
+            raise MetraleError("pool: the backend maps only where nothing is mapped")
         self._start("wake")
+        self.fill = fill                # the host operations (_map) read it
         try:
-            # No segment taken, none trimmed, until the bytes are back.
-            with nogil:
-                mt_pool_hold(self._p, 1)
-            try:
-                if h is not None:
-                    h.unmap_at(self.base)       # the device waited for first
-                with nogil:
-                    rc = mt_pool_wake(self._p, &err)
-                if rc != MT_OK and rc != MT_POOL_AWAKE:
-                    if self.moved:
-                        h.map_at(self.base, h.overlapping(self.moved))    # asleep as before
-                    raise self._failure(rc, err, "wake")
-                if self.moved:
-                    # What is still a segment (one freed while asleep is not).
-                    back = _overlap(self.moved, self._runs())
-                    try:
-                        self._copy(back, True)
-                    except BaseException:
-                        with nogil:
-                            rc = mt_pool_sleep(self._p, &err)
-                        if rc == MT_OK:
-                            h.map_at(self.base, h.overlapping(self.moved))
-                        raise
-                    self.moved = []
-            finally:
-                self.unhold()
+            for o, n in need:
+                x, y = max(<uint64_t>o, lo), min(<uint64_t>(o + n), hi)
+                if x < y:
+                    with nogil:
+                        rc = mt_pool_commit(self._p, x, y - x, &err)
+                    if rc != MT_OK:
+                        raise self._failure(rc, err, "wake")
         finally:
+            self.fill = 0
             self._end()
         return 0
 
@@ -506,20 +472,6 @@ The pool of a reserved arena: segments of its own range (made by
                 out.append((lo, n))
         return out
 
-    cdef int _copy(self, list runs, bint back) except -1:
-        """Copy `runs` to the staging range of the host memory (`back`:
-        from it), and wait."""
-        cdef uintptr_t stage = self.host.stage
-        try:
-            for lo, n in runs:
-                if back:
-                    self.gpu.copy(self.base + lo, stage + lo, n, 0)
-                else:
-                    self.gpu.copy(stage + lo, self.base + lo, n, 0)
-        finally:
-            self.gpu.sync(0)
-        return 0
-
     cdef bint inherited(self):
         return mt_fork_generation() != self.fork_gen
 
@@ -532,8 +484,7 @@ The pool of a reserved arena: segments of its own range (made by
         if be.device_type != 1:             # a GPU's memory is the parent's
             return
         try:
-            if self.host is not None:       # this process's copy of an offload's host memory
-                self.host.close(self.base)
+            self.host.close(self.base)      # this process's copy of an offload's host memory
             be.unreserve(self.base, self.nbytes)    # every page mapped in the range with it
         except Exception as e:
             logger().warning("buffer arena: giving back a forked child's copy of the pool "
@@ -573,11 +524,10 @@ The pool of a reserved arena: segments of its own range (made by
         self.error = None
         self.busy += 1
         try:
-            if self.host is not None:       # an offload's host memory
-                e = self.host.close(self.base)
-                if e is not None:
-                    return e, False
-                self.host, self.moved = None, []
+            e = self.host.close(self.base)      # an offload's host memory
+            if e is not None:
+                return e, False
+            self.moved = []
             with nogil:
                 rc = mt_pool_close(self._p, force, &err)
             if rc != MT_OK:
@@ -607,6 +557,7 @@ cdef Pool pool_new(Backend gpu, uint64_t nbytes):
     cdef Pool p = Pool.__new__(Pool, _TOKEN)
     p.gpu, p.granule, p.nbytes = gpu, g, n
     p.fork_gen = mt_fork_generation()
+    p.host = offload_new(gpu, n)        # nothing made until an offload needs it
     p.direct = gpu.pool_ops(&p.ops) == 1
     if not p.direct:
         p.ops.ctx = <void *>p            # borrowed: the pool outlives its C pool

@@ -3,12 +3,14 @@
 # modules that reshape it (_reserve, _sleep, _peer).
 from libc.stdint cimport uint64_t, uintptr_t
 
+from metrale._arena._offload cimport Owner
 from metrale._backends._backend cimport Backend
 from metrale._base._core cimport mt_layout
 from metrale._base._held cimport Held
 
 
-cdef class Reservation:
+# An Owner (_offload.pxd): the offload engine moves its chunks.
+cdef class Reservation(Owner):
     cdef Backend gpu
     cdef uint64_t granule         # the backend's allocation granularity
     cdef bint shareable           # chunks created exportable (a shared arena's)
@@ -24,8 +26,9 @@ cdef class Reservation:
 
     # Map what the layout `L` needs and is not mapped (no chunk longer than
     # `piece`); on failure what this call mapped is unmapped again.
-    cdef int commit(self, const mt_layout *L, uintptr_t base, uint64_t lo=*,
-                    uint64_t hi=*) except -1
+    cdef int commit(self, const mt_layout *L, uintptr_t base) except -1
+    # What `L` needs mapped: [(offset, bytes)] whole granules, sorted.
+    cdef list needed(self, const mt_layout *L)
     # Unmap the chunks `L` no longer touches (the device waited for first).
     cdef int trim(self, const mt_layout *L, uintptr_t base) except -1
     # Give back all that `L` does not need (trim): each chunk it needs only
@@ -59,11 +62,3 @@ cdef class Reservation:
 
 cdef Reservation reservation_new(Backend gpu, bint shareable, object top_sizes,
                                  object top_limits)
-# The (offset, bytes) `runs` cut in pieces of at most `piece` bytes (0: whole).
-cdef list cut(list runs, uint64_t piece)
-# `pieces` (in address order) with the last one halved again and again, each
-# part whole granules, until the last is at most `least` bytes: what is done
-# piece by piece behind a stream of copies (an offloading sleep maps each host
-# piece at its buffers' addresses once its copy is done) leaves only the last,
-# smallest, piece's part after the copies.
-cdef list tapered(list pieces, uint64_t granule, uint64_t least)

@@ -1,4 +1,6 @@
 from typing import final
 
+from metrale._arena._offload import Owner
+
 @final
-class Reservation: ...
+class Reservation(Owner): ...

@@ -17,6 +17,7 @@ cimport cython
 from libc.stdint cimport uint64_t, uintptr_t
 from libc.stdlib cimport free, malloc
 
+from metrale._arena._offload cimport Owner, cut
 from metrale._backends._backend cimport Backend
 from metrale._base._core cimport (MT_MAX_BUFFERS, mt_chunk_needed, mt_commit_gaps, mt_commit_needed,
                                   mt_layout, mt_range)
@@ -40,7 +41,7 @@ cdef enum:
 # to it; the arena's finalizer frees what it holds.
 @cython.no_gc
 @cython.final
-cdef class Reservation:
+cdef class Reservation(Owner):
     """The physical chunks of a reserved arena (made by the arena)."""
 
     def __cinit__(self, token=None):
@@ -48,27 +49,47 @@ cdef class Reservation:
             raise TypeError("Reservation is made by a reserved BufferArena")
         self.chunks, self.orphans = Held(3), Held(2)
 
-    cdef int commit(self, const mt_layout *L, uintptr_t base, uint64_t lo=0,
-                    uint64_t hi=0xFFFFFFFFFFFFFFFF) except -1:
-        # [lo, hi): only what the limits need there (a wake maps device
-        # memory range by range, as each one's host memory is unmapped)
+    cdef int commit(self, const mt_layout *L, uintptr_t base) except -1:
+        return self.commit_need(base, self.needed(L), 0, 0xFFFFFFFFFFFFFFFF, 0)
+
+    cdef list needed(self, const mt_layout *L):
         cdef mt_range need[MT_MAX_BUFFERS]
+        cdef int i, n = mt_commit_needed(L, self.granule, need)
+        return [(need[i].offset, need[i].length) for i in range(n)]
+
+    # -- the Owner protocol (_offload.pxd) --------------------------------------------------
+    cdef list mapped(self):
+        return [(c[0], c[1]) for c in self.chunks]
+
+    cdef object unmap_one(self, uintptr_t base, uint64_t offset):
+        for c in self.chunks:
+            if c[0] == offset:
+                return self.unmap(base, [c])
+        return None
+
+    cdef int commit_need(self, uintptr_t base, list need, uint64_t lo, uint64_t hi,
+                         uintptr_t fill) except -1:
+        # [lo, hi): only what is needed there (a wake maps device memory range
+        # by range, as each one's host memory is taken down)
+        cdef mt_range *want = NULL
         cdef mt_range *have = NULL
         cdef mt_range *gaps = NULL
-        cdef int nneed, nhave = len(self.chunks), ngaps, i
+        cdef int nneed = len(need), nhave = len(self.chunks), ngaps, i
         cdef uint64_t h = 0
         cdef Backend be = self.gpu
         added = []
-        nneed = mt_commit_needed(L, self.granule, need)
+        want = <mt_range *>malloc((nneed + 1) * sizeof(mt_range))
         have = <mt_range *>malloc((nhave + 1) * sizeof(mt_range))
         gaps = <mt_range *>malloc((nneed + nhave + 1) * sizeof(mt_range))
         try:
-            if have == NULL or gaps == NULL:
+            if want == NULL or have == NULL or gaps == NULL:
                 raise OutOfMemoryError("cannot allocate the arena's mapping bookkeeping")
+            for i in range(nneed):
+                want[i].offset, want[i].length = need[i]
             for i in range(nhave):
                 have[i].offset = self.chunks[i][0]
                 have[i].length = self.chunks[i][1]
-            ngaps = mt_commit_gaps(need, nneed, have, nhave, gaps)
+            ngaps = mt_commit_gaps(want, nneed, have, nhave, gaps)
             window = []
             for i in range(ngaps):
                 x, y = max(gaps[i].offset, lo), min(gaps[i].offset + gaps[i].length, hi)
@@ -82,7 +103,10 @@ cdef class Reservation:
                     else:
                         be.create(n, &h)
                     try:
-                        be.map(base + at, n, h)
+                        if fill:        # over the host memory there, holding its bytes
+                            be.map_filled(base + at, n, h, fill + at)
+                        else:
+                            be.map(base + at, n, h)
                     except BaseException:
                         be.release_handle(h, n)
                         raise
@@ -95,6 +119,7 @@ cdef class Reservation:
             self.chunks.sort()
             self.peak = max(self.peak, self.committed())
         finally:
+            free(want)
             free(have)
             free(gaps)
         return 0
@@ -315,28 +340,3 @@ cdef Reservation reservation_new(Backend gpu, bint shareable, object top_sizes,
     r.shareable = shareable
     r.top_sizes, r.top_limits = top_sizes, top_limits
     return r
-
-
-cdef list cut(list runs, uint64_t piece):
-    out = []
-    for lo, n in runs:
-        while piece and n > piece:
-            out.append((lo, piece))
-            lo, n = lo + piece, n - piece
-        out.append((lo, n))
-    return out
-
-
-cdef list tapered(list pieces, uint64_t granule, uint64_t least):
-    out = list(pieces)
-    if not out:
-        return out
-    lo, n = out.pop()
-    while n > least:
-        h = (n // 2 + granule - 1) // granule * granule    # the first half, in whole granules
-        if h >= n:
-            break
-        out.append((lo, h))
-        lo, n = lo + h, n - h
-    out.append((lo, n))
-    return out

@@ -2,20 +2,23 @@
 """Sleep and wake of a reserved BufferArena (docs/stable-addresses.md): what
 each buffer becomes while the device memory is given back (discarded, kept
 as a pinned host copy, or offloaded to host memory mapped at its own
-addresses), and the pipelined copy and remap of an offload.
+addresses), and the arena's pool with it.
 
-The state is the arena's: each buffer's record and the host memory in its
+The state is the arena's: each buffer's record and its pinned copies in its
 SleepState (_sleep_state.pyx), the device chunks in its Reservation
-(_reservation.pyx); the reshape protocol is _reserve.pyx's.  BufferArena
-binds `sleep`, `wake` and `prepare_sleep` from here.
+(_reservation.pyx), the pool's in its Pool (_pool.pyx); the moving itself is
+the offload engine's (_offload.pyx), which runs the buffers' lane and the
+pool's in one pipeline; the reshape protocol is _reserve.pyx's.
+BufferArena binds `sleep`, `wake` and `prepare_sleep` from here.
 """
 
 cimport cython
 from libc.stdint cimport uint64_t, uintptr_t
 
 from metrale._arena._arena_state cimport ArenaState, sleeping
+from metrale._arena._offload cimport Lane, granule_runs, lane_new, sleep_lanes, wake_lanes
 from metrale._backends._backend cimport Backend
-from metrale._base._common cimport buffer_ids, logger
+from metrale._base._common cimport buffer_ids
 from metrale._base._core cimport (MT_IN_ZERO_ALL, MT_MAX_BUFFERS, MT_MAX_RANGES, mt_group_ranges,
                                   mt_range)
 from metrale._arena._debug cimport refill_guards
@@ -23,7 +26,7 @@ from metrale._arena._pool cimport Pool
 from metrale._base._life cimport mt_life_reshape_end
 from metrale._arena._reserve cimport begin
 from metrale._arena._reservation cimport Reservation
-from metrale._arena._sleep_state cimport FATE_KEPT, FATE_OFFLOADED, SleepState
+from metrale._arena._sleep_state cimport FATE_OFFLOADED, SleepState
 
 from metrale._base.errors import MetraleError
 from metrale._sizing._spec import POOL_NAME as _POOL_NAME
@@ -45,15 +48,25 @@ def sleep(ArenaState self, keep=(), offload=()):
     it).  Accessors keep returning the same pointers; operations and new
     views raise MetraleError until `wake`; `resize` sets the limits
     `wake` maps for.  `release` of a sleeping arena frees everything.
-    The arena's pool (`open_pool`) sleeps with it: its memory is
-    unmapped and its segments keep their addresses; their contents are
-    discarded, or, with ``"torch"`` in `offload`, moved to host memory
-    mapped at their own addresses as an offloaded buffer's are (tensors
-    in the pool stay readable, graphs captured into it replay after
-    `wake` without refilling them).  No segment can be taken from the
-    moment the sleep begins until `wake` (torch's allocation is refused).
-    Discarded segments have no memory while the arena sleeps: nothing
-    may touch them until `wake`.
+    The arena's pool (`open_pool`) sleeps with it, in the same pipeline:
+    its memory is unmapped and its segments keep their addresses; their
+    contents are discarded, or, with ``"torch"`` in `offload`, moved to
+    host memory mapped at their own addresses as an offloaded buffer's are
+    (tensors in the pool stay readable, graphs captured into it replay
+    after `wake` without refilling them).  No segment can be taken from
+    the moment the sleep begins until `wake` (torch's allocation is
+    refused).  Discarded segments have no memory while the arena sleeps:
+    nothing may touch them until `wake`.
+
+    While the sleep runs, an offloaded buffer or segment is read from
+    another thread safely only on a backend that maps memory over memory
+    (the host backend: its bytes read the same throughout).  On CUDA each
+    chunk is unmapped before the host memory is mapped at its addresses:
+    work queued before the call is waited for, but a kernel started on
+    another stream during it may touch an address with nothing mapped (a
+    device fault); start it after `sleep` returns.  The arena's own
+    operations and new views from other threads are refused meanwhile
+    (MetraleError).
 
     Parameters
     ----------
@@ -76,22 +89,22 @@ def sleep(ArenaState self, keep=(), offload=()):
         Host memory could not be had; nothing changed.
     MetraleError
         The arena has no reservation, already sleeps or is released; or
-        the backend failed: a copy (nothing changed), mapping the host
-        memory at the buffers' addresses (the arena is awake again, its
-        kept and offloaded buffers restored, the others' contents
-        undefined), a handle's release (the arena sleeps; the handle is
-        released again later), an unmap (the arena then sleeps with that
-        chunk still mapped, `wake` works; or, where the chunk lies under an
-        offloaded buffer's host memory, it is awake again as for a failed
-        mapping); the pool's unmap or the mapping of its host memory (the
-        arena sleeps, the pool awake with its segments' contents: `wake`
-        works).
+        the backend failed: a copy (nothing changed); mapping host memory
+        at the buffers' or the pool's addresses (the arena and its pool are
+        awake again, their kept and offloaded bytes restored, the others'
+        contents undefined); a handle's release (the arena sleeps; the
+        handle is released again later); an unmap (the arena sleeps with
+        that chunk still mapped, `wake` works; on a backend that maps only
+        where nothing is mapped, CUDA, a chunk under offloaded host memory
+        wakes it again as for a failed mapping).
     """
     cdef ArenaState a = self
     cdef Backend be = a._gpu
     cdef Reservation r
     cdef SleepState st
-    cdef Pool pool
+    cdef Pool pool = None
+    cdef Lane buffers, pooled = None
+    cdef int i
     ids, off, pool_off = _kept_and_offloaded(a, keep, offload)
     begin(a, "sleep", off)
     r, st = a._reservation, a._sleep_state
@@ -99,27 +112,25 @@ def sleep(ArenaState self, keep=(), offload=()):
         if st.sleeping:
             raise MetraleError("sleep: the buffer arena is already sleeping")
         be.quiesce()
-        # The pool's offload copied out first (nothing else changes), its
-        # memory given back once the buffers sleep: if the buffers' part
-        # fails awake, the pool is untouched; if the pool's part fails, the
-        # arena sleeps with the pool awake (wake works).  A pool already
-        # asleep (a failed undo) sleeps on, for wake.
-        pool = a._pool if a._pool is not None and not a._pool.asleep() else None
-        staged = pool.stage(pool_off) if pool is not None else None
-        err = None
+        _host_for(a, r, st, off, ids)
+        moved = {i: a._layout.size[i] for i in off if a._layout.size[i]}
+        copied = {i: a._layout.size[i] for i in ids if a._layout.size[i]}
+        moves = [(a._layout.offset[i], n) for i, n in moved.items()]
+        keeps = [(a._layout.offset[i], n, st.rec[i].host) for i, n in copied.items()]
+        buffers = lane_new(st.offload, r, a._base, moves, keeps, r.needed(&a._layout))
+        lanes = [buffers]
+        if a._pool is not None and not a._pool.asleep():
+            pool = a._pool
+            pooled = pool.sleep_lane(pool_off)      # no segment taken from here on
+            lanes.append(pooled)
+        st.set_fates(moved, copied)
+        spans = moves + [(o, n) for o, n, _h in keeps]
         try:
-            _sleep_buffers(a, r, st, off, ids)
-        except BaseException as e:
-            err = e
-        if pool is not None and st.sleeping:
-            try:
-                pool.sleep_staged(pool_off, staged)
-            except BaseException as e:
-                err = err or e
-        elif pool is not None:
-            pool.unhold()               # awake: it takes allocations again
-        if err is not None:
-            raise err
+            sleep_lanes(be, lanes, lambda: _fresh(a, spans))
+        finally:
+            st.sleeping = buffers.asleep
+            if pool is not None:
+                pool.slept(pooled)
     finally:
         mt_life_reshape_end(a._life, sleeping(a))    # paused while it sleeps
     return None
@@ -172,7 +183,7 @@ def prepare_sleep(ArenaState self, keep=(), offload=()):
         if st.sleeping:
             raise MetraleError("prepare_sleep: the buffer arena is sleeping")
         _host_for(a, r, st, off, ids)
-        return st.host_keep_bytes() + st.host_offload_bytes()
+        return st.host_keep_bytes() + st.offload.host_bytes()
     finally:
         mt_life_reshape_end(a._life, sleeping(a))
 
@@ -181,17 +192,13 @@ cdef int _host_for(ArenaState a, Reservation r, SleepState st, list off, list id
     """The host memory a sleep keeping `ids` and offloading `off` copies into
     (made where it is missing: the first time, or grown)."""
     if (off or ids) and not r.piece:
-        # Host memory, and from the next wake on device memory, in pieces
-        # of an eighth of the slab (the last host piece tapered down to
-        # 8 MiB, as the device memory that wake maps range by range under
-        # it): a sleep unmaps the pieces it copies nothing from at
-        # once, and each other one (remapping an offloaded one at its
-        # addresses) as soon as its copy is done, while the next ones are
-        # still being copied.
-        r.piece = max(r.granule, (a._layout.slab_bytes // 8 + r.granule - 1)
-                      // r.granule * r.granule)
-    runs = _runs(a, off)
-    st.host_memory(runs, r.piece, r.granule)
+        # From the next wake on, device memory in the host memory's pieces:
+        # a sleep unmaps each one as soon as its copy is done (mapping the
+        # host memory at its addresses), while the next ones are still being
+        # copied.
+        r.piece = st.offload.piece
+    st.offload.host_memory(granule_runs([(a._layout.offset[i], a._layout.size[i]) for i in off],
+                                        r.granule))
     st.keep_copies(&a._layout, ids)
     return 0
 
@@ -230,126 +237,25 @@ cdef tuple _pool_named(object names):
     return rest, len(rest) != len(names)
 
 
-cdef int _sleep_buffers(ArenaState a, Reservation r, SleepState st, list off, list ids) except -1:
-    """The buffers' part of `sleep`, after the device's work was waited for."""
-    cdef Backend be = a._gpu
-    _host_for(a, r, st, off, ids)
-    runs = _runs(a, off)
-    chunks = sorted(r.chunks)
-    events = []
-    try:
-        moved, copied = _copy_out(a, off, ids, chunks, events)
-        st.set_fates(moved, copied)
-        st.sleeping = True
-        _remap(a, chunks, events, st.overlapping(runs))
-    finally:
-        for ev in events:
-            if ev:
-                be.event_destroy(ev)
-    return 0
-
-
-cdef tuple _copy_out(ArenaState a, list off, list ids, list chunks, list events):
-    """Queue the copies out, chunk by chunk in address order: the offloaded
-    buffers' bytes to their host memory (at the staging range), the kept
-    ones' to their pinned buffers (one address space with the device's),
-    with an event after each chunk's (0 for a chunk nothing is copied
-    from).  Returns (offloaded, kept): buffer id -> bytes.  On failure the
-    copies queued are waited for and nothing else is changed."""
-    cdef Backend be = a._gpu
-    cdef SleepState st = a._sleep_state
-    cdef uintptr_t ev = 0
-    cdef uint64_t lo, hi, o, n, x, y
-    host = {i: st.rec[<int>i].host for i in ids}
-    try:
-        for c in chunks:
-            lo, hi = c[0], c[0] + c[1]
-            ev = 0
-            for i in off + ids:
-                o, n = a._layout.offset[i], a._layout.size[i]
-                x, y = max(o, lo), min(o + n, hi)
-                if x < y:
-                    dst = st.stage + x if i in off else host[i] + (x - o)
-                    be.copy(dst, a._base + x, y - x, 0)
-                    ev = 1
-            if ev:
-                be.event_create(&ev)
-                events.append(ev)
-                be.event_record(ev, 0)
-            else:
-                events.append(0)
-    except BaseException:
-        be.quiesce()
-        raise
-    return ({i: a._layout.size[i] for i in off if a._layout.size[i]},
-            {i: a._layout.size[i] for i in ids if a._layout.size[i]})
-
-
-cdef int _remap(ArenaState a, list chunks, list events, list entries) except -1:
-    """The second half of a sleep: the chunks nothing is copied from
-    unmapped at once, each other one once its copies are done, and each
-    host handle in `entries` mapped at the buffers' own addresses as soon as
-    no chunk is mapped under it (the copies of the next chunks run
-    meanwhile).  A failed unmap or handle release does not stop the others;
-    the first error follows once every chunk was tried, the arena asleep: a
-    chunk that could not be unmapped stays mapped, a handle that could not
-    be released is released again later.  An offloaded buffer is never left
-    without memory: a failed mapping, a failed wait, or a chunk left mapped
-    under offloaded memory wakes the arena again (the error follows)."""
-    cdef Backend be = a._gpu
-    cdef Reservation r = a._reservation
-    cdef SleepState st = a._sleep_state
-    first = None
-    pending = list(entries)
-    order = [k for k in range(len(chunks)) if not events[k]] + \
-        [k for k in range(len(chunks)) if events[k]]
-    try:
-        for k in order:
-            if events[k]:
-                be.event_wait(events[k])
-            err = r.unmap(a._base, [chunks[k]])
-            first = first or err
-            ready = _bare(a, pending)
-            st.map_at(a._base, ready)
-            pending = [e for e in pending if e not in ready]
-        if pending:         # a chunk left mapped under offloaded memory
-            raise first or MetraleError("sleep: a chunk is still mapped under offloaded memory")
-    except BaseException:
-        be.quiesce()            # every copy done: the staging range is whole
-        st.unmap_at(a._base)
-        try:
-            _restore(a)         # awake again: the kept and offloaded buffers back
-        except BaseException:
-            st.map_at(a._base, _bare(a, entries))     # asleep, the offloaded buffers held
-            raise
-        st.sleeping = False
-        raise
-    if first is not None:
-        raise first
-    return 0
-
-
-cdef list _bare(ArenaState a, list entries):
-    """The host handles of `entries` under which no chunk is mapped."""
-    return [e for e in entries
-            if not any(e[0] < c[0] + c[1] and c[0] < e[0] + e[1]
-                       for c in a._reservation.chunks)]
-
-
 @cython.binding(True)
 def wake(ArenaState self):
     """Map device memory again at the same addresses after `sleep`.
 
     Zeroes the zero_all set (one fused operation) and norm_unit_w (the
     buffers filled with zeros at construction), then copies back the
-    buffers `sleep` offloaded (their host memory unmapped from their
-    addresses first: views of them stay valid) and those it kept (a kept
-    or offloaded buffer of the zero_all set gets its contents; after a
-    resize while asleep, up to the buffer's new size); every other
+    buffers `sleep` offloaded (their host memory taken down from their
+    addresses range by range: views of them stay valid) and those it kept
+    (a kept or offloaded buffer of the zero_all set gets its contents;
+    after a resize while asleep, up to the buffer's new size); every other
     buffer's contents are undefined (fresh memory).  The pool's segments
-    are mapped again first, their contents copied back if the sleep
-    offloaded them, else undefined.  A CUDA graph captured before the
-    sleep replays bit-identically afterwards.
+    are mapped again in the same pipeline, their contents copied back if
+    the sleep offloaded them, else undefined.  A CUDA graph captured
+    before the sleep replays bit-identically afterwards.  The device's
+    work queued before the call is waited for; while it runs, offloaded
+    memory is read safely from another thread only where the backend maps
+    memory over memory (the host backend: device memory already holding
+    the bytes replaces the host memory in one step); on CUDA start work
+    that touches it after `wake` returns (as for `sleep`).
 
     Raises
     ------
@@ -358,111 +264,47 @@ def wake(ArenaState self):
         later).
     MetraleError
         The arena has no reservation, is not sleeping, is released, or
-        the backend failed; the arena then still sleeps.
+        the backend failed; the arena (and its pool) then still sleeps.
     """
     cdef ArenaState a = self
     cdef SleepState st = a._sleep_state
+    cdef Reservation r
+    cdef Pool pool = None
+    cdef Lane buffers, pooled = None
     begin(a, "wake", st.with_fate(FATE_OFFLOADED) if st is not None else [])
     try:
         if not st.sleeping:
             raise MetraleError("wake: the buffer arena is not sleeping")
-        if a._pool is not None:
-            a._pool.wake()      # all or nothing: the arena still sleeps if it fails
+        r = a._reservation
+        moves, keeps = st.to_move(&a._layout)
+        buffers = lane_new(st.offload, r, a._base, moves, keeps, r.needed(&a._layout))
+        lanes = [buffers]
+        if a._pool is not None and a._pool.asleep():
+            pool = a._pool
+            pooled = pool.wake_lane()
+            lanes.append(pooled)
+        spans = moves + [(o, n) for o, n, _h in keeps]
         try:
-            _restore(a)         # asleep as before if it fails
-        except BaseException:
-            _pool_back_to_sleep(a)
-            raise
+            wake_lanes(a._gpu, lanes, lambda: _fresh(a, spans))
+        finally:
+            if pool is not None:
+                pool.woke(pooled)
         st.sleeping = False
         st.set_fates({}, {})
-        a._reservation.trim(&a._layout, a._base)    # what a failed sleep left, and the limits
-                                                    # no longer need
+        r.trim(&a._layout, a._base)     # what a failed sleep left, and the limits no longer need
     finally:
         mt_life_reshape_end(a._life, sleeping(a))    # paused while it sleeps
     return None
 
 
-cdef void _pool_back_to_sleep(ArenaState a) noexcept:
-    """After a failed wake of the buffers: the pool sleeps again, as the arena."""
-    if a._pool is None:
-        return
-    try:
-        a._gpu.quiesce()
-        a._pool.sleep_staged(a._pool.offloaded, a._pool.stage(a._pool.offloaded))
-    except Exception as e:
-        logger().warning("buffer arena: putting the pool back to sleep after a failed wake "
-                         "failed (it stays awake): %s", e)
+# -- what a woken arena's new memory starts with --------------------------------------------
 
-
-# -- what a sleep keeps and offloads --------------------------------------------------------
-
-cdef int _restore(ArenaState a) except -1:
-    """Device memory for the current sizes, zeroed as when new, with the kept
-    and offloaded buffers copied back; on failure the arena is asleep as
-    before (the chunks unmapped again, the offloaded buffers' host memory
-    mapped at their addresses again) and the error propagates.
-
-    Range by range: each host handle mapped at the buffers' addresses is
-    unmapped (slow for host memory: about 2 ms a GB on the H200), the device
-    memory under it mapped and its offloaded bytes queued for copy back
-    from the staging range, so each range's copy runs while the next one is
-    unmapped; then the rest is mapped and the kept copies queued.  The
-    copies run on the backend's side stream while the zeroing, which spares
-    their bytes, runs on the default one: they overlap."""
-    cdef Backend be = a._gpu
-    cdef Reservation r = a._reservation
-    cdef SleepState st = a._sleep_state
-    cdef uint64_t n, o, x, y
-    cdef uintptr_t side = 0
-    cdef int i
-    moved = []                  # (buffer id, offset, bytes to restore)
-    for i in range(st.n):       # up to the current size (a resize while asleep)
-        if st.rec[i].fate == FATE_KEPT or st.rec[i].fate == FATE_OFFLOADED:
-            n = min(st.rec[i].moved, a._layout.size[i])
-            if n:
-                moved.append((i, a._layout.offset[i], n))
-    entries = sorted(st.at_base)
-    undone = []                 # host handles unmapped from the buffers' addresses
-    try:
-        be.side_stream(&side)
-        if entries:
-            be.quiesce()        # work reading the offloaded buffers there is done
-        copied = []
-        for e in entries:
-            lo, size, _h = e
-            be.unmap_host(a._base + lo, size)
-            st.at_base.remove(e)
-            undone.append(e)
-            r.commit(&a._layout, a._base, lo, lo + size)
-            for i, o, n in moved:
-                x, y = max(o, <uint64_t>lo), min(o + n, <uint64_t>(lo + size))
-                if x < y and st.rec[i].fate == FATE_OFFLOADED:
-                    be.copy(a._base + x, st.stage + x, y - x, side)
-            copied.append((lo, lo + size))
-        r.commit(&a._layout, a._base)
-        for i, o, n in moved:
-            if st.rec[i].fate == FATE_KEPT:
-                be.copy_h2d(a._base + o, <void *>st.rec[i].host, n, side)
-                continue
-            for x, y in _outside(o, o + n, copied):     # grown past its host memory's ranges
-                be.copy(a._base + x, st.stage + x, y - x, side)
-        _zero_fresh_but(a, [(o, o + n) for _i, o, n in moved])
-        be.sync(side)
-        be.sync(0)
-        refill_guards(a)
-    except BaseException:
-        try:
-            be.quiesce()
-        except Exception:
-            pass
-        r.unmap(a._base, r.chunks)
-        if undone:
-            try:
-                st.map_at(a._base, _bare(a, undone))    # asleep as before
-            except Exception as e:
-                logger().warning("buffer arena: mapping the offloaded buffers' host memory "
-                                 "again after a failed wake failed: %s", e)
-        raise
+cdef int _fresh(ArenaState a, list spans) except -1:
+    """The zero_all set and the init_zero buffers zeroed but the bytes copied
+    back (`spans`, (offset, bytes)), and the debug guard bands: what a new
+    arena holds."""
+    _zero_fresh_but(a, [(o, o + n) for o, n in spans])
+    refill_guards(a)
     return 0
 
 
@@ -505,23 +347,3 @@ cdef int _zero_fresh_but(ArenaState a, list spans) except -1:
     if k:
         be.zero_ranges(a._base, batch, k, 0)
     return 0
-
-
-cdef list _runs(ArenaState a, list ids):
-    """The granules the buffers `ids` occupy at their current sizes, as
-    merged (offset, bytes) runs."""
-    cdef uint64_t g = a._reservation.granule, lo, hi
-    spans = []
-    for i in ids:
-        if a._layout.size[i]:
-            lo = a._layout.offset[i] // g * g
-            hi = (a._layout.offset[i] + a._layout.size[i] + g - 1) // g * g
-            spans.append([lo, hi])
-    spans.sort()
-    out = []
-    for lo, hi in spans:
-        if out and lo <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], hi)
-        else:
-            out.append([lo, hi])
-    return [(lo, hi - lo) for lo, hi in out]

@@ -3,9 +3,9 @@
 # modules that put it to sleep and wake it (_sleep) or report it (_summary).
 from libc.stdint cimport uint64_t, uintptr_t
 
+from metrale._arena._offload cimport Offload
 from metrale._backends._backend cimport Backend
 from metrale._base._core cimport mt_layout
-from metrale._base._held cimport Held
 
 # A buffer's fate in the sleep now (the last one, once awake: wake forgets it).
 cdef enum:
@@ -26,12 +26,8 @@ cdef class SleepState:
     cdef bint sleeping            # the physical memory is given back
     cdef int n                    # buffers (records)
     cdef SleepRecord *rec
-    cdef Held hosted              # [(offset, bytes, handle)] host memory of offloads, mapped at
-                                  # the staging range: made once, reused, freed by close
-    cdef uintptr_t stage          # a reservation of stage_bytes where `hosted` stay mapped
-    cdef uint64_t stage_bytes
-    cdef Held at_base             # asleep: `hosted` mapped at the buffers' own addresses too
-    cdef Held host_orphans        # [(handle, bytes)] host handles whose release failed: retried
+    cdef Offload offload          # the host memory of the buffers' offloads (made once,
+                                  # reused, freed by close) and the engine that moves them
 
     # The buffer ids with this fate, in order.
     cdef list with_fate(self, unsigned char fate)
@@ -41,31 +37,19 @@ cdef class SleepState:
     # A pinned host copy for each of `ids` at its size in `L`: the one it has
     # when large enough, else a new one (the old freed once the new is made).
     cdef int keep_copies(self, const mt_layout *L, list ids) except -1
-    # Host memory mapped at the staging range for every (offset, bytes) run,
-    # in pieces of at most `piece` bytes, the last one tapered (tapered(), in
-    # `granule`s; 0: not): what it has when it covers them.
-    cdef int host_memory(self, list runs, uint64_t piece, uint64_t granule) except -1
-    # Unmap from the staging range and release `hosted`; what fails stays
-    # in `hosted` (or, a release, in `host_orphans`).
-    cdef int _drop(self, list hosted) except -1
-    # The host handles that hold some of `runs`.
-    cdef list overlapping(self, list runs)
-    # Map host handles `entries` at the buffers' own addresses from `base`;
-    # on failure what this call mapped is unmapped again.
-    cdef int map_at(self, uintptr_t base, list entries) except -1
-    # Unmap the host memory from the buffers' own addresses (the device
-    # waited for); on failure what this call unmapped is mapped again.
-    cdef int unmap_at(self, uintptr_t base) except -1
+    # Each kept or offloaded buffer's bytes to move at the current sizes (up
+    # to what the sleep moved): (moves [(offset, bytes)], keeps [(offset,
+    # bytes, host copy)]) for the engine's lane.
+    cdef tuple to_move(self, const mt_layout *L)
     cdef uint64_t _moved(self, unsigned char fate)
     cdef uint64_t kept_bytes(self)
     cdef uint64_t host_keep_bytes(self)
     cdef uint64_t offloaded_bytes(self)
-    cdef uint64_t host_offload_bytes(self)
     # Whether it holds host memory, a host handle or a copy.
     cdef bint holds(self)
-    # Free all of it (unmapped from `base` and the staging range, released,
-    # the copies freed); what fails stays for the next call: the first error,
-    # or None.
+    # Free all of it (the offload's host memory unmapped from `base` and
+    # released, the copies freed); what fails stays for the next call: the
+    # first error, or None.
     cdef object close(self, uintptr_t base)
     # In a forked child: the memory is the parent's; forget it all.
     cdef void forget(self) noexcept

@@ -86,6 +86,22 @@ cdef class Backend:
     cdef int release_host(self, uint64_t handle, size_t n) except -1
     cdef int map_host(self, uintptr_t p, size_t n, uint64_t handle) except -1
     cdef int unmap_host(self, uintptr_t p, size_t n) except -1
+    # Whether memory can be mapped over memory of the other kind in one step,
+    # so that an offload leaves no address of an offloaded buffer without
+    # memory for a moment (docs/stable-addresses.md): map_host over device
+    # memory, which `unmap` then leaves alone; `map_filled` / `refill` over
+    # host memory, which `unmap_host` then leaves alone.  The host backend
+    # can (one mmap or mremap each); CUDA maps only where nothing is mapped.
+    # Mapping a host handle again where it is mapped shows it again over what
+    # covers it, counted once (maps_over backends: a failed wake's undo).
+    cdef bint maps_over(self)
+    # maps_over backends: a handle mapped at [p, p+n) over the host memory
+    # mapped there, already holding the n bytes at `src` (a staging copy).
+    cdef int map_filled(self, uintptr_t p, size_t n, uint64_t handle, uintptr_t src) except -1
+    # maps_over backends: the device memory of a chunk still mapped at
+    # [p, p+n), under host memory mapped over it, put back holding the n
+    # bytes at `src` (counted as before: the chunk never went).
+    cdef int refill(self, uintptr_t p, size_t n, uintptr_t src) except -1
     cdef int copy(self, uintptr_t dst, uintptr_t src, size_t n, uintptr_t stream) except -1
     # A stream of the backend's own that runs beside the default stream (CUDA:
     # a non-blocking stream made with the backend; host: 0, work runs at the

@@ -170,6 +170,12 @@ cdef class Backend:
         self.mapped_bytes += n
         self.host_mapped_bytes -= n
         return 0
+    cdef bint maps_over(self):
+        return False
+    cdef int map_filled(self, uintptr_t p, size_t n, uint64_t handle, uintptr_t src) except -1:
+        raise MetraleError(f"{type(self).__name__} maps memory only where none is mapped")
+    cdef int refill(self, uintptr_t p, size_t n, uintptr_t src) except -1:
+        raise MetraleError(f"{type(self).__name__} maps memory only where none is mapped")
     cdef int copy(self, uintptr_t dst, uintptr_t src, size_t n, uintptr_t stream) except -1:
         return _unusable(self)
     cdef int side_stream(self, uintptr_t *out) except -1:

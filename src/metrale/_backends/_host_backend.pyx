@@ -23,8 +23,11 @@ cdef extern from "<stdlib.h>" nogil:
 cdef extern from "<sys/mman.h>" nogil:
     void *mmap(void *addr, size_t length, int prot, int flags, int fd, long offset)
     int munmap(void *addr, size_t length)
+    # glibc's, with _GNU_SOURCE (pyconfig.h defines it)
+    void *mremap(void *old, size_t old_size, size_t new_size, int flags, void *new_address)
     int PROT_NONE, PROT_READ, PROT_WRITE
     int MAP_PRIVATE, MAP_SHARED, MAP_ANONYMOUS, MAP_NORESERVE, MAP_FIXED
+    int MREMAP_MAYMOVE, MREMAP_FIXED
     void *MAP_FAILED
 
 cdef extern from "<unistd.h>" nogil:
@@ -33,6 +36,80 @@ cdef extern from "<unistd.h>" nogil:
 
 cdef extern from "<errno.h>" nogil:
     int errno
+
+
+cdef int _decommit(uintptr_t p, size_t n) except -1:
+    """[p, p + n) without memory again (reserved, PROT_NONE)."""
+    cdef void *q
+    with nogil:
+        q = mmap(<void *>p, n, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE,
+                 -1, 0)
+    if q == MAP_FAILED:
+        raise MetraleError(f"host decommit of {n} bytes at {p:#x} failed (errno {errno})")
+    return 0
+
+
+cdef int _filled_over(uintptr_t p, size_t n, uintptr_t src) except -1:
+    """New private pages holding the n bytes at `src`, moved over [p, p + n)
+    in one mremap: a reader there sees the old pages or the new, never none."""
+    cdef void *q
+    cdef void *r
+    with nogil:
+        q = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
+    if q == MAP_FAILED:
+        raise OutOfMemoryError(f"host commit of {n} bytes at {p:#x} refused (errno {errno})")
+    with nogil:
+        memcpy(q, <void *>src, n)
+        r = mremap(q, n, n, MREMAP_MAYMOVE | MREMAP_FIXED, <void *>p)
+    if r == MAP_FAILED:
+        err = errno
+        munmap(q, n)
+        raise OutOfMemoryError(f"host commit of {n} bytes at {p:#x} refused (errno {err})")
+    return 0
+
+
+cdef list _parts(list spans, uintptr_t lo, uintptr_t hi, bint inside):
+    """The parts of [lo, hi) inside (or outside) `spans`, sorted disjoint
+    (lo, hi) pairs."""
+    out = []
+    at = lo
+    for a, b in spans:
+        if b <= lo or hi <= a:
+            continue
+        x, y = max(a, lo), min(b, hi)
+        if inside:
+            out.append((x, y))
+        elif x > at:
+            out.append((at, x))
+        at = max(at, y)
+    if not inside and at < hi:
+        out.append((at, hi))
+    return out
+
+
+cdef list _less(list spans, uintptr_t lo, uintptr_t hi):
+    """`spans` without [lo, hi)."""
+    out = []
+    for a, b in spans:
+        if b <= lo or hi <= a:
+            out.append((a, b))
+            continue
+        if a < lo:
+            out.append((a, lo))
+        if hi < b:
+            out.append((hi, b))
+    return out
+
+
+cdef list _more(list spans, uintptr_t lo, uintptr_t hi):
+    """`spans` with [lo, hi), merged."""
+    out = []
+    for a, b in sorted(_less(spans, lo, hi) + [(lo, hi)]):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
 
 
 @cython.no_gc_clear         # as every backend (see _backend.pyx)
@@ -59,6 +136,8 @@ Host memory, synchronous: everything the arena does, with no GPU.
         self.device_id = 0
         self._live = {}
         self._memfds = {}
+        self._host_spans = []
+        self._host_at = {}
 
     def __dealloc__(self):
         # Descriptors of handles nobody released (an arena's teardown that
@@ -175,6 +254,9 @@ Host memory, synchronous: everything the arena does, with no GPU.
             rc = munmap(<void *>p, n)
         if rc != 0:
             raise MetraleError(f"munmap of the {n}-byte reservation at {p:#x} failed (errno {errno})")
+        self._host_spans = _less(self._host_spans, p, p + n)
+        for q in [q for q in self._host_at if p <= q < p + n]:
+            del self._host_at[q]
         self.reserved_bytes -= n
         return 0
 
@@ -202,18 +284,56 @@ Host memory, synchronous: everything the arena does, with no GPU.
                 q = mmap(<void *>p, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0)
         if q == MAP_FAILED:
             raise OutOfMemoryError(f"host commit of {n} bytes at {p:#x} refused (errno {errno})")
+        self._host_spans = _less(self._host_spans, p, p + n)
         self._live[p] = n
         self.mapped_bytes += n
         return 0
 
     cdef int unmap(self, uintptr_t p, size_t n) except -1:
-        cdef void *q
-        with nogil:
-            q = mmap(<void *>p, n, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0)
-        if q == MAP_FAILED:
-            raise MetraleError(f"host decommit of {n} bytes at {p:#x} failed (errno {errno})")
+        # host memory mapped over part of the chunk (map_host, maps_over) stays
+        for lo, hi in _parts(self._host_spans, p, p + n, False):
+            _decommit(lo, hi - lo)
         self._live.pop(p, None)
         self.mapped_bytes -= n
+        return 0
+
+    # -- mapping over: host memory and device memory are both pages here, so
+    # one mmap (or mremap) replaces one by the other with no moment between
+    cdef int map_host(self, uintptr_t p, size_t n, uint64_t handle) except -1:
+        # the memfd's pages, over whatever is there; a handle mapped there
+        # already is shown again over what covers it (counted once)
+        again = self._host_at.get(p) == n
+        self.map(p, n, handle)
+        self.mapped_bytes -= n
+        if not again:
+            self.host_mapped_bytes += n
+            self._host_at[p] = n
+        self._host_spans = _more(self._host_spans, p, p + n)
+        return 0
+
+    cdef int unmap_host(self, uintptr_t p, size_t n) except -1:
+        # device memory mapped over part of it since (map_filled) stays
+        for lo, hi in _parts(self._host_spans, p, p + n, True):
+            _decommit(lo, hi - lo)
+        self._host_spans = _less(self._host_spans, p, p + n)
+        self._host_at.pop(p, None)
+        self._live.pop(p, None)
+        self.host_mapped_bytes -= n
+        return 0
+
+    cdef bint maps_over(self):
+        return True
+
+    cdef int map_filled(self, uintptr_t p, size_t n, uint64_t handle, uintptr_t src) except -1:
+        _filled_over(p, n, src)
+        self._host_spans = _less(self._host_spans, p, p + n)
+        self._live[p] = n
+        self.mapped_bytes += n
+        return 0
+
+    cdef int refill(self, uintptr_t p, size_t n, uintptr_t src) except -1:
+        _filled_over(p, n, src)
+        self._host_spans = _less(self._host_spans, p, p + n)
         return 0
 
     cdef int quiesce(self) except -1:

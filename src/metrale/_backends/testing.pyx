@@ -85,6 +85,12 @@ The failures and calls armed for a backend's next operations, by kind.
         return f"armed={dict(self._faults)}, calls={sorted(self._calls)}"
 
 
+cdef bint _bool_arg(object v, str name) except -1:
+    if type(v) is not bool:
+        raise TypeError(f"{name} must be a bool, got {type(v).__name__}")
+    return v
+
+
 cdef str _kind(object op):
     if not isinstance(op, str):
         raise TypeError(f"op must be a str, got {type(op).__name__}")
@@ -95,30 +101,41 @@ cdef str _kind(object op):
 
 @cython.no_gc_clear         # as every backend (see _backend.pyx)
 cdef class FaultyBackend(HostBackend):
-    """FaultyBackend()
+    """FaultyBackend(*, maps_over=True)
 --
 
 A HostBackend whose nth next operation of a kind fails, on demand.
 
     For testing an engine's error paths without a GPU: start-up out of
-    memory, a failing step, a failing teardown.  `inject_fault` arms one
+    memory, a failing step, a failing teardown.  With ``maps_over=False``
+    it maps memory only where none is mapped, as CUDA does, so that an
+    offload takes the path a GPU takes (device memory unmapped before host
+    memory is mapped at the same addresses).  `inject_fault` arms one
     failure per kind of operation; the failing operation raises as the real
     backends do (``OutOfMemoryError`` for an allocation, ``MetraleError``
     whose message starts with ``HOST_INJECTED_FAULT`` for the others) and
     does nothing else: no memory is touched and no counter moves.  Otherwise
     it behaves exactly as `HostBackend`.
 
+    Parameters
+    ----------
+    maps_over : bool, optional
+        Whether it maps memory over memory in one step (True, the host
+        backend's way) or only where none is mapped (False, CUDA's).
+
     Examples
     --------
-    >>> gpu = FaultyBackend()
+    >>> gpu = FaultyBackend()            # or FaultyBackend(maps_over=False): CUDA's order
     >>> gpu.inject_fault("alloc")        # the next allocation fails
     >>> gpu.inject_fault("memset", 3)    # the 3rd memset from now fails
     >>> gpu.clear_faults()
     """
     cdef Faults _armed
+    cdef bint _over
 
-    def __cinit__(self):
+    def __cinit__(self, *, maps_over=True):
         self._armed = Faults()
+        self._over = _bool_arg(maps_over, "maps_over")
 
     def inject_fault(self, op, nth=1):
         """Arm a failure of the `nth` next operation of kind `op`.
@@ -139,7 +156,8 @@ A HostBackend whose nth next operation of a kind fails, on demand.
             steps of a reserved arena (construction, ``resize``, ``sleep``,
             ``wake``, ``release``): ``"reserve"`` and ``"create"`` (raise
             ``OutOfMemoryError``), ``"map"`` (``OutOfMemoryError``),
-            ``"set_access"`` (after mapping: the mapping is undone, then
+            ``"set_access"`` (CUDA's access grant after a mapping, which it
+            then undoes: the range is left as it was, then
             ``OutOfMemoryError``), ``"unmap"``, ``"release_handle"``,
             ``"unreserve"`` and ``"host_alloc"`` (the host copies of
             ``sleep(keep=...)``; ``OutOfMemoryError``); and the peer
@@ -148,7 +166,8 @@ A HostBackend whose nth next operation of a kind fails, on demand.
             shareable handles too); ``"copy"``, the copies out of
             ``sleep(keep=..., offload=...)`` and the offloaded ones back at
             ``wake`` (``"create"``, ``"map"`` and ``"unmap"`` fail the
-            offload's host memory handles and mappings too).
+            offload's host memory handles and mappings too, and ``"map"``
+            the mappings over memory of a backend that maps over).
         nth : int, optional
             Which of the next operations of that kind fails: 1 (the default)
             for the very next one.
@@ -256,16 +275,34 @@ A HostBackend whose nth next operation of a kind fails, on demand.
     cdef int map(self, uintptr_t p, size_t n, uint64_t handle) except -1:
         if self._fails("map"):
             raise OutOfMemoryError(f"mapping {n} bytes at {p:#x} refused (injected fault)")
-        HostBackend.map(self, p, n, handle)
+        # CUDA maps, then sets access and unmaps when that fails: the range as
+        # it was, as here, where a mapping over memory could not be undone
         if self._fails("set_access"):
-            HostBackend.unmap(self, p, n)
             raise OutOfMemoryError(f"access to {n} bytes at {p:#x} refused (injected fault)")
-        return 0
+        return HostBackend.map(self, p, n, handle)
 
     cdef int unmap(self, uintptr_t p, size_t n) except -1:
         if self._fails("unmap"):
             raise MetraleError("HOST_INJECTED_FAULT: unmap failed")
         return HostBackend.unmap(self, p, n)
+
+    cdef int unmap_host(self, uintptr_t p, size_t n) except -1:
+        if self._fails("unmap"):
+            raise MetraleError("HOST_INJECTED_FAULT: unmap failed")
+        return HostBackend.unmap_host(self, p, n)
+
+    cdef bint maps_over(self):
+        return self._over
+
+    cdef int map_filled(self, uintptr_t p, size_t n, uint64_t handle, uintptr_t src) except -1:
+        if self._fails("map"):
+            raise OutOfMemoryError(f"mapping {n} bytes at {p:#x} refused (injected fault)")
+        return HostBackend.map_filled(self, p, n, handle, src)
+
+    cdef int refill(self, uintptr_t p, size_t n, uintptr_t src) except -1:
+        if self._fails("map"):
+            raise OutOfMemoryError(f"mapping {n} bytes at {p:#x} refused (injected fault)")
+        return HostBackend.refill(self, p, n, src)
 
     cdef int copy(self, uintptr_t dst, uintptr_t src, size_t n, uintptr_t stream) except -1:
         if self._fails("copy"):

@@ -132,7 +132,6 @@ cdef extern from "arena_core.h" nogil:
         MT_POOL_FOREIGN
         MT_POOL_DEVICE
         MT_POOL_IN_USE
-        MT_POOL_AWAKE
         MT_POOL_SIZE
         MT_POOL_SLOTS
     ctypedef struct mt_pool_stats:
@@ -154,8 +153,9 @@ cdef extern from "arena_core.h" nogil:
     int mt_pool_alloc(mt_pool *p, uint64_t n, uint64_t *out, int *err)
     int mt_pool_release(mt_pool *p, uint64_t ptr, uint64_t n)
     int mt_pool_trim(mt_pool *p, uint64_t *unmapped, int *err)
-    int mt_pool_sleep(mt_pool *p, int *err)
-    int mt_pool_wake(mt_pool *p, int *err)
+    int mt_pool_unmap_chunk(mt_pool *p, uint64_t offset, int *gone, int *err)
+    int mt_pool_commit(mt_pool *p, uint64_t offset, uint64_t nbytes, int *err)
+    void mt_pool_set_asleep(mt_pool *p, int on)
     void mt_pool_hold(mt_pool *p, int on)
     int mt_pool_close(mt_pool *p, int force, int *err)
     void mt_pool_get_stats(mt_pool *p, mt_pool_stats *out)

@@ -1,0 +1,9 @@
+from typing import final
+
+class Owner: ...
+
+@final
+class Offload: ...
+
+@final
+class Lane: ...
