@@ -85,6 +85,16 @@ def _asleep_pooled_pieces(a):
     _asleep_pooled(a)
 
 
+def _pieces_pooled_grown(a):
+    _pieces_pooled(a)
+    a.resize(64)
+
+
+def _asleep_pooled_resized(a):
+    _asleep_pooled(a)
+    a.resize(64)
+
+
 SCENARIOS = {
     # name: (set-up, the step, whether views of the offloaded buffers live through it)
     "sleep offload+keep, fresh": (_plain, lambda a: a.sleep(offload=OFFLOAD, keep=KEEP), True),
@@ -109,6 +119,14 @@ SCENARIOS = {
     "sleep discarding torch": (_plain, lambda a: a.sleep(offload=OFFLOAD, keep=KEEP), True),
     "wake offload torch": (_asleep_pooled, lambda a: a.wake(), True),
     "wake offload torch, again": (_asleep_pooled_pieces, lambda a: a.wake(), True),
+    # the buffers and the pool in one pipeline: kept with the pool offloaded,
+    # in pieces after a resize, woken after a resize while asleep
+    "sleep keep, offload torch": (_plain, lambda a: a.sleep(offload=("torch",), keep=KEEP),
+                                  False),
+    "sleep offload torch, in pieces after a resize": (
+        _pieces_pooled_grown, lambda a: a.sleep(offload=POOLED, keep=KEEP), True),
+    "wake offload torch, resized while asleep": (_asleep_pooled_resized, lambda a: a.wake(),
+                                                 True),
 }
 
 
@@ -225,8 +243,10 @@ def _allowed(scenario, op, was_sleeping, over):
         # the pool's addresses wakes it again; an unmap or a release leaves it
         # asleep (awake again, in CUDA's order, where a chunk stays under
         # offloaded memory)
+        # (an unmap of host memory an earlier, smaller offload made, before
+        # anything changes, leaves it awake too)
         if op in ("unmap",):
-            return {True} if over else {True, False}
+            return {True, False}
         if op in ("release_handle", "unreserve"):
             return {True}
         return {False}

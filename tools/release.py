@@ -383,7 +383,7 @@ def run_tests(vpy, src, where, log):
     where_is = run([vpy, "-c", "import metrale; print(metrale.__file__)"], cwd=where, env=env)
     if not where_is.strip().startswith(os.path.dirname(os.path.dirname(vpy))):
         raise Failure(f"metrale imported from {where_is.strip()}, not from the venv")
-    rc = run([vpy, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"], cwd=where, env=env,
+    rc = run([vpy, "-m", "pytest", "-q", "-n", "auto", "-p", "no:cacheprovider", "tests"], cwd=where, env=env,
              log=log, check=False)
     lines = [l.strip() for l in open(log) if re.search(r"\b(passed|failed|error)", l)]
     summary = lines[-1] if lines else "(no pytest summary)"
