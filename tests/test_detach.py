@@ -192,3 +192,35 @@ def test_attach_timeout_is_checked(bad, error):
         with pytest.raises(error, match="timeout"):
             a.attach_peers(timeout=bad)
         assert a.peers_detached()
+
+
+def test_a_failed_unmap_in_detach_still_unmaps_the_other_peers():
+    """PeerSlabs.detach and close try every peer whatever failed before (a
+    failed unmap of one peer's slab used to skip the peers after it and the
+    retry of failed releases)."""
+    import os
+    from metrale._sharing._peer_slabs import PeerSlabs
+    from metrale.testing import FaultyBackend
+    gpu = FaultyBackend()
+    page = 4096
+    fds = []
+    for _ in range(3):                  # three peers' slabs of two pages: memfds as theirs
+        fd = os.memfd_create("peer")
+        os.ftruncate(fd, 2 * page)
+        fds.append(fd)
+    slabs = PeerSlabs(gpu)
+    try:
+        for r, fd in enumerate(fds):
+            slabs.map_peer(r, 2 * page, [(0, 2 * page)], [fd])
+        assert slabs.mapped() == (3, 6 * page)
+        gpu.inject_fault("unmap", 1)
+        with pytest.raises(MetraleError, match="INJECTED_FAULT"):
+            slabs.detach()
+        assert slabs.mapped() == (1, 2 * page)      # the two others are unmapped
+        slabs.detach()
+        assert slabs.mapped() == (0, 0)
+        slabs.close()
+        assert (gpu.reserved_bytes, gpu.mapped_bytes, gpu.handle_count) == (0, 0, 0)
+    finally:
+        for fd in fds:
+            os.close(fd)

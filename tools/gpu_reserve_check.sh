@@ -21,7 +21,7 @@ step tests "$PY" -m pytest -q -p no:cacheprovider -rs -m gpu tests
 SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 if [ -x "$SAN" ]; then
     step memcheck "$SAN" --tool memcheck --error-exitcode 9 "$PY" -m pytest -q -p no:cacheprovider \
-        -m gpu tests/test_reserve.py tests/test_offload_cuda.py
+        -m gpu tests/test_reserve.py tests/test_offload_cuda.py tests/test_pool_cuda.py
 else
     echo "compute-sanitizer not found: memcheck skipped" | tee "$OUT/memcheck.log"
 fi

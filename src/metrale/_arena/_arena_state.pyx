@@ -194,18 +194,17 @@ cdef class ArenaState:
             except Exception as e:
                 first = e
         if self._pool is not None:
-            # Never forced: memory torch still holds stays mapped (leaked) rather
-            # than unmapped under a graph that may replay.
-            err, closed = self._pool.close(False)
-            if closed:
+            err = self._pool.close()
+            if self._pool.closed:
                 self._pool = None
             first = first or err
-        first = first or self._sleep_state.close(self._base)
-        err, freed = self._reservation.close(self._base, self._alloc, self._layout.slab_bytes,
-                                             bool(self._sleep_state.offload.at_base))
-        if freed:
-            self._base = self._alloc = 0
+        err = self._sleep_state.close()         # every step is tried, whatever failed before
         first = first or err
+        if not self._sleep_state.offload.at_base:   # else host memory stays in the range
+            err = self._reservation.close()
+            first = first or err
+            if not self._reservation.alloc:
+                self._base = self._alloc = 0
         if first is not None:
             raise first
         return 0

@@ -30,6 +30,7 @@ cdef class Offload:
     cdef uint64_t granule
     cdef uint64_t piece           # host memory in pieces of at most this (the last tapered)
     cdef uintptr_t stage          # a reservation of `span` where `hosted` stay mapped
+    cdef uintptr_t base           # the owner's addresses `at_base` is mapped at (show sets it)
     cdef Held hosted              # [(offset, bytes, handle)] host memory, made once, reused
     cdef Held at_base             # asleep: those of `hosted` mapped at the owner's addresses
     cdef Held orphans             # [(handle, bytes)] host handles whose release failed
@@ -47,9 +48,10 @@ cdef class Offload:
     cdef int show(self, uintptr_t base, list entries) except -1
     cdef uint64_t host_bytes(self)
     cdef bint holds(self)
-    # Give everything back (unmapped from `base` and the staging range,
-    # released); what fails stays for the next call: the first error, or None.
-    cdef object close(self, uintptr_t base)
+    # Give everything back (unmapped from the owner's addresses and the
+    # staging range, released); what fails stays for the next call: the
+    # first error, or None.
+    cdef object close(self)
     # In a forked child: the memory is the parent's (or the child's copy,
     # given back with its ranges); forget it all.
     cdef void forget(self) noexcept

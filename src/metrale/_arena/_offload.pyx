@@ -136,6 +136,7 @@ cdef class Offload:
 
     cdef int show(self, uintptr_t base, list entries) except -1:
         cdef Backend be = self.gpu
+        self.base = base
         done = []
         try:
             for lo, n, h in entries:
@@ -160,14 +161,14 @@ cdef class Offload:
     cdef bint holds(self):
         return bool(self.hosted or self.stage or self.at_base or self.orphans)
 
-    cdef object close(self, uintptr_t base):
+    cdef object close(self):
         cdef Backend be = self.gpu
         first = None
         try:
             if self.at_base:
                 be.quiesce()
                 for e in list(self.at_base):
-                    be.unmap_host(base + <uintptr_t>e[0], e[1])
+                    be.unmap_host(self.base + <uintptr_t>e[0], e[1])
                     self.at_base.remove(e)
             hosted = list(self.hosted)
             self.hosted.clear()

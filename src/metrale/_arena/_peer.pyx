@@ -46,8 +46,8 @@ cdef int build_shared(ArenaState a, object sizes, object top_sizes, object group
                              a._layout.base_align)
     except BaseException:
         a._set_ptrs((0,) * a._layout.n)
-        err, freed = a._reservation.close(a._base, a._alloc, a._layout.slab_bytes)
-        if freed:
+        a._reservation.close()
+        if not a._reservation.alloc:
             a._base = a._alloc = 0
         raise
     return 0

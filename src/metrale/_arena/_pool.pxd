@@ -50,10 +50,11 @@ cdef class Pool(Owner):
     cdef bint asleep(self)
     # Segments handed out now.
     cdef uint64_t segments_held(self)
-    # Unbind the slot, unmap and release everything, free the range:
-    # (first error or None, whether it is closed).  Refused while segments
-    # are handed out unless `force`.
-    cdef tuple close(self, bint force)
+    # Unbind the slot, unmap and release everything, free the range; what
+    # fails stays for the next call: the first error, or None (`closed` then
+    # says it is).  Refused while segments are handed out (torch's memory
+    # stays mapped, leaked, rather than unmapped under a graph that may replay).
+    cdef object close(self)
     # In a process forked from the pool's: give back this process's copy of
     # the range (host memory; a GPU's is the parent's: nothing), touching
     # neither the C pool nor its lock (a parent thread may have held it).

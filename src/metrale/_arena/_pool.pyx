@@ -484,7 +484,7 @@ The pool of a reserved arena: segments of its own range (made by
         if be.device_type != 1:             # a GPU's memory is the parent's
             return
         try:
-            self.host.close(self.base)      # this process's copy of an offload's host memory
+            self.host.close()       # this process's copy of an offload's host memory
             be.unreserve(self.base, self.nbytes)    # every page mapped in the range with it
         except Exception as e:
             logger().warning("buffer arena: giving back a forked child's copy of the pool "
@@ -507,16 +507,16 @@ The pool of a reserved arena: segments of its own range (made by
             mt_pool_get_stats(self._p, &s)
         return s.segments
 
-    cdef tuple close(self, bint force):
+    cdef object close(self):
         cdef int rc, err = 0
         if self._p == NULL or self.dead:
-            return None, True
+            return None
         if self.inherited():
             self.close_inherited()
-            return None, True
-        if not force and self.segments_held():
+            return None
+        if self.segments_held():
             return MetraleError(f"torch still holds {self.segments_held()} segments of the "
-                                "arena's pool"), False
+                                "arena's pool")
         if self.slot >= 0:
             with nogil:     # waits for torch's calls in progress
                 mt_pool_unbind(self.slot, self.retire)
@@ -524,24 +524,24 @@ The pool of a reserved arena: segments of its own range (made by
         self.error = None
         self.busy += 1
         try:
-            e = self.host.close(self.base)      # an offload's host memory
+            e = self.host.close()       # an offload's host memory
             if e is not None:
-                return e, False
+                return e
             self.moved = []
             with nogil:
-                rc = mt_pool_close(self._p, force, &err)
+                rc = mt_pool_close(self._p, 0, &err)
             if rc != MT_OK:
-                return self._failure(rc, err, "close"), False
+                return self._failure(rc, err, "close")
             if self.base:
                 self.gpu.unreserve(self.base, self.nbytes)
                 self.base = 0
         except Exception as e:
-            return e, False
+            return e
         finally:
             self.busy -= 1
         self.dead = True
         self._free_if_idle()
-        return None, True
+        return None
 
 
 cdef list _overlap(list a, list b):

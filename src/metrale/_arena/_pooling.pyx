@@ -92,8 +92,8 @@ def close_pool(ArenaState self):
         return None
     if mt_life_forked(a._life):         # the pool goes with the arena's release alone
         raise_life(MT_LIFE_FORKED, "the buffer arena", "close_pool")
-    err, closed = a._pool.close(False)
-    if closed:
+    err = a._pool.close()
+    if a._pool.closed:
         a._pool = None
     if err is not None:
         raise err

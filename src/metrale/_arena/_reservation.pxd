@@ -23,6 +23,9 @@ cdef class Reservation(Owner):
     cdef object top_sizes         # BufferSizes of the reserved limits (each buffer's room)
     cdef object top_limits        # the reserved limits (max_batch_tokens, max_seq_len,
                                   # kv_block_size, max_batch_size), None when unrecorded
+    cdef uintptr_t alloc          # the virtual reservation (0: none, or freed) ...
+    cdef uintptr_t base           # ... the slab's base in it (chunk offsets are from here)
+    cdef uint64_t nbytes          # ... and its bytes
 
     # Map what the layout `L` needs and is not mapped (no chunk longer than
     # `piece`); on failure what this call mapped is unmapped again.
@@ -52,10 +55,14 @@ cdef class Reservation(Owner):
     cdef uint64_t committed(self)
     # Whether it holds a chunk or a handle.
     cdef bint holds(self)
-    # Free the reservation of `nbytes` at `alloc` (chunks at offsets from
-    # `base`) with everything in it, unless `others` (something else is still
-    # mapped there): (first error or None, whether it was freed).
-    cdef tuple close(self, uintptr_t base, uintptr_t alloc, size_t nbytes, bint others=*)
+    # The reservation made for it: `nbytes` at `alloc`, the chunks' offsets
+    # counted from `base`.
+    cdef void place(self, uintptr_t alloc, uintptr_t base, uint64_t nbytes) noexcept
+    # Give back everything (the device waited for): every chunk unmapped and
+    # released, the handles whose release failed released again, the
+    # reservation freed; what fails stays for the next call: the first error,
+    # or None.  `alloc` is 0 once the reservation is freed.
+    cdef object close(self)
     # In a forked child: the device memory is the parent's; forget it all.
     cdef void forget(self) noexcept
 

@@ -316,9 +316,15 @@ cdef class Reservation(Owner):
     cdef bint holds(self):
         return bool(self.chunks or self.orphans)
 
-    cdef tuple close(self, uintptr_t base, uintptr_t alloc, size_t nbytes, bint others=False):
-        return free_reservation(self.gpu, base, alloc, nbytes, self.chunks, self.orphans, False,
-                                others)
+    cdef void place(self, uintptr_t alloc, uintptr_t base, uint64_t nbytes) noexcept:
+        self.alloc, self.base, self.nbytes = alloc, base, nbytes
+
+    cdef object close(self):
+        err, freed = free_reservation(self.gpu, self.base, self.alloc, self.nbytes, self.chunks,
+                                      self.orphans)
+        if freed:
+            self.alloc = self.base = 0
+        return err
 
 
 cdef object _release(Backend be, uint64_t h, size_t n, Held orphans):

@@ -75,13 +75,14 @@ cdef int build(ArenaState a, object sizes, object top_sizes, bint shareable) exc
                                    f"of address space: {e}") from e
         a._alloc = base
         a._base = mt_layout_base(&a._layout, base)
+        r.place(a._alloc, a._base, a._layout.slab_bytes)
         try:
             r.commit(&a._layout, a._base)
             zero_fresh(a)
             refill_guards(a)
         except BaseException:
-            err, freed = r.close(a._base, a._alloc, a._layout.slab_bytes)
-            if freed:
+            r.close()
+            if not r.alloc:
                 a._base = a._alloc = 0
             raise
     a._set_ptrs(a._pointers(True))

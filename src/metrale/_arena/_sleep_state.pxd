@@ -47,10 +47,10 @@ cdef class SleepState:
     cdef uint64_t offloaded_bytes(self)
     # Whether it holds host memory, a host handle or a copy.
     cdef bint holds(self)
-    # Free all of it (the offload's host memory unmapped from `base` and
-    # released, the copies freed); what fails stays for the next call: the
-    # first error, or None.
-    cdef object close(self, uintptr_t base)
+    # Free all of it (the offload's host memory unmapped and released, the
+    # copies freed); what fails stays for the next call: the first error, or
+    # None.
+    cdef object close(self)
     # In a forked child: the memory is the parent's; forget it all.
     cdef void forget(self) noexcept
 

@@ -123,10 +123,10 @@ cdef class SleepState:
     cdef bint holds(self):
         return bool(self.offload.holds() or self.host_keep_bytes())
 
-    cdef object close(self, uintptr_t base):
+    cdef object close(self):
         cdef Backend be = self.gpu
         cdef int i
-        first = self.offload.close(base)
+        first = self.offload.close()
         for i in range(self.n):         # the copies of keep (nothing on the device uses them)
             if self.rec[i].host:
                 be.host_free(<void *>self.rec[i].host)

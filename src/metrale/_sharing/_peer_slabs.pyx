@@ -218,10 +218,11 @@ The peers' slabs mapped into this process, each in its own reservation.
         if any(entry[3] for key, entry in self._slabs.items() if key != "signal"):
             self._gpu.quiesce()         # no kernel may still read a peer's memory
         for key, entry in self._slabs.items():
-            if key != "signal":
-                first = first or unmap_chunks(self._gpu, entry[0], entry[3], entry[3],
-                                              self._orphans)
-        first = first or release_orphans(self._gpu, self._orphans)
+            if key != "signal":             # each tried, whatever failed before
+                err = unmap_chunks(self._gpu, entry[0], entry[3], entry[3], self._orphans)
+                first = first or err
+        err = release_orphans(self._gpu, self._orphans)
+        first = first or err
         if first is not None:
             raise first
         return None
@@ -297,7 +298,8 @@ The peers' slabs mapped into this process, each in its own reservation.
                 self._unmap_rank(rank)
             except Exception as e:
                 first = first or e
-        first = first or release_orphans(self._gpu, self._orphans)
+        err = release_orphans(self._gpu, self._orphans)     # tried whatever failed before
+        first = first or err
         if first is not None:
             raise first
         return None
