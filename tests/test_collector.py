@@ -211,6 +211,8 @@ def _cycle_cases():
                    "the pool's finalizer frees it: the arena and pool cases collect offloads",
         "Owner": "abstract: the protocol Reservation and Pool implement",
         "Lane": "lives for one sleep or wake call only, holding what the arena holds",
+        "Peers": "not tracked by the collector (its PeerSlabs, cells and socket); the arena's "
+                 "finalizer closes it: the arena case collects shared arenas",
         "_Plan": "owns nothing: a parameter block of addresses and a list of tuples",
         "ArenaBuffers": "owns nothing; holds its arena, which holds nothing of it back",
         "Pool": pool_case,

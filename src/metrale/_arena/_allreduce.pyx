@@ -16,6 +16,7 @@ from libc.stdint cimport uint64_t, uintptr_t
 from libc.string cimport memset
 
 from metrale._arena._arena_state cimport ArenaState
+from metrale._arena._peers cimport Peers
 from metrale._base._common cimport as_stream, buffer_ids, u64_arg
 from metrale._base._debug_core cimport MT_EL_BF16, MT_EL_F32
 from metrale._base._life cimport mt_life_leave
@@ -86,7 +87,7 @@ cdef tuple _rows_of(ArenaState a, int i, str arg):
     return elem, size // rows, rows
 
 
-cdef _Plan _plan(ArenaState a, sharing, tuple ids, tuple outs):
+cdef _Plan _plan(ArenaState a, Peers sharing, tuple ids, tuple outs):
     cdef _Plan p = _Plan()
     cdef int k, i, o
     memset(&p.args, 0, sizeof(p.args))
@@ -122,10 +123,10 @@ cdef _Plan _plan(ArenaState a, sharing, tuple ids, tuple outs):
     return p
 
 
-cdef object _sharing(ArenaState a, str what, bint attached=True):
+cdef Peers _sharing(ArenaState a, str what, bint attached=True):
     """The arena's sharing, if peer_all_reduce can run on it (`attached`:
     and its peers' memory is mapped)."""
-    s = a._peers
+    cdef Peers s = a._peers
     if s is None:
         raise MetraleError(f"{what}: the arena is not shared (build it with group=...)")
     if len(s.local) != s.size:
@@ -189,6 +190,7 @@ def peer_all_reduce(ArenaState self, names, stream=None, tokens=None, *, tokens_
     cdef _Plan plan
     cdef mt_reduce_args args
     cdef int k
+    cdef Peers sharing
     given = _names_arg(names, "names")
     outs_given = given if out is None else _names_arg(out, "out")
     if len(outs_given) != len(given):
@@ -259,6 +261,7 @@ def check_peer_reduce(ArenaState self, stream=None):
     cdef ArenaState a = self
     cdef uintptr_t s = as_stream(stream)
     cdef unsigned int status = 0
+    cdef Peers sharing
     a._enter(None)
     try:
         sharing = _sharing(a, "check_peer_reduce", False)     # its own memory only

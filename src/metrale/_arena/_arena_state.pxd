@@ -7,6 +7,7 @@ from libc.stdint cimport uint64_t, uintptr_t
 
 from metrale._backends._backend cimport Backend
 from metrale._base._core cimport mt_cursor, mt_layout, mt_life
+from metrale._arena._peers cimport Peers
 from metrale._arena._pool cimport Pool
 from metrale._arena._reservation cimport Reservation
 from metrale._arena._sleep_state cimport SleepState
@@ -56,8 +57,7 @@ cdef class ArenaState:
     cdef Reservation _reservation   # reserved memory (docs/stable-addresses.md); None: a plain
                                     # arena, one allocation
     cdef SleepState _sleep_state    # a reserved arena's sleep; None with _reservation
-    cdef object _peers            # the peers' mappings of a shared arena (metrale.tp._Sharing),
-                                  # or None (docs/tensor-parallel.md)
+    cdef Peers _peers             # a shared arena's peers (docs/tensor-parallel.md), or None
     cdef Pool _pool               # the pool beside the buffers (open_pool, docs/torch.md), or None
     cdef uintptr_t _rows_queue    # the work counter of its zero_all_rows(tokens_at=...) launches,
                                   # lent by _gpu at the first (0: none yet, or none to lend),

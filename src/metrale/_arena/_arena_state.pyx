@@ -189,10 +189,7 @@ cdef class ArenaState:
             return 0
         first = None
         if self._peers is not None:
-            try:
-                self._peers.close()
-            except Exception as e:
-                first = e
+            first = self._peers.close()
         if self._pool is not None:
             err = self._pool.close()
             if self._pool.closed:

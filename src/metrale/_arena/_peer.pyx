@@ -18,7 +18,7 @@ from libc.string cimport memset
 
 from metrale._arena._arena_state cimport ArenaState
 from metrale._backends._backend cimport Backend
-from metrale._base._common import seconds_arg
+from metrale._base._common import check_index, seconds_arg
 from metrale._base._core cimport MT_LIFE_OK, MT_MAX_BUFFERS, MT_WAIT_OPERATIONS
 from metrale._base._life cimport (mt_life_released, mt_life_reshape_begin, mt_life_reshape_end,
                                   raise_life, wait_life)
@@ -96,7 +96,13 @@ def peer(ArenaState self, rank):
         raise MetraleError("peer: the arena is not shared (build it with group=...)")
     if mt_life_released(a._life):
         raise MetraleError("peer: the buffer arena has been released")
-    return a._peers.peer(rank)
+    r = check_index(rank, "rank", 0, a._peers.size - 1)
+    cell = a._peers.cell(r)
+    p = a._peers.handed(r)
+    if p is None:
+        p = tp.PeerBuffers(r, cell, a._peers.buffers)
+        a._peers.hand(r, p)
+    return p
 
 
 cdef int _hold(ArenaState a, str what) except -1:

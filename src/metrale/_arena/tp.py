@@ -30,7 +30,6 @@ group's own (torch.distributed's process-group timeout).  The checks of
 step 2 and the exchange of step 3 are in `metrale._sharing._tp_exchange`.
 """
 
-import itertools
 import os
 import secrets
 import socket
@@ -38,7 +37,8 @@ import sys
 
 from .._sizing.reference import REFERENCE
 from .._base._common import check_index, seconds_arg
-from .._sharing._tp_exchange import _check_agreement, _exchange, _gather_slabs, _ns, _send_all
+from .._sharing._tp_exchange import _check_agreement, _exchange, _ns
+from ._peers import Peers
 from .._base.errors import MetraleError
 
 __all__ = ["PeerGroup", "PeerBuffers", "shared_arenas"]
@@ -284,83 +284,6 @@ for _name in REFERENCE.groups["pointer"]:
 del _name
 
 
-_SERIAL = itertools.count()
-
-
-class _Sharing:
-    """What a shared arena keeps: the group's shape, the peers' mappings, the
-    pointer cells handed out through PeerBuffers, and what attach_peers needs
-    to map the peers again (the listening socket, the gathered descriptions)."""
-
-    __slots__ = ("rank", "size", "local", "exported", "buffers", "bases", "signals", "reduces",
-                 "detached", "serial", "_slabs", "_cells", "_peers", "_srv", "_infos")
-
-    def __init__(self, rank, size, local, slabs, cells, exported, buffers, bases, signals,
-                 srv=None, infos=None):
-        self.rank, self.size, self.local = rank, size, local
-        self.exported = exported        # this rank's handles exported (chunks and signal area)
-        self.buffers = buffers
-        self.bases = bases              # rank -> its slab's base here (own included)
-        self.signals = signals          # rank -> its signal area here ({} without local peers)
-        self.reduces = {}               # peer_all_reduce's parameter blocks, by buffer ids
-        self.detached = False           # detach_peers unmapped the peers' memory
-        self.serial = next(_SERIAL)     # this process's shared arenas, in construction order
-        self._slabs, self._cells = slabs, cells
-        self._peers = {}
-        self._srv, self._infos = srv, infos
-
-    def imported(self):
-        """(handles, bytes) of the peers' slabs mapped here."""
-        return self._slabs.mapped()
-
-    def peer(self, rank):
-        r = check_index(rank, "rank", 0, self.size - 1)
-        if self.detached and r != self.rank:
-            raise MetraleError("peer: the peers' memory is detached (detach_peers); "
-                               "attach_peers maps it again at the same addresses")
-        cell = self._cells.get(r)
-        if cell is None:
-            raise MetraleError(f"peer: rank {r} runs on another host (or network namespace); "
-                               f"only ranks {self.local} share memory with rank {self.rank}")
-        p = self._peers.get(r)
-        if p is None:
-            p = self._peers[r] = PeerBuffers(r, cell, self.buffers)
-        return p
-
-    def detach(self):
-        self.detached = True            # first: a failed unmap must not leave it usable
-        self._slabs.detach()
-
-    def attach(self, gpu, chunks, timeout):
-        """Export this rank's memory again, send it to each local peer over
-        their kept sockets, and map theirs at the addresses detach kept; the
-        errors of every step raise together, the arena staying detached."""
-        if not self.detached:
-            raise MetraleError("attach_peers: the peers' memory is attached (detach_peers first)")
-        peers = [r for r in self.local if r != self.rank]
-        if peers:
-            own = [tuple(c) for c in chunks] + [self._slabs.own_signal()]
-            errors, gone = _send_all(gpu, self.rank, self._infos, peers, own, None, timeout)
-            try:
-                _gather_slabs(self._slabs, self.rank, self._infos, set(peers) - gone, self._srv,
-                              timeout, {}, {}, errors, 0, attach=True)
-            except Exception as e:
-                errors.append(f"rank {self.rank} failed while receiving its peers' memory: "
-                              f"{type(e).__name__}: {e}")
-            if errors:
-                raise MetraleError("attach_peers: " + "; ".join(errors))
-        self.detached = False
-
-    def close(self):
-        zeros = (0,) * len(self.buffers)
-        for cell in self._cells.values():
-            cell[0] = zeros
-        if self._srv is not None:
-            self._srv.close()
-            self._srv = None
-        self._slabs.close()
-
-
 def _read(path):
     try:
         with open(path) as f:
@@ -450,4 +373,4 @@ def _share(gpu, group, base, nbytes, chunks, layout, ptrs, granularity, max_batc
         cells[r] = [tuple(p - base + b if p else 0 for p in ptrs)]
     exported = len(chunks) + 1 if bases else 0
     bases[me] = base
-    return _Sharing(me, size, local, slabs, cells, exported, buffers, bases, signals, srv, infos)
+    return Peers(me, size, local, slabs, cells, exported, buffers, bases, signals, srv, infos)

@@ -72,13 +72,6 @@ The peers' slabs mapped into this process, each in its own reservation.
     gpu : Backend
         The backend that maps the peers' slabs (the arena's).
     """
-    cdef Backend _gpu
-    # rank -> [base, reserved bytes, [(offset, length, handle), ...] mapped]:
-    # an entry leaves the dict once its chunks are unmapped and its
-    # reservation freed, so a failed close can be retried.
-    cdef dict _slabs
-    cdef list _orphans            # [(handle, bytes)] unmapped, whose release failed: retried
-
     def __init__(self, Backend gpu):
         self._gpu = gpu
         self._slabs = {}

@@ -1,0 +1,13 @@
+from typing import Any, final
+
+from metrale._sharing._peer_slabs import PeerSlabs
+
+@final
+class Peers:
+    def __init__(self, rank: int, size: int, local: tuple[int, ...], slabs: PeerSlabs,
+                 cells: dict[int, list[tuple[int, ...]]], exported: int, buffers: Any,
+                 bases: dict[int, int], signals: dict[int, int], srv: Any = None,
+                 infos: Any = None) -> None: ...
+    def cell(self, rank: int) -> list[tuple[int, ...]]: ...
+    def handed(self, rank: int) -> Any: ...
+    def hand(self, rank: int, peer: Any) -> None: ...

@@ -1,0 +1,15 @@
+# The peers' slabs mapped into this process (see _peer_slabs.pyx): its fields,
+# for the arena's Peers (_arena/_peers.pxd), which holds one.
+from metrale._backends._backend cimport Backend
+
+
+cdef class PeerSlabs:
+    cdef Backend _gpu
+    # rank -> [base, reserved bytes, [(offset, length, handle), ...] mapped]:
+    # an entry leaves the dict once its chunks are unmapped and its
+    # reservation freed, so a failed close can be retried.
+    cdef dict _slabs
+    cdef list _orphans            # [(handle, bytes)] unmapped, whose release failed: retried
+
+    cdef int _import(self, str what, list entry, list chunks, list fds) except -1
+    cdef int _unmap_rank(self, rank) except -1
