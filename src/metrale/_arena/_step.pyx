@@ -80,20 +80,6 @@ Pinned host staging for one step's inputs, uploaded with one copy.
         Bytes of the staging, and of each upload's copy.
     """
 
-    cdef ArenaState _arena
-    cdef Backend _gpu
-    cdef _Staging _staging        # the pinned memory and its lifetime word
-    cdef mt_life *_life           # _staging's word: views, operations, released
-    cdef unsigned char *_host
-    cdef readonly uint64_t nbytes
-    cdef uintptr_t _dst, _event
-    cdef uint64_t _count_off, _built_at
-    cdef bint _has_event
-    cdef mt_rows_args _rows
-    cdef dict _regions, _views, _alias
-    cdef readonly object layout
-    cdef readonly uint64_t max_blocks, max_batch_tokens
-
     def __cinit__(self, token=None):
         if token is not _TOKEN:
             raise TypeError("StepInputs is made by BufferArena.step_inputs()")
