@@ -11,15 +11,14 @@ ROW_WORDS: dict[str, str]
 ACCESSORS: tuple[str, ...]
 MAX_BUFFERS: int
 MAX_ZERO_ALL: int
-STEP_IDS: str
-STEP_META: str
-STEP_ROLES: dict[str, tuple[str, tuple[str, ...] | None]]
-STEP_FILL_NAMES: frozenset[str]
+from metrale._sizing._step_roles import (STEP_FILL_NAMES as STEP_FILL_NAMES,
+                                         STEP_IDS as STEP_IDS, STEP_META as STEP_META,
+                                         STEP_ROLES as STEP_ROLES,
+                                         check_step_roles as check_step_roles)
 POOL_NAME: str
 RESERVED_NAMES: frozenset[str]
 
 def dims_of(text: str) -> tuple[str, ...]: ...
-def check_step_roles(specs: Sequence[BufferSpec]) -> None: ...
 def check_spec(name: object, dtype: object, shape: object, size: object, itemsize: object,
                floor: object, zero_all: object, prefill: object, rows: object,
                checksum: object, total: object, align: object, accessors: object,
