@@ -407,7 +407,7 @@ int mt_pool_close(mt_pool *p, int force, int *err);
 void mt_pool_get_stats(mt_pool *p, mt_pool_stats *out);
 /* The segments handed out, in address order: up to `cap` of them into
  * ptrs / bytes; returns how many there are. */
-uint64_t mt_pool_segments(mt_pool *p, uint64_t *ptrs, uint64_t *bytes, uint64_t cap);
+uint64_t mt_pool_segments(mt_pool *p, mt_range *out, uint64_t cap);
 /* The mapped chunks, in address order: up to `cap` (offset, bytes) ranges;
  * returns how many there are. */
 uint64_t mt_pool_chunks(mt_pool *p, mt_range *out, uint64_t cap);

@@ -453,15 +453,15 @@ void mt_pool_get_stats(mt_pool *p, mt_pool_stats *o)
     pthread_mutex_unlock(&p->mu);
 }
 
-uint64_t mt_pool_segments(mt_pool *p, uint64_t *ptrs, uint64_t *bytes, uint64_t cap)
+uint64_t mt_pool_segments(mt_pool *p, mt_range *out, uint64_t cap)
 {
     uint64_t k = 0;
     pthread_mutex_lock(&p->mu);
     for (uint64_t i = 0; i < p->npages; i++)
         if (p->seg[i] != 0) {
             if (k < cap) {
-                ptrs[k] = p->base + i * p->granule;
-                bytes[k] = p->seg[i] * p->granule;
+                out[k].offset = i * p->granule;
+                out[k].length = p->seg[i] * p->granule;
             }
             k++;
         }

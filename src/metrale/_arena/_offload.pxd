@@ -95,6 +95,8 @@ cdef int wake_lanes(Backend be, list lanes, object after) except -1
 
 # The granules the (offset, bytes) spans touch, as merged (offset, bytes) runs.
 cdef list granule_runs(list spans, uint64_t g)
+# The (offset, bytes) stretches both lists of runs cover.
+cdef list overlap(list a, list b)
 # The (offset, bytes) `runs` cut in pieces of at most `piece` bytes (0: whole).
 cdef list cut(list runs, uint64_t piece)
 # `pieces` (in address order) with the last one halved again and again, each

@@ -481,6 +481,11 @@ cdef list granule_runs(list spans, uint64_t g):
     return [(lo, hi - lo) for lo, hi in out]
 
 
+cdef list overlap(list a, list b):
+    return [(max(x, y), min(x + m, y + k) - max(x, y))
+            for x, m in a for y, k in b if max(x, y) < min(x + m, y + k)]
+
+
 cdef list cut(list runs, uint64_t piece):
     out = []
     for lo, n in runs:

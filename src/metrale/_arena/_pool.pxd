@@ -37,16 +37,16 @@ cdef class Pool(Owner):
 
     # Its part of the arena's sleep (the engine's lane; every chunk goes, the
     # segments stay): with `offload` their bytes move to host memory mapped at
-    # their addresses (made here the first time).  No segment is taken from
-    # here on: `slept` says how the sleep ended (asleep, or awake again).
+    # their addresses (made here the first time); and of its wake (the
+    # segments' pages mapped again, an offload's bytes back).  No segment is
+    # taken from then on until `settled` says how the call ended: asleep, or
+    # awake (allocations taken again).
     cdef Lane sleep_lane(self, bint offload)
-    cdef void slept(self, Lane lane) noexcept
-    # Its part of the arena's wake: the segments' pages mapped again, an
-    # offload's bytes back; `woke` says how the wake ended.
     cdef Lane wake_lane(self)
-    cdef void woke(self, Lane lane) noexcept
+    cdef void settled(self, Lane lane) noexcept
     cdef void _hold(self, bint on) noexcept
     cdef list _runs(self)
+    cdef list _ranges(self, bint segments, str call)
     cdef bint asleep(self)
     # Segments handed out now.
     cdef uint64_t segments_held(self)

@@ -1,20 +1,19 @@
 # cython: language_level=3, binding=False
 """The pool of an arena (docs/torch.md): memory for torch beside the buffers.
 
-A range the arena reserves beside its buffers, out of which the C pool
-(src/pool.c) hands out segments (torch's: `metrale.torch` makes the pool a
-``torch.cuda.MemPool``'s allocator), mapped on demand; a segment given back
-keeps its pages mapped, `trim` unmaps what no segment touches; sleep and
-wake keep the segments' addresses.  On CUDA the device operations are
-driver calls without the GIL (torch calls the pool from any thread); on
-other backends they are the backend's own methods, with the GIL.
+A range beside the buffers, out of which the C pool (src/pool.c) hands out
+segments (torch's, through `metrale.torch`), mapped on demand; freed pages
+stay mapped until `trim`; sleep and wake (the offload engine's, through the
+Owner protocol) keep the segments' addresses.  On CUDA the device operations
+are driver calls without the GIL (torch calls from any thread); elsewhere
+the backend's own methods, with the GIL.
 """
 
 cimport cython
 from libc.stdint cimport uint64_t, uintptr_t
 from libc.stdlib cimport free, malloc
 
-from metrale._arena._offload cimport Lane, Owner, lane_new, offload_new
+from metrale._arena._offload cimport Lane, Owner, granule_runs, lane_new, offload_new, overlap
 from metrale._backends._backend cimport Backend
 from metrale._base._common cimport logger, u64_arg
 from metrale._base._life cimport mt_fork_generation, raise_life
@@ -31,26 +30,25 @@ from metrale._base.errors import MetraleError, OutOfMemoryError
 cdef object _TOKEN = object()
 
 
-# -- the backend's own methods as the pool's operations (with the GIL) --------------------
+# -- the backend's own methods as the pool's operations (with the GIL): each
+# keeps what the backend raised, for _failure, and returns 1 ----------------------------
 
 cdef int _create(void *ctx, uint64_t n, uint64_t *handle) noexcept with gil:
-    cdef Pool p = <Pool>ctx
     try:
-        p.gpu.create(n, handle)
-        return 0
+        (<Pool>ctx).gpu.create(n, handle)
     except BaseException as e:
-        p.error = e
+        (<Pool>ctx).error = e
         return 1
+    return 0
 
 
 cdef int _release(void *ctx, uint64_t handle, uint64_t n) noexcept with gil:
-    cdef Pool p = <Pool>ctx
     try:
-        p.gpu.release_handle(handle, n)
-        return 0
+        (<Pool>ctx).gpu.release_handle(handle, n)
     except BaseException as e:
-        p.error = e
+        (<Pool>ctx).error = e
         return 1
+    return 0
 
 
 cdef int _map(void *ctx, uint64_t at, uint64_t n, uint64_t handle) noexcept with gil:
@@ -60,20 +58,19 @@ cdef int _map(void *ctx, uint64_t at, uint64_t n, uint64_t handle) noexcept with
             p.gpu.map_filled(at, n, handle, p.fill + (at - p.base))
         else:
             p.gpu.map(at, n, handle)
-        return 0
     except BaseException as e:
         p.error = e
         return 1
+    return 0
 
 
 cdef int _unmap(void *ctx, uint64_t at, uint64_t n) noexcept with gil:
-    cdef Pool p = <Pool>ctx
     try:
-        p.gpu.unmap(at, n)
-        return 0
+        (<Pool>ctx).gpu.unmap(at, n)
     except BaseException as e:
-        p.error = e
+        (<Pool>ctx).error = e
         return 1
+    return 0
 
 
 # no_gc: it holds its backend and plain values only; the arena closes it.
@@ -271,40 +268,29 @@ The pool of a reserved arena: segments of its own range (made by
 
     def segments(self):
         """The segments handed out: ``[(ptr, bytes)]`` in address order."""
-        cdef uint64_t n, k, *ptrs = NULL, *sizes = NULL
-        self._start("segments")
-        try:
-            while True:
-                with nogil:
-                    n = mt_pool_segments(self._p, NULL, NULL, 0)
-                ptrs = <uint64_t *>malloc((n + 1) * sizeof(uint64_t))
-                sizes = <uint64_t *>malloc((n + 1) * sizeof(uint64_t))
-                if ptrs == NULL or sizes == NULL:
-                    raise MemoryError()
-                with nogil:
-                    k = mt_pool_segments(self._p, ptrs, sizes, n)
-                if k <= n:
-                    return [(ptrs[i], sizes[i]) for i in range(k)]
-                free(ptrs); free(sizes)
-                ptrs = sizes = NULL
-        finally:
-            free(ptrs); free(sizes)
-            self._end()
+        return [(self.base + o, n) for o, n in self._ranges(True, "segments")]
 
     def chunks(self):
         """The physical memory mapped: ``[(offset, bytes)]`` from `base`."""
+        return self._ranges(False, "chunks")
+
+    cdef list _ranges(self, bint segments, str call):
+        """The segments' or the chunks' (offset, bytes), read under the C
+        pool's lock (again if more came meanwhile)."""
         cdef uint64_t n, k
         cdef mt_range *out = NULL
-        self._start("chunks")
+        self._start(call)
         try:
             while True:
                 with nogil:
-                    n = mt_pool_chunks(self._p, NULL, 0)
+                    n = mt_pool_segments(self._p, NULL, 0) if segments else \
+                        mt_pool_chunks(self._p, NULL, 0)
                 out = <mt_range *>malloc((n + 1) * sizeof(mt_range))
                 if out == NULL:
                     raise MemoryError()
                 with nogil:
-                    k = mt_pool_chunks(self._p, out, n)
+                    k = mt_pool_segments(self._p, out, n) if segments else \
+                        mt_pool_chunks(self._p, out, n)
                 if k <= n:
                     return [(out[i].offset, out[i].length) for i in range(k)]
                 free(out)
@@ -383,50 +369,41 @@ The pool of a reserved arena: segments of its own range (made by
 
     cdef Lane sleep_lane(self, bint offload):
         self._start("sleep")
+        # No segment is taken from here on (one taken between the copy and the
+        # unmap would be left with no memory at its addresses).
+        self._hold(True)
         try:
-            # No segment is taken from here on (one taken between the copy and
-            # the unmap would be left with no memory at its addresses).
-            self._hold(True)
-            try:
-                need = self._runs()
-                moves = need if offload else []
-                if moves:
-                    self.host.host_memory(moves)    # made once, reused
-                return lane_new(self.host, self, self.base, moves, [], need)
-            except BaseException:
-                self._hold(False)
-                raise
+            need = self._runs()
+            moves = need if offload else []
+            if moves:
+                self.host.host_memory(moves)    # made once, reused
+            return lane_new(self.host, self, self.base, moves, [], need)
+        except BaseException:
+            self._hold(False)
+            raise
         finally:
             self._end()
-
-    cdef void slept(self, Lane lane) noexcept:
-        if lane.asleep:
-            self.moved = lane.moves
-            if self._p != NULL and not self.dead:
-                with nogil:
-                    mt_pool_set_asleep(self._p, 1)      # allocations refused as such
-        self._hold(False)
 
     cdef Lane wake_lane(self):
         self._start("wake")
         try:
             self._hold(True)        # nothing taken, nothing trimmed until the bytes are back
             need = self._runs()     # a segment freed while asleep is not mapped again
-            return lane_new(self.host, self, self.base, _overlap(self.moved, need), [], need)
+            return lane_new(self.host, self, self.base, overlap(self.moved, need), [], need)
         finally:
             self._end()
 
-    cdef void woke(self, Lane lane) noexcept:
-        if not lane.asleep:
-            self.moved = []
-            if self._p != NULL and not self.dead:
-                with nogil:
-                    mt_pool_set_asleep(self._p, 0)
+    cdef void settled(self, Lane lane) noexcept:
+        cdef int asleep = lane.asleep
+        self.moved = lane.moves if asleep else []
+        if self._p != NULL and not self.dead:
+            with nogil:     # asleep: allocations refused as such
+                mt_pool_set_asleep(self._p, asleep)
         self._hold(False)
 
     # -- the Owner protocol (_offload.pxd) ----------------------------------------------------
     cdef list mapped(self):
-        return self.chunks()
+        return self._ranges(False, "sleep")
 
     cdef object unmap_one(self, uintptr_t base, uint64_t offset):
         cdef int rc, gone = 0, err = 0
@@ -463,14 +440,7 @@ The pool of a reserved arena: segments of its own range (made by
 
     cdef list _runs(self):
         """The segments as merged (offset, bytes) runs from `base`."""
-        out = []
-        for ptr, n in self.segments():
-            lo = ptr - self.base
-            if out and out[-1][0] + out[-1][1] == lo:
-                out[-1] = (out[-1][0], out[-1][1] + n)
-            else:
-                out.append((lo, n))
-        return out
+        return granule_runs(self._ranges(True, "sleep"), self.granule)
 
     cdef bint inherited(self):
         return mt_fork_generation() != self.fork_gen
@@ -542,12 +512,6 @@ The pool of a reserved arena: segments of its own range (made by
         self.dead = True
         self._free_if_idle()
         return None
-
-
-cdef list _overlap(list a, list b):
-    """The (offset, bytes) stretches both run lists cover."""
-    return [(max(x, y), min(x + m, y + k) - max(x, y))
-            for x, m in a for y, k in b if max(x, y) < min(x + m, y + k)]
 
 
 cdef Pool pool_new(Backend gpu, uint64_t nbytes):

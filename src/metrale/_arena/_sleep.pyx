@@ -130,7 +130,7 @@ def sleep(ArenaState self, keep=(), offload=()):
         finally:
             st.sleeping = buffers.asleep
             if pool is not None:
-                pool.slept(pooled)
+                pool.settled(pooled)
     finally:
         mt_life_reshape_end(a._life, sleeping(a))    # paused while it sleeps
     return None
@@ -288,7 +288,7 @@ def wake(ArenaState self):
             wake_lanes(a._gpu, lanes, lambda: _fresh(a, spans))
         finally:
             if pool is not None:
-                pool.woke(pooled)
+                pool.settled(pooled)
         st.sleeping = False
         st.set_fates({}, {})
         r.trim(&a._layout, a._base)     # what a failed sleep left, and the limits no longer need

@@ -159,7 +159,7 @@ cdef extern from "arena_core.h" nogil:
     void mt_pool_hold(mt_pool *p, int on)
     int mt_pool_close(mt_pool *p, int force, int *err)
     void mt_pool_get_stats(mt_pool *p, mt_pool_stats *out)
-    uint64_t mt_pool_segments(mt_pool *p, uint64_t *ptrs, uint64_t *bytes, uint64_t cap)
+    uint64_t mt_pool_segments(mt_pool *p, mt_range *out, uint64_t cap)
     uint64_t mt_pool_chunks(mt_pool *p, mt_range *out, uint64_t cap)
     int mt_pool_bind(mt_pool *p)
     void mt_pool_unbind(int slot, int retire)
