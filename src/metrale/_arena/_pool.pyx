@@ -100,8 +100,7 @@ The pool of a reserved arena: segments of its own range (made by
         self.moved = []
 
     def __dealloc__(self):
-        # The arena closes the pool; one dropped unclosed (it failed to close)
-        # keeps what it maps rather than unmap memory torch may use.
+        # One dropped unclosed keeps what it maps (torch may still use it).
         if self._p != NULL and self.dead:
             mt_pool_free(self._p)
 
@@ -261,9 +260,8 @@ The pool of a reserved arena: segments of its own range (made by
         return {"reserved": s.reserved, "committed": s.committed, "in_use": s.in_use,
                 "peak_committed": s.peak_committed, "peak_in_use": s.peak_in_use,
                 "segments": s.segments, "chunks": s.chunks, "orphans": s.orphans,
-                "creates": s.creates, "allocs": s.allocs, "frees": s.frees,
-                "refused": s.refused, "asleep": bool(s.asleep),
-                "offloaded": sum(n for _, n in self.moved),
+                "creates": s.creates, "allocs": s.allocs, "frees": s.frees, "refused": s.refused,
+                "asleep": bool(s.asleep), "offloaded": sum(n for _, n in self.moved),
                 "host_bytes": self.host.host_bytes()}
 
     def segments(self):
