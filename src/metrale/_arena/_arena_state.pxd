@@ -81,8 +81,8 @@ cdef class ArenaState:
     # the sizes: the one place each changes.
     cdef int _set_ptrs(self, tuple ptrs) except -1
     cdef int _set_bytes(self, tuple sizes) except -1
-    # BufferArena.release: wait for the operations in flight, then free.
-    cdef int release(self, object gpu) except -1
+    # BufferArena.release (_lifetime): wait for the operations in flight, then free.
+    cdef int _release(self, object gpu) except -1
     # Free the memory: each concept closes what it holds (the peers' mappings,
     # the sleep's host memory, the reservation); what fails stays recorded for
     # the next call.

@@ -134,7 +134,7 @@ cdef class ArenaState:
 
 
     # -- lifetime: each concept closes what it holds -----------------------------------
-    cdef int release(self, object gpu) except -1:
+    cdef int _release(self, object gpu) except -1:
         """`BufferArena.release` (its docstring says what it does)."""
         if gpu is not None and gpu is not self._gpu:
             raise MetraleError("release: this backend is not the arena's own")
