@@ -36,7 +36,7 @@ import socket
 import sys
 
 from .._sizing.reference import REFERENCE
-from .._base._common import check_index, seconds_arg
+from .._base._common import seconds_arg
 from .._sharing._tp_exchange import _check_agreement, _exchange, _ns
 from ._peers import Peers
 from .._base.errors import MetraleError

@@ -1,6 +1,6 @@
 """Stubs of metrale._integrations.checkpoint (process checkpoints of an engine)."""
 
-from typing import Iterable, Mapping, SupportsIndex, TypedDict
+from typing import Iterable, Mapping
 
 from metrale._arena._buffer_arena import BufferArena
 from metrale._base._record import Record
@@ -21,17 +21,7 @@ from metrale._integrations._checkpoint_driver import (CHECKPOINTED as CHECKPOINT
                                                       restore as restore,
                                                       restore_thread_id as restore_thread_id,
                                                       state as state, unlock as unlock)
-
-class _Suspended(TypedDict):
-    lock: float
-    checkpoint: float
-    rss_before: int | None
-    rss_checkpointed: int | None
-
-class _Resumed(TypedDict):
-    restore: float
-    unlock: float
-    rss_after: int | None
+from metrale._integrations._checkpoint_processes import resume as resume, suspend as suspend
 
 class Prepared(Record):
     def __init__(self, arenas: tuple[BufferArena, ...], committed_bytes: int,
@@ -52,10 +42,6 @@ class Prepared(Record):
     def discarded_bytes(self) -> int: ...
     def log_line(self, suspended: Mapping[str, object] | None = None) -> str: ...
 
-def suspend(pids: SupportsIndex | Iterable[SupportsIndex], *, lock_timeout: float = ...,
-            timeout: float = ...) -> _Suspended: ...
-def resume(pids: SupportsIndex | Iterable[SupportsIndex], *, timeout: float = ...,
-           gpu_map: Mapping[str | bytes, str | bytes] | None = None) -> _Resumed: ...
 def prepare(arenas: Iterable[BufferArena] | None = None, *,
             sleep: bool | Mapping[str, Iterable[str]] = False) -> Prepared: ...
 def finish(arenas: Iterable[BufferArena] | None = None, *,

@@ -25,7 +25,7 @@ import json
 __all__ = ["BufferSpec", "BufferSet", "ROW_RULES", "ACCESSORS", "MAX_BUFFERS",
            "MAX_ZERO_ALL", "RESERVED_NAMES", "STEP_ROLES"]
 
-from ._buffer_file import MAX_DEPTH, MAX_FILE_BYTES, MAX_TABLES, read_data
+from ._buffer_file import MAX_DEPTH, MAX_FILE_BYTES, MAX_TABLES, read_data  # noqa: F401 (published)
 from ._spec import (ACCESSORS, MAX_BUFFERS, MAX_ZERO_ALL, RESERVED_NAMES, ROW_RULES, STEP_ROLES,
                     BufferSpec, check_step_roles)
 
