@@ -397,8 +397,8 @@ class ArenaPointers:
         # Only for a name the set lacks (each buffer is a slot): say which
         # are near, as arena.ptr(name) does.  Type checkers cannot know an
         # own set's names (the stub types every attribute as int).
-        from metrale._sizing.buffers import _near_names
-        near = _near_names(name, type(self).__slots__) if isinstance(name, str) else ()
+        from metrale._sizing._suggest import near_names
+        near = near_names(name, type(self).__slots__) if isinstance(name, str) else ()
         hint = f"; did you mean {', '.join(near)}?" if near else ""
         raise AttributeError(f"no buffer {name!r} in this arena's set of "
                              f"{len(type(self).__slots__)}{hint}", name=name, obj=self)

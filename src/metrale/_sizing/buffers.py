@@ -25,6 +25,7 @@ import json
 __all__ = ["BufferSpec", "BufferSet", "ROW_RULES", "ACCESSORS", "MAX_BUFFERS",
            "MAX_ZERO_ALL", "RESERVED_NAMES", "STEP_ROLES"]
 
+from ._suggest import near_names
 from ._buffer_file import MAX_DEPTH, MAX_FILE_BYTES, MAX_TABLES, read_data  # noqa: F401 (published)
 from ._spec import (ACCESSORS, MAX_BUFFERS, MAX_ZERO_ALL, RESERVED_NAMES, ROW_RULES, STEP_ROLES,
                     BufferSpec, check_step_roles)
@@ -164,7 +165,7 @@ class BufferSet:
     def _unknown(self, name, what="buffer"):
         if not isinstance(name, str):
             return f"{what} names are str, got {type(name).__name__}"
-        near = _near_names(name, self.names)
+        near = near_names(name, self.names)
         hint = f"; did you mean {', '.join(near)}?" if near else ""
         return f"unknown {what} name {name!r} (not in this set of {len(self)}){hint}"
 
@@ -524,48 +525,3 @@ def _to_dict(self, base):
     if new:
         out["buffer"] = new
     return out
-
-
-# -- "did you mean": names a slip away ---------------------------------------------------
-# difflib's ratio (cutoff 0.6) is lenient on short names ('nope' is 0.6 from 'ignore',
-# 0.67 from 'notes'): suggest only a name equal but for case or separators, one edit
-# away (a swap of neighbours counts one; two from 8 characters), or of the same words:
-# its first ('lora' -> lora_xa), its last two or more ('gate_out' -> expert_gate_out),
-# or two or more, at least half the typed ones ('ffn_act_q8' -> ffn_act_scale).
-
-def _words(text):
-    return [w for w in text.lower().replace("-", "_").replace(" ", "_").split("_") if w]
-
-
-def _edits(a, b, limit):
-    """The optimal-string-alignment distance of a and b, capped at limit + 1."""
-    if abs(len(a) - len(b)) > limit:
-        return limit + 1
-    prev2, prev = None, list(range(len(b) + 1))
-    for i in range(1, len(a) + 1):
-        cur = [i] + [0] * len(b)
-        for j in range(1, len(b) + 1):
-            cur[j] = min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1]))
-            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
-                cur[j] = min(cur[j], prev2[j - 2] + 1)
-        if min(cur) > limit:
-            return limit + 1
-        prev2, prev = prev, cur
-    return min(prev[-1], limit + 1)
-
-
-def _near_names(name, names, n=3):
-    """At most n of `names` close to `name`, closest first, then in set order."""
-    typed = _words(name)
-    flat, k = "_".join(typed), len(typed)
-    limit = 0 if len(flat) <= 2 else 1 if len(flat) <= 7 else 2
-    found = []
-    for order, cand in enumerate(names):
-        words = _words(cand)
-        d = _edits(flat, "_".join(words), limit)
-        if d > limit and not ((len(flat) >= 3 and k < len(words) and typed == words[:k])
-                              or (2 <= k < len(words) and typed == words[-k:])
-                              or 2 <= len(set(typed) & set(words)) >= k / 2):
-            continue
-        found.append((d, order, cand))
-    return [cand for _, _, cand in sorted(found)[:n]]
