@@ -87,7 +87,7 @@ def test_from_hf_config_dicts(data, with_shape):
     # warned about, naming the same keys
     keys = [w.message.key for w in caught if issubclass(w.category, ConfigWarning)]
     text = data.get("text_config") if isinstance(data.get("text_config"), dict) else {}
-    from metrale._sizing._hf import _FAMILY_OF
+    from metrale._sizing._hf_tables import _FAMILY_OF
     family = text.get("model_type") if isinstance(text.get("model_type"), str) and \
         text.get("model_type") else data.get("model_type")
     fam = _FAMILY_OF.get(family) if isinstance(family, str) else None

@@ -11,7 +11,7 @@ without running the suite, so the pages quote none (docs/RELEASE.md).
 
 Run it with the Python that has metrale installed (or an editable install of
 this tree).  Every word comes from metrale.catalogue, metrale.levers and the
-tables of metrale._sizing._hf (what from_hf_config reads) and metrale.config (how a
+tables of metrale._sizing._hf_tables (what from_hf_config reads) and metrale.config (how a
 tensor-parallel rank is sized), every helper membership from the buffer table
 (metrale.REFERENCE.groups), and every number from BufferSizes.from_config, so
 the generated files (and sections) are never edited by hand.
@@ -367,10 +367,10 @@ def _family_of(data_path):
 
 def render_hf(root=ROOT):
     """The text of docs/hf-config.md."""
-    from metrale._sizing import _hf as C
+    from metrale._sizing import _hf_tables as C
     files = _data_files(root)
     out = [_header("Reading a Hugging Face config.json",
-                   "the tables of metrale._sizing._hf and tests/data/hf")]
+                   "the tables of metrale._sizing._hf_tables and tests/data/hf")]
     rule = {}
     for i, r in enumerate(C._RULES, 1):
         rule.setdefault(r.field, i)            # the first rule of each field
@@ -378,7 +378,7 @@ def render_hf(root=ROOT):
     w("""
 `ModelConfig.from_hf_config(path_or_dict, *, strict=False)` reads a model's `config.json`
 (a path, its directory, or the parsed dict) into the `ModelConfig` the buffers are sized
-from. This page is what it reads, from the tables in `metrale/_sizing/_hf.py`: the families it
+from. This page is what it reads, from the tables in `metrale/_sizing/_hf_tables.py`: the families it
 knows, the key each field is read from, the rules that derive what no key gives, and the
 keys known not to change any buffer size. `metrale plan --config PATH` reads the same way
 ([cli.md](cli.md)).

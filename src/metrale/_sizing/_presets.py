@@ -3,7 +3,7 @@
 Name -> the fields of the shape (every field not given keeps its default).
 """
 
-from ._hf import _PATTERN
+from ._hf_tables import _PATTERN
 
 _NEMOTRON_PATTERN = "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME"
 
