@@ -1,6 +1,7 @@
 """Pictures of a live arena's memory (metrale.picture): what backs its
-addresses before and after an offloading sleep (`offload_svg`), and which
-rank's slab each process of a tensor-parallel group maps (`tp_svg`).
+addresses before and after an offloading sleep (`offload_svg`), its
+reservation beside its pool's (`pool_svg`), and which rank's slab each
+process of a tensor-parallel group maps (`tp_svg`).
 
 Drawn from the arena itself (`buffers`, `memory_stats`, `peer`), in
 offsets, never addresses: the same arena draws the same picture in every
@@ -10,12 +11,12 @@ name, offset and bytes as attributes (``data-buffer``, ``data-offset``,
 """
 
 from ._pictures import _head
-from ._svg import _MUTED, _TEXT, _attrs, _esc, _human, _num, _text
+from ._svg import (_BAR_H, _BAR_W, _BAR_X, _FILLS, _MUTED, _SANS, _TEXT, _attrs, _esc, _human,
+                   _num, _text)
 
-__all__ = ["offload_svg", "tp_svg"]
+__all__ = ["offload_svg", "pool_svg", "tp_svg"]
 
 _M = 20
-_BAR_X, _BAR_W, _BAR_H = 20, 860, 40
 _MONO = "DejaVu Sans Mono, monospace"
 _FATES = {"device": "#34a853", "offloaded": "#f29900", "kept": "#4285f4",
           "discarded": "#ffffff"}
@@ -329,5 +330,108 @@ def tp_svg(arenas):
     w(_text(_M, height - 14, "Offsets, not addresses: each process maps a rank's slab at an "
             "address of its own; arena.peer(q) gives them. Set up once, at construction.",
             size=11, fill=_MUTED))
+    w("</svg>")
+    return "\n".join(out) + "\n"
+
+
+# -- an arena's reservation: its buffers, and its pool with torch's segments ----
+
+_POOL_FILLS = {"chunk": "#d2e3fc", "segment": "#1a73e8"}
+
+
+def pool_svg(arena):
+    """Draw a reserved arena's address space, to scale: its buffers, and its
+    pool (``open_pool``) with the memory mapped and the segments handed out.
+
+    Two bars, each scaled to its own range: the buffers' reservation (every
+    live buffer one rectangle at its offset), and the pool's (the mapped
+    chunks pale, the segments dark: what torch holds; asleep, nothing is
+    mapped and the segments keep their places).  Offsets only, no
+    addresses: the same arena draws the same picture in every process.
+
+    Parameters
+    ----------
+    arena : BufferArena
+        A reserved arena with a pool.
+
+    Returns
+    -------
+    str
+        The SVG document.  Each buffer is a ``<rect data-buffer=NAME
+        data-offset=.. data-bytes=..>``, each mapped chunk of the pool a
+        ``<rect data-chunk="mapped" ...>`` and each segment a ``<rect
+        data-segment="in use" ...>``, with ``x`` and ``width`` at the scale
+        of their bar (``width / bytes`` units per byte of its
+        ``data-range`` rectangle).
+
+    Raises
+    ------
+    MetraleError
+        The arena has no pool (or is released).
+    """
+    from .._base.errors import MetraleError
+    pool = arena.pool
+    if pool is None or pool.closed:
+        raise MetraleError("pool_svg: the arena has no pool (open_pool)")
+    stats = arena.memory_stats()
+    ps = pool.stats()
+    placed = sorted((b.offset, b.nbytes, b.name) for b in arena.buffers.values()
+                    if b.offset is not None and b.nbytes)
+    slab = stats["slab_bytes"]
+    segments = [(p - pool.base, n) for p, n in pool.segments()]
+    out = []
+    w = out.append
+    height = 290
+    w('<?xml version="1.0" encoding="UTF-8"?>')
+    w(f'<svg xmlns="http://www.w3.org/2000/svg" width="900" height="{height}" '
+      f'viewBox="0 0 900 {height}" font-family="{_SANS}" role="img" '
+      f'aria-labelledby="picture-title">')
+    w(f'<title id="picture-title">The arena\'s reservation: {len(placed)} buffers in '
+      f'{slab:,} bytes; its pool of {ps["reserved"]:,} bytes, {ps["segments"]} segments'
+      '</title>')
+    w('<rect x="0" y="0" width="900" height="{}" fill="#ffffff"/>'.format(height))
+    state = " (asleep)" if stats["sleeping"] else ""
+    w(_text(_BAR_X, 28, f"An arena's reservation{state}: its buffers, and beside them the "
+            "pool torch allocates from", size=15, weight="bold"))
+
+    def bar(y, label, total, rects, kind_of):
+        scale = _BAR_W / total
+        w(_text(_BAR_X, y - 8, label, size=12, fill=_TEXT))
+        w('<g shape-rendering="crispEdges">')
+        w(f'<rect {_attrs(data_range=kind_of, data_bytes=total)} x="{_BAR_X}" y="{y}" '
+          f'width="{_BAR_W}" height="{_BAR_H}" fill="#f1f3f4" stroke="{_MUTED}"/>')
+        for attrs, off, n, fill, tip in rects:
+            # a white edge: two neighbours stay two
+            w(f'<rect {_attrs(**attrs, data_offset=off, data_bytes=n)} '
+              f'x="{_num(_BAR_X + off * scale)}" y="{y}" width="{_num(max(n * scale, 0.5))}" '
+              f'height="{_BAR_H}" fill="{fill}" stroke="#ffffff" stroke-width="0.5">'
+              f'<title>{_esc(tip)}</title></rect>')
+        w("</g>")
+        w(_text(_BAR_X, y + _BAR_H + 14, "0", size=10, fill=_MUTED))
+        w(_text(_BAR_X + _BAR_W, y + _BAR_H + 14, _human(total), size=10, anchor="end",
+                fill=_MUTED))
+
+    bar(70, f"buffers: {len(placed)} live in {slab:,} bytes reserved ({_human(slab)}), "
+        f"{stats['committed_bytes']:,} mapped",
+        slab, [({"data_buffer": name}, off, n, _FILLS[i % len(_FILLS)],
+                f"{name}: {n:,} bytes at offset {off:,}")
+               for i, (off, n, name) in enumerate(placed)], "buffers")
+    rects = [({"data_chunk": "mapped"}, off, n, _POOL_FILLS["chunk"],
+              f"mapped: {n:,} bytes at offset {off:,}") for off, n in pool.chunks()]
+    rects += [({"data_segment": "in use"}, off, n, _POOL_FILLS["segment"],
+               f"segment: {n:,} bytes at offset {off:,}") for off, n in segments]
+    bar(170, f"pool: {ps['reserved']:,} bytes reserved ({_human(ps['reserved'])}), "
+        f"{ps['committed']:,} mapped, {ps['in_use']:,} in {ps['segments']} segments"
+        + (f", {ps['offloaded']:,} offloaded to host memory" if ps["offloaded"] else ""),
+        ps["reserved"], rects, "pool")
+    y = 250
+    for i, (label, fill) in enumerate((("a buffer", _FILLS[0]),
+                                       ("mapped, free (kept for reuse)",
+                                        _POOL_FILLS["chunk"]),
+                                       ("a segment (torch's)", _POOL_FILLS["segment"]),
+                                       ("reserved, not mapped", "#f1f3f4"))):
+        x = _BAR_X + i * 215
+        w(f'<rect x="{x}" y="{y}" width="14" height="14" fill="{fill}" stroke="{_MUTED}"/>')
+        w(_text(x + 20, y + 11, label, size=11, fill=_TEXT))
     w("</svg>")
     return "\n".join(out) + "\n"

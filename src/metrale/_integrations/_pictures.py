@@ -8,13 +8,13 @@ kind, transition and outcome, so a test can check the drawing against the
 facts.  Standalone SVG: no script, no external font or image.
 """
 
-from ._svg import _MUTED, _SANS, _TEXT, _attrs, _esc, _human, _num, _shorten, _text
+from ._svg import (_BAR_W, _BAR_X, _MUTED, _SANS, _TEXT, _attrs, _esc, _human, _num, _shorten,
+                   _text)
 
 __all__ = ["fit_svg", "states_svg"]
 
 _W = 900                     # document width, SVG user units
 _M = 20                      # margin
-_BAR_X, _BAR_W = 20, 860
 _THIN = 2.0                  # a segment thinner than this (units) also gets a marker
 
 

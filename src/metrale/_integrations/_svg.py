@@ -8,6 +8,12 @@ _SANS = "DejaVu Sans, Verdana, Arial, Helvetica, sans-serif"
 _MONO = "DejaVu Sans Mono, Menlo, Consolas, monospace"
 _TEXT = "#202124"
 _MUTED = "#5f6368"
+# The bar pictures' geometry (x, width and height of a bar, in units).
+_BAR_X, _BAR_W, _BAR_H = 20, 860, 40
+# Buffer fills cycle through pale colours so that neighbours differ and dark
+# text stays readable on them.
+_FILLS = ("#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94", "#f7b6d2",
+          "#dbdb8d", "#9edae5")
 
 # Characters XML 1.0 cannot carry at all (escaping does not help); a model name
 # from a user's path may hold any of them, and lone surrogates too.

@@ -29,9 +29,10 @@ import math
 import operator
 import warnings
 
-from ._memory_pictures import offload_svg, tp_svg
+from ._memory_pictures import offload_svg, pool_svg, tp_svg
 from ._pictures import fit_svg, states_svg
-from ._svg import _MONO, _MUTED, _SANS, _TEXT, _attrs, _esc, _human, _num, _shorten, _text
+from ._svg import (_FILLS, _MONO, _MUTED, _SANS, _TEXT, _attrs, _esc, _human, _num, _shorten,
+                   _text)
 from .._sizing._layout import SlabPlan, plan_layout
 from .._sizing.sizes import BufferSizes
 from .._sizing.target import Target
@@ -63,11 +64,8 @@ _C_PAD = 962                 # end
 _C_ZERO = (1008, 1068, 1140)  # middle: zero_all, prefill, rows
 
 
-# Buffer fills cycle through pale colours so that neighbours differ and dark
-# text stays readable on them; the zeroing ranges use saturated colours that no
-# buffer fill is close to.
-_FILLS = ("#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94", "#f7b6d2",
-          "#dbdb8d", "#9edae5")
+# The zeroing ranges use saturated colours that no buffer fill (_svg._FILLS)
+# is close to.
 _RANGE_COLOURS = {"zero_all": "#d62728", "zero_prefill": "#ff7f0e", "zero_all_rows": "#1f77b4"}
 
 # (plan key, name of the helper, short name for lane and table headers) for
@@ -467,107 +465,3 @@ def _null_list(w, p, top, cols):
         x = _MARGIN + (i % cols) * col_w
         y = top + 20 + (i // cols) * 18
         w(_text(x, y, name, size=11, family=_MONO, fill=_MUTED, data_null=name))
-
-
-# -- an arena's reservation: its buffers, and its pool with torch's segments ----
-
-_BAR_X, _BAR_W, _BAR_H = 20, 860, 40
-_POOL_FILLS = {"chunk": "#d2e3fc", "segment": "#1a73e8"}
-
-
-def pool_svg(arena):
-    """Draw a reserved arena's address space, to scale: its buffers, and its
-    pool (``open_pool``) with the memory mapped and the segments handed out.
-
-    Two bars, each scaled to its own range: the buffers' reservation (every
-    live buffer one rectangle at its offset), and the pool's (the mapped
-    chunks pale, the segments dark: what torch holds; asleep, nothing is
-    mapped and the segments keep their places).  Offsets only, no
-    addresses: the same arena draws the same picture in every process.
-
-    Parameters
-    ----------
-    arena : BufferArena
-        A reserved arena with a pool.
-
-    Returns
-    -------
-    str
-        The SVG document.  Each buffer is a ``<rect data-buffer=NAME
-        data-offset=.. data-bytes=..>``, each mapped chunk of the pool a
-        ``<rect data-chunk="mapped" ...>`` and each segment a ``<rect
-        data-segment="in use" ...>``, with ``x`` and ``width`` at the scale
-        of their bar (``width / bytes`` units per byte of its
-        ``data-range`` rectangle).
-
-    Raises
-    ------
-    MetraleError
-        The arena has no pool (or is released).
-    """
-    from .._base.errors import MetraleError
-    pool = arena.pool
-    if pool is None or pool.closed:
-        raise MetraleError("pool_svg: the arena has no pool (open_pool)")
-    stats = arena.memory_stats()
-    ps = pool.stats()
-    placed = sorted((b.offset, b.nbytes, b.name) for b in arena.buffers.values()
-                    if b.offset is not None and b.nbytes)
-    slab = stats["slab_bytes"]
-    segments = [(p - pool.base, n) for p, n in pool.segments()]
-    out = []
-    w = out.append
-    height = 290
-    w('<?xml version="1.0" encoding="UTF-8"?>')
-    w(f'<svg xmlns="http://www.w3.org/2000/svg" width="900" height="{height}" '
-      f'viewBox="0 0 900 {height}" font-family="{_SANS}" role="img" '
-      f'aria-labelledby="picture-title">')
-    w(f'<title id="picture-title">The arena\'s reservation: {len(placed)} buffers in '
-      f'{slab:,} bytes; its pool of {ps["reserved"]:,} bytes, {ps["segments"]} segments'
-      '</title>')
-    w('<rect x="0" y="0" width="900" height="{}" fill="#ffffff"/>'.format(height))
-    state = " (asleep)" if stats["sleeping"] else ""
-    w(_text(_MARGIN, 28, f"An arena's reservation{state}: its buffers, and beside them the "
-            "pool torch allocates from", size=15, weight="bold"))
-
-    def bar(y, label, total, rects, kind_of):
-        scale = _BAR_W / total
-        w(_text(_BAR_X, y - 8, label, size=12, fill=_TEXT))
-        w('<g shape-rendering="crispEdges">')
-        w(f'<rect {_attrs(data_range=kind_of, data_bytes=total)} x="{_BAR_X}" y="{y}" '
-          f'width="{_BAR_W}" height="{_BAR_H}" fill="#f1f3f4" stroke="{_MUTED}"/>')
-        for attrs, off, n, fill, tip in rects:
-            # a white edge: two neighbours stay two
-            w(f'<rect {_attrs(**attrs, data_offset=off, data_bytes=n)} '
-              f'x="{_num(_BAR_X + off * scale)}" y="{y}" width="{_num(max(n * scale, 0.5))}" '
-              f'height="{_BAR_H}" fill="{fill}" stroke="#ffffff" stroke-width="0.5">'
-              f'<title>{_esc(tip)}</title></rect>')
-        w("</g>")
-        w(_text(_BAR_X, y + _BAR_H + 14, "0", size=10, fill=_MUTED))
-        w(_text(_BAR_X + _BAR_W, y + _BAR_H + 14, _human(total), size=10, anchor="end",
-                fill=_MUTED))
-
-    bar(70, f"buffers: {len(placed)} live in {slab:,} bytes reserved ({_human(slab)}), "
-        f"{stats['committed_bytes']:,} mapped",
-        slab, [({"data_buffer": name}, off, n, _FILLS[i % len(_FILLS)],
-                f"{name}: {n:,} bytes at offset {off:,}")
-               for i, (off, n, name) in enumerate(placed)], "buffers")
-    rects = [({"data_chunk": "mapped"}, off, n, _POOL_FILLS["chunk"],
-              f"mapped: {n:,} bytes at offset {off:,}") for off, n in pool.chunks()]
-    rects += [({"data_segment": "in use"}, off, n, _POOL_FILLS["segment"],
-               f"segment: {n:,} bytes at offset {off:,}") for off, n in segments]
-    bar(170, f"pool: {ps['reserved']:,} bytes reserved ({_human(ps['reserved'])}), "
-        f"{ps['committed']:,} mapped, {ps['in_use']:,} in {ps['segments']} segments"
-        + (f", {ps['offloaded']:,} offloaded to host memory" if ps["offloaded"] else ""),
-        ps["reserved"], rects, "pool")
-    y = 250
-    for i, (label, fill) in enumerate((("a buffer", _FILLS[0]),
-                                       ("mapped, free (kept for reuse)",
-                                        _POOL_FILLS["chunk"]),
-                                       ("a segment (torch's)", _POOL_FILLS["segment"]),
-                                       ("reserved, not mapped", "#f1f3f4"))):
-        x = _BAR_X + i * 215
-        w(f'<rect x="{x}" y="{y}" width="14" height="14" fill="{fill}" stroke="{_MUTED}"/>')
-        w(_text(x + 20, y + 11, label, size=11, fill=_TEXT))
-    w("</svg>")
-    return "\n".join(out) + "\n"
