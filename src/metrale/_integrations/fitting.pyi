@@ -1,6 +1,7 @@
 from typing import Literal, Mapping, SupportsIndex
 
 from metrale._backends._backend import Backend
+from metrale._integrations._growth import growth as growth, growth_span as growth_span
 from metrale._base._record import Record
 from metrale._sizing.buffers import BufferSet
 from metrale._sizing.config import ModelConfig
@@ -66,9 +67,3 @@ def fit(config: ModelConfig, budget: SupportsIndex | str | None, max_seq_len: Su
         target: Target | None = ..., gpu: Backend | None = ...,
         margin: SupportsIndex | str | None = ...,
         torch_pool_bytes: SupportsIndex | str | None = ...) -> ArenaFit: ...
-def growth(config: ModelConfig, max_batch_tokens: SupportsIndex, max_seq_len: SupportsIndex,
-           kv_block_size: SupportsIndex, max_batch_size: SupportsIndex, *,
-           tp_size: SupportsIndex = ..., env: Mapping[str, str] | None = ...,
-           target: Target | None = ...,
-           buffers: BufferSet | None = ...) -> list[tuple[str, int, int]]: ...
-def growth_span(max_batch_tokens: SupportsIndex) -> tuple[int, int]: ...
