@@ -1,7 +1,7 @@
 # cython: language_level=3, binding=False
 """Debug operations of a BufferArena (docs/debug.md): guard bands, poisoned
-padding rows, NaN scans and fingerprints over its slab, and the reference's
-float checksum of the probed buffers.
+padding rows, NaN scans and fingerprints over its slab (the reference's float
+checksum of the probed buffers is _checksum.pyx's).
 
 Each operation gathers its byte ranges (items) from the layout in the C core
 (debug.c: the guard bands; layout.c: the zero_all_rows row rule) and runs
@@ -15,14 +15,11 @@ cimport cython
 from libc.stdint cimport uint64_t, uintptr_t
 from libc.string cimport memcpy, memset
 
-from libc.stdlib cimport free, malloc
-
 from metrale._arena._arena_state cimport ArenaState
 from metrale._backends._backend cimport Backend
-from metrale._base._common cimport as_stream, buffer_ids, index_arg, logger, u64_arg
+from metrale._base._common cimport as_stream, buffer_ids, u64_arg
 from metrale._base._core cimport (
-    MT_IN_CHECKSUM, MT_IN_ROWS, MT_IN_ZERO_ALL, MT_MAX_BUFFERS, mt_checksum_f32, mt_layout,
-    mt_range, mt_rows_length, mt_rows_stride)
+    MT_IN_ROWS, MT_IN_ZERO_ALL, MT_MAX_BUFFERS, mt_layout, mt_range, mt_rows_length, mt_rows_stride)
 from metrale._base._life cimport mt_life_leave
 from metrale._base._debug_core cimport (
     MT_DBG_CHECK, MT_DBG_FILL, MT_DBG_FINGERPRINT, MT_DBG_NONFINITE, MT_EL_BF16, MT_EL_F32,
@@ -478,85 +475,3 @@ def fingerprint(ArenaState self, stream=None, names=None):
         return _fingerprint(a, ids, s)
     finally:
         mt_life_leave(a._life)
-
-
-@cython.binding(True)
-def debug_buffer_checksum(ArenaState self, gpu=None, stream=None, tag="", *, level=None):
-    """Log sum, sum of squares and sum of |x| of the probed buffers (16 of
-    `REFERENCE`).
-
-    Each buffer of the set's ``groups["checksum"]`` is synchronized, copied to the
-    host and read as float32 lanes (NaN and infinite lanes skipped); one
-    record per buffer (WARNING, as the reference logs them, unless `level`
-    says otherwise) goes to the ``metrale`` logger:
-    ``METRALE_BUF_CKSUM[<tag>] <name> bytes=<n> sum=.. ssq=.. sabs=..``.
-    A failed copy skips that buffer: a debugging aid never raises for it.
-
-    Parameters
-    ----------
-    gpu : Backend, optional
-        The arena's own backend; None (the default) means that one.
-    stream : int or stream object, optional
-        Synchronized before, and used for, the copies.
-    tag : str, optional
-        Label of the records (e.g. the layer and step).
-    level : int, keyword-only, optional
-        The logging level of the records (``logging.DEBUG`` ...); None (the
-        default) is ``logging.WARNING``.
-
-    Raises
-    ------
-    TypeError
-        `tag` is not a str, or `level` not an int.
-    MetraleError
-        `gpu` is another backend or the arena is released.
-    """
-    cdef ArenaState a = self
-    cdef double out[3]
-    cdef void *host = NULL
-    cdef uint64_t most = 0, n
-    cdef uintptr_t s, base
-    cdef int b
-    cdef bint no_host = False
-    if not isinstance(tag, str):
-        raise TypeError(f"tag must be a str, got {type(tag).__name__}")
-    lvl = 30 if level is None else index_arg(level, "level", 0, 0x7FFFFFFF)   # 30: WARNING
-    s = as_stream(stream)
-    records = []
-    # The sums are taken while the arena is held, the records logged after it
-    # is left: no logging handler runs while the slab is in use.
-    a._enter(gpu)
-    try:
-        base = a._base
-        try:
-            a._gpu.sync(s)
-        except Exception:
-            pass
-        names = a._buffers.names
-        for b in range(a._layout.n):
-            if a._layout.flags[b] & MT_IN_CHECKSUM and a._layout.size[b] > most:
-                most = a._layout.size[b]
-        if most:
-            host = malloc(most)
-            no_host = host == NULL
-        for b in range(a._layout.n if host != NULL else 0):     # the set's order
-            n = a._layout.size[b]
-            if not a._layout.flags[b] & MT_IN_CHECKSUM or n == 0:
-                continue
-            try:
-                a._gpu.d2h(host, base + a._layout.offset[b], n, s)
-            except Exception:
-                continue     # a failed copy skips that buffer: a debugging aid never raises
-            with nogil:
-                mt_checksum_f32(host, n, out)
-            records.append((names[b], n, out[0], out[1], out[2]))
-    finally:
-        free(host)
-        mt_life_leave(a._life)
-    log = logger()
-    if no_host:
-        log.log(lvl, "METRALE_BUF_CKSUM[%s] skipped: no %d-byte host buffer", tag, most)
-    for name, n, x, xx, ax in records:
-        log.log(lvl, "METRALE_BUF_CKSUM[%s] %s bytes=%d sum=%.6f ssq=%.6f sabs=%.6f",
-                tag, name, n, x, xx, ax)
-    return None
