@@ -31,4 +31,3 @@ cdef class StepInputs:
     cdef int _check(self) except -1
     cdef object _view(self, str name)
     cdef int _enter(self) except -1
-    cdef object _checked(self, str name, object value, str arg)

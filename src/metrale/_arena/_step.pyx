@@ -29,7 +29,7 @@ from metrale._base._debug_core cimport MT_GUARD_BYTE
 from metrale._backends._staging cimport _export, _Staging, staging_new
 
 from metrale._base.errors import MetraleError
-from metrale._sizing._step_plan import check_array, plan_step
+from metrale._sizing._step_plan import fill_arrays, plan_step
 
 # Private constructor key: step inputs come from BufferArena.step_inputs().
 cdef object _TOKEN = object()
@@ -356,35 +356,11 @@ Pinned host staging for one step's inputs, uploaded with one copy.
         given = [("token_ids", token_ids), ("positions", positions), ("seq_slot", seq_slot),
                  ("slots", slots), ("seq_lens", seq_lens), ("block_table", block_table)]
         given.extend(buffers.items())
-        checked, ids, by = [], None, {}
-        for name, value in given:
-            if value is None:
-                continue
-            region = self._alias.get(name, name)
-            if region == "count" or region not in self._regions:
-                raise TypeError(f"fill: these step inputs have no region {name!r} (they hold "
-                                f"{', '.join(self._regions)}; the count is tokens=)")
-            if region in by:
-                raise TypeError(f"fill: {by[region]} and {name} both give the region {region!r} "
-                                "(a role's region by its role and by its buffer's name): "
-                                "give it once")
-            by[region] = name
-            a = self._checked(region, value, name)
-            checked.append((region, a))
-            if region == "token_ids":
-                ids = a
-        if ids is None and tokens is None:
-            raise TypeError("fill() needs token_ids, or tokens= (the count) when only the "
-                            "other regions change")
-        n = u64_arg(ids.shape[0] if tokens is None else tokens, "tokens", 0, 0x7FFFFFFF)
+        checked, n = fill_arrays(self._regions, self._alias, given, tokens)
         targets = [(self._view(name), a) for name, a in checked if a.size]   # before any write
         for dst, a in targets:
             dst[tuple(slice(0, d) for d in a.shape)] = a
         self.tokens = n
-
-    cdef object _checked(self, str name, object value, str arg):
-        dtype, _off, shape = self._regions[name]
-        return check_array(name, value, dtype, shape, arg)
 
     # -- the upload ----------------------------------------------------------------
     def upload(self, stream=None, *, zero=True):

@@ -9,10 +9,11 @@ reference's decode metadata inside its scratch, by the metadata's own names
 name (``step="metadata"``).  Pure Python; numpy only inside `check_array`.
 """
 
+from .._base._common import check_index
 from .._base._record import Record
 from .decode_meta import _DECODE_META_OFFSET, _STEP_COUNT_OFFSET, kv_blocks_per_seq
 
-__all__ = ["StepPlan", "plan_step", "check_array"]
+__all__ = ["StepPlan", "plan_step", "check_array", "fill_arrays"]
 
 # The regions named by their role; metadata buffers are named by themselves.
 BY_ROLE = ("token_ids", "count", "positions")
@@ -223,3 +224,53 @@ def check_array(name, value, dtype, shape, arg=None):
         raise ValueError(f"{name}: values must lie in [{lo}, {hi}] ({dtype}), got "
                          f"{least} .. {most}")
     return a
+
+
+def fill_arrays(regions, alias, given, tokens):
+    """What one `StepInputs.fill` writes, every array checked before any is.
+
+    Parameters
+    ----------
+    regions : dict
+        Region -> (dtype, offset, shape), the step inputs' regions.
+    alias : dict
+        A role's buffer name -> its role's region.
+    given : list of (str, object)
+        Each argument as the caller named it, and its value (None: not
+        given).
+    tokens : int or None
+        The count; None: the length of the token ids.
+
+    Returns
+    -------
+    list of (str, numpy.ndarray), int
+        (region, array) for each region given, and the count.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As `StepInputs.fill` documents them.
+    """
+    checked, ids, by = [], None, {}
+    for name, value in given:
+        if value is None:
+            continue
+        region = alias.get(name, name)
+        if region == "count" or region not in regions:
+            raise TypeError(f"fill: these step inputs have no region {name!r} (they hold "
+                            f"{', '.join(regions)}; the count is tokens=)")
+        if region in by:
+            raise TypeError(f"fill: {by[region]} and {name} both give the region {region!r} "
+                            "(a role's region by its role and by its buffer's name): "
+                            "give it once")
+        by[region] = name
+        dtype, _off, shape = regions[region]
+        a = check_array(region, value, dtype, shape, name)
+        checked.append((region, a))
+        if region == "token_ids":
+            ids = a
+    if ids is None and tokens is None:
+        raise TypeError("fill() needs token_ids, or tokens= (the count) when only the "
+                        "other regions change")
+    n = check_index(ids.shape[0] if tokens is None else tokens, "tokens", 0, 0x7FFFFFFF)
+    return checked, n

@@ -7,7 +7,7 @@ from metrale._base._record import Record
 from metrale._sizing._spec import BufferSpec
 from metrale._sizing.decode_meta import DecodeMetaLayout
 
-__all__ = ["StepPlan", "plan_step", "check_array"]
+__all__ = ["StepPlan", "plan_step", "check_array", "fill_arrays"]
 
 BY_ROLE: tuple[str, ...]
 
@@ -26,3 +26,6 @@ def plan_step(steps: Sequence[tuple[BufferSpec, int, int]], max_batch_tokens: in
               limits: tuple[int, ...] | None, max_blocks: int | None) -> StepPlan: ...
 def check_array(name: str, value: Any, dtype: str, shape: tuple[int, ...],
                 arg: str | None = None) -> npt.NDArray[np.generic]: ...
+def fill_arrays(regions: dict[str, tuple[str, int | None, tuple[int, ...]]],
+                alias: dict[str, str], given: list[tuple[str, Any]], tokens: Any
+                ) -> tuple[list[tuple[str, npt.NDArray[np.generic]]], int]: ...
