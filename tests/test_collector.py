@@ -197,6 +197,7 @@ def _cycle_cases():
         "Backend": "abstract: no instance can hold memory",
         "CudaBackend": "frees through C fields only (no Python field in its finalizer); "
                        "the GPU run of this test covers it through the arena case",
+        "CudaDevice": "CudaBackend's base (no instance of its own): the CudaBackend case",
         "FaultyCudaBackend": "a CudaBackend with a Faults: test_offload_cuda.py collects "
                              "arenas on it in cycles",
         "Faults": "owns nothing: the armed failures and calls of a testing backend",

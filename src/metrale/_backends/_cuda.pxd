@@ -1,30 +1,10 @@
-# CudaBackend's fields, for the backend that fails on demand
-# (metrale._backends._faulty_cuda, a subclass): see _cuda.pyx.
+# CudaBackend (see _cuda.pyx): a CudaDevice (its fields: _cuda_device.pxd) with
+# the backend's operations, for the backend that fails on demand
+# (metrale._backends._faulty_cuda, a subclass).
 from libc.stdint cimport uint64_t
 
-from cuda.bindings cimport cydriver
-from metrale._backends cimport _kernels, _vmm
-from metrale._backends._backend cimport Backend
+from metrale._backends._cuda_device cimport CudaDevice
 
 
-cdef class CudaBackend(Backend):
-    cdef cydriver.CUdevice _dev
-    cdef cydriver.CUcontext _ctx
-    cdef bint _retained
-    cdef unsigned long _fork_gen     # fork()s this process descends from, when made
-    cdef int _sm_count, _cc_major, _cc_minor
-    cdef size_t _gran                # allocation granularity, asked once (0: not yet)
-    cdef readonly Py_ssize_t launch_count
-    cdef _kernels.ZeroKernels _zero      # loaded at construction
-    cdef _kernels.DebugKernels _debug    # loaded by the first debug operation
-    cdef _kernels.PeerKernels _peer      # loaded when an arena is first shared
-    cdef object _debug_lock              # serializes the calls that use _debug's results
-    cdef cydriver.CUstream _side         # non-blocking: copies beside a wake's zeroing
-    cdef _vmm.pool_device _pool_dev      # what the pools' operations make current
-
-    # Make the backend's context current on the calling thread: the step
-    # before every checked driver call, without the GIL.
-    cdef int _current(self) except -1 nogil
+cdef class CudaBackend(CudaDevice):
     cdef int _create(self, size_t n, bint exportable, uint64_t *handle) except -1
-    # Whether stream `s` is being captured into a graph (context current).
-    cdef bint _capturing(self, cydriver.CUstream s) except -1 nogil

@@ -1,9 +1,10 @@
 # cython: language_level=3, binding=False
 """CudaBackend: the arena's device operations on an NVIDIA GPU.
 
-The class: the device's primary context (the one torch and CuPy use), made
-current on whichever thread calls; allocations, memsets, copies, events; its
-kernels, launched by _kernels.pyx; its physical memory, through _vmm.pyx.
+A CudaDevice (_cuda_device.pyx: the device's primary context, made current
+on whichever thread calls, and what is loaded with it) with the operations:
+allocations, memsets, copies, events; its kernels, launched by _kernels.pyx;
+its physical memory, through _vmm.pyx.
 Every driver call is a direct C call into cuda.bindings.cydriver (no Python
 object in between) made with the GIL released and checked by _driver.pxd.
 """
@@ -15,28 +16,18 @@ from cuda.bindings cimport cydriver
 from metrale._backends cimport _kernels
 from metrale._backends cimport _vmm
 from metrale._base._core cimport mt_pool_ops, mt_range, mt_rows_args
-from metrale._base._life cimport mt_fork_generation
-from metrale._backends._backend cimport Backend
+from metrale._backends._cuda_device cimport CudaDevice
 from metrale._base._debug_core cimport MT_DBG_FILL, mt_debug_args, mt_debug_result
 from metrale._base._peer_core cimport MT_RED_BLOCKS, mt_reduce_args
-from metrale._base._common cimport as_stream, index_arg, u64_arg, mt_py_finalizing
+from metrale._base._common cimport mt_py_finalizing
 from metrale._base._driver cimport check, error_name
 
-from threading import Lock as _Lock
-
-from metrale._backends import _transfer as transfer
 from metrale._base.errors import MetraleError, OutOfMemoryError
-
-
-cdef int _forked() except -1 with gil:
-    raise MetraleError("CudaBackend: this process was forked after CUDA was initialized "
-                       "in its parent; CUDA cannot be used here (use the spawn start "
-                       "method, or make the backend in the child)")
 
 
 # Not final: metrale.testing.FaultyCudaBackend fails its operations on demand.
 @cython.no_gc_clear         # as every backend (see _backend.pyx)
-cdef class CudaBackend(Backend):
+cdef class CudaBackend(CudaDevice):
     """CudaBackend(device=0)
 --
 
@@ -74,63 +65,6 @@ An NVIDIA GPU through the CUDA driver.
         The driver ran out of memory while setting up the context or
         loading the zeroing kernel.
     """
-    # its fields: _cuda.pxd
-
-    def __cinit__(self, device=0):
-        cdef cydriver.CUresult err
-        cdef int ordinal = <int>u64_arg(device, "device", 0, 0x7FFFFFFF)
-        cdef bytes ordinal_s = str(ordinal).encode()
-        cdef const char *ordinal_c = ordinal_s
-        self.device_type = 2
-        self.device_id = ordinal
-        self._fork_gen = mt_fork_generation()
-        self._debug_lock = _Lock()
-        try:
-            with nogil:
-                err = cydriver.cuInit(0)
-        except Exception as e:      # cydriver raises when libcuda cannot be loaded
-            raise MetraleError(f"CUDA driver unavailable: {e}") from e
-        with nogil:
-            check(err, "cuInit", "is an NVIDIA driver and GPU present?")
-            check(cydriver.cuDeviceGet(&self._dev, ordinal), "cuDeviceGet", ordinal_c)
-            check(cydriver.cuDevicePrimaryCtxRetain(&self._ctx, self._dev), "cuDevicePrimaryCtxRetain")
-        self._retained = True
-        with nogil:
-            check(cydriver.cuDeviceGetAttribute(&self._sm_count,
-                  cydriver.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, self._dev), "cuDeviceGetAttribute")
-            check(cydriver.cuDeviceGetAttribute(&self._cc_major,
-                  cydriver.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, self._dev), "cuDeviceGetAttribute")
-            check(cydriver.cuDeviceGetAttribute(&self._cc_minor,
-                  cydriver.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, self._dev), "cuDeviceGetAttribute")
-            self._current()
-        with nogil:
-            check(cydriver.cuStreamCreate(&self._side, cydriver.CU_STREAM_NON_BLOCKING),
-                  "cuStreamCreate")
-        # Loaded once here, never inside a graph capture.
-        _kernels.zero_load(&self._zero, self._side)
-
-    def __dealloc__(self):
-        if not self._retained or mt_py_finalizing() or mt_fork_generation() != self._fork_gen:
-            return        # at exit the driver may already be gone (the process frees all);
-                          # in a forked child every driver object is the parent's
-        with nogil:
-            if self._side != NULL:
-                cydriver.cuCtxSetCurrent(self._ctx)
-                cydriver.cuStreamDestroy(self._side)
-            _kernels.unload(&self._zero, &self._debug, &self._peer)
-            cydriver.cuDevicePrimaryCtxRelease(self._dev)
-
-    cdef int _current(self) except -1 nogil:
-        """Make the backend's context current on the calling thread: the step
-        before every checked driver call, without the GIL."""
-        cdef cydriver.CUcontext cur = NULL
-        if mt_fork_generation() != self._fork_gen:
-            return _forked()
-        cydriver.cuCtxGetCurrent(&cur)
-        if cur != self._ctx:
-            return check(cydriver.cuCtxSetCurrent(self._ctx), "cuCtxSetCurrent")
-        return 0
-
     # -- Backend interface ----------------------------------------------------------
     cdef int check_range(self, uintptr_t p, size_t n) except -1:
         cdef bint inside
@@ -218,12 +152,6 @@ An NVIDIA GPU through the CUDA driver.
             check(cydriver.cuEventCreate(&ev, cydriver.CU_EVENT_DISABLE_TIMING), "cuEventCreate")
         out[0] = <uintptr_t>ev
         return 0
-
-    cdef bint _capturing(self, cydriver.CUstream s) except -1 nogil:
-        """Whether stream `s` is being captured into a graph (context current)."""
-        cdef cydriver.CUstreamCaptureStatus status = cydriver.CU_STREAM_CAPTURE_STATUS_NONE
-        check(cydriver.cuStreamIsCapturing(s, &status), "cuStreamIsCapturing")
-        return status == cydriver.CU_STREAM_CAPTURE_STATUS_ACTIVE
 
     cdef int event_record(self, uintptr_t event, uintptr_t stream) except -1:
         # Inside a stream capture the record is made EXTERNAL, a node of the
@@ -453,134 +381,3 @@ An NVIDIA GPU through the CUDA driver.
                 with nogil:
                     _kernels.debug_results(&self._debug, out, a.count, s)
         return 0
-
-    def mem_info(self):
-        """Free and total memory of the device, as the driver reports them.
-
-        Returns
-        -------
-        tuple of (int, int)
-            ``(free, total)`` bytes (``cuMemGetInfo``).
-
-        Raises
-        ------
-        MetraleError
-            The driver call failed.
-        """
-        cdef size_t free_b = 0, total_b = 0
-        with nogil:
-            self._current()
-            check(cydriver.cuMemGetInfo(&free_b, &total_b), "cuMemGetInfo")
-        return (free_b, total_b)
-
-    def tune_rows_at(self, *, blocks_per_sm=None, tile_chunks=None, spread=None, queue=None):
-        """Set the launch shape of ``zero_all_rows(tokens_at=...)``.
-
-        That zeroing reads the token count when it runs, so its grid is fixed
-        when it is enqueued (or captured): the bytes every count clears get
-        blocks of their own, laid out as ``zero_all_rows(tokens=...)`` lays
-        out its launch, and `blocks_per_sm` blocks per SM clear what the
-        count adds, in tiles of at least `tile_chunks` 16-byte chunks sized
-        so that a block takes about `spread` of them (64 KiB at most).  With
-        `queue`, a block takes its next tile from a counter in device memory
-        (the arena's own), so blocks that finish early take more; without,
-        each block takes a fixed share.  The defaults, 1, 512, 8 and True,
-        measured best on the H200 (``bench/bench_step.py``); this is for such
-        measurements.  It applies to later launches (an already captured
-        graph keeps its shape).  Arguments left None keep their value;
-        nothing changes when one is refused.
-
-        Parameters
-        ----------
-        blocks_per_sm : int, optional
-            Blocks (of 512 threads) per streaming multiprocessor, 1 to 32.
-        tile_chunks : int, optional
-            The smallest tile in 16-byte chunks: a power of two, 1 to 4096
-            (64 KiB, the largest tile the kernel makes).
-        spread : int, optional
-            Tiles a block aims at, 1 to 2**32 - 1.
-        queue : bool, optional
-            Whether blocks take their tiles from a counter.
-
-        Raises
-        ------
-        TypeError
-            An argument is not an int (`queue`: not a bool).
-        ValueError
-            An argument is out of its range, or `tile_chunks` is not a power
-            of two; the message names it.
-        """
-        _kernels.tune_rows_at(&self._zero, blocks_per_sm, tile_chunks, spread, queue)
-
-    def rows_at_tuning(self):
-        """The launch shape of ``zero_all_rows(tokens_at=...)`` (`tune_rows_at`).
-
-        Returns
-        -------
-        dict
-            ``{"blocks_per_sm": int, "tile_chunks": int, "spread": int,
-            "queue": bool}``, which ``tune_rows_at(**...)`` accepts back.
-        """
-        return _kernels.rows_at_tuning(&self._zero)
-
-    def rows_at_counters(self):
-        """The work counters of ``zero_all_rows(tokens_at=...)``: how many are lent.
-
-        An arena borrows one at its first such call and gives it back when
-        it is released or collected; an arena that finds none left zeroes
-        in fixed shares (`tune_rows_at`'s ``queue=False``: the same bytes,
-        slower at large counts).
-
-        Returns
-        -------
-        tuple of (int, int)
-            ``(lent, total)``; the backend has 4096.
-        """
-        return _kernels.queues_lent(&self._zero)
-
-    # -- Python-level helpers ------------------------------------------------------------
-    def target(self):
-        """The target of this device, which ``BufferArena.new`` sizes for.
-
-        Returns
-        -------
-        Target
-            ``Target(sm_count, "auto")`` on compute capability 9.x (Hopper),
-            ``Target(sm_count, "legacy")`` on every other device.
-        """
-        from metrale._sizing.target import Target
-        return Target(self._sm_count, "auto" if self._cc_major == 9 else "legacy")
-
-    def sm_count(self):
-        """The device's streaming multiprocessor count.
-
-        Returns
-        -------
-        int
-            The multiprocessor count the driver reports.
-        """
-        return self._sm_count
-
-    def compute_capability(self):
-        """The device's compute capability.
-
-        Returns
-        -------
-        tuple of (int, int)
-            ``(major, minor)``, for example ``(9, 0)`` on an H100 or H200.
-        """
-        return (self._cc_major, self._cc_minor)
-
-    @property
-    def device(self):
-        """The device ordinal (int) this backend was built for."""
-        return self.device_id
-
-    # the copies of tests and tools, written once over the backend interface
-    upload = transfer.upload
-    download = transfer.download
-    synchronize = transfer.synchronize
-
-    def __repr__(self):
-        return (f"CudaBackend(device={self.device_id}, sm_count={self._sm_count}, "
-                f"cc={self._cc_major}.{self._cc_minor}, live_bytes={self.live_bytes})")
