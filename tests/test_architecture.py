@@ -85,9 +85,10 @@ def test_the_tool_sees_every_kind_of_import(tmp_path):
 
 
 _SRC = _TOOL.parents[1] / "src"
-# Generated or data: the PTX of the kernels, and the reference table (the one
-# hand-written file the 600-line rule exempts: one record per buffer).
-_EXEMPT = {"_reference_table.py"}
+# Every hand-written source file holds one concept, in at most 550 lines (the
+# reference table too: one record per buffer).  The PTX is generated, and not
+# a source suffix here.
+_EXEMPT = set()
 _SOURCE = (".py", ".pyx", ".pxd", ".pyx.in", ".pyi", ".pyi.in", ".c", ".h", ".cu")
 
 
@@ -95,19 +96,19 @@ def _lines(path):
     return len(path.read_text(encoding="utf-8").splitlines())
 
 
-def test_no_source_file_over_600_lines():
+def test_no_source_file_over_550_lines():
     long = {str(p.relative_to(_SRC)): _lines(p) for p in _SRC.rglob("*")
             if p.is_file() and p.name.endswith(_SOURCE) and p.name not in _EXEMPT
-            and _lines(p) > 600}
+            and _lines(p) > 550}
     assert long == {}
 
 
-def test_the_arena_class_body_is_at_most_400_lines():
+def test_the_arena_class_body_is_at_most_350_lines():
     text = (_SRC / "metrale" / "_arena" / "_buffer_arena.pyx.in").read_text(
         encoding="utf-8").splitlines()
     start = next(i for i, line in enumerate(text) if line.startswith("cdef class BufferArena("))
     end = next(i for i, line in enumerate(text) if "# @GENERATED accessors" in line)
-    assert end - start - 1 <= 400            # the generated accessors come after
+    assert end - start - 1 <= 350            # the generated accessors come after
     assert all(line.startswith((" ", "#")) or not line for line in text[start + 1:end])
 
 
