@@ -146,9 +146,12 @@ int mt_layout_plan(mt_layout *L, const uint64_t *sizes, uint64_t max_batch_token
 static uint64_t ceil16(uint64_t x) { return (x + 15) / 16 * 16; }
 
 /* One entry per zero_all buffer; a row-trimmed one gets the kind its rule
- * says: rows of max_batch_tokens, or rows of ceil16(max_batch_tokens) (the
- * GEMM-tiled buffers), when they divide its size, else whole; by both rules,
- * rows of each rounded up (its live part in either layout is inside). */
+ * names: rows of max_batch_tokens ("M"), or rows of ceil16(max_batch_tokens)
+ * ("Mp": the GEMM-tiled buffers); by both rules ("M|Mp"), rows of each
+ * rounded up (its live part in either layout is inside).  A size its named
+ * rows do not divide (a 256-byte floor of a buffer the model does not use,
+ * which the reference's formulas give) is cleared whole: more than its live
+ * rows, never less (docs/buffer-sets.md says so; nothing is guessed). */
 static void rows_entry(const mt_layout *L, int b, uint64_t m, mt_rows_entry *e)
 {
     uint64_t size = L->size[b], m16 = ceil16(m);

@@ -10,7 +10,7 @@ Tests that check a mechanism (zeroing, placement, poisoning, sentinels) walk
 the buffers listed here, so a reference buffer the table has and this module
 lacks fails the checks of tests/test_buffers.py, not those of every test.
 Adding a reference buffer (docs/buffer-sets.md) is its record in
-src/metrale/_sizing/reference.py, its name and groups here, and its formula in
+src/metrale/_sizing/_reference_table.py, its name and groups here, and its formula in
 tests/reference_sizes.py.
 """
 

@@ -6,6 +6,7 @@ class may grow."""
 
 import importlib.util
 import pathlib
+import re
 
 import pytest
 
@@ -116,3 +117,67 @@ def test_the_arena_imports_its_concepts_by_name_nowhere():
     for name in ("_buffer_arena.pyx.in", "_arena_state.pyx", "_construct.pyx"):
         text = (_SRC / "metrale" / "_arena" / name).read_text(encoding="utf-8")
         assert "importlib" not in text and "import_module" not in text, name
+
+
+# -- the statements of docs/architecture.md a test can check --------------------------------
+
+_ARENA = _SRC / "metrale" / "_arena"
+_DOC = _TOOL.parents[1] / "docs" / "architecture.md"
+
+
+def _pxd_classes():
+    """Every cdef class a .pxd of the package declares: name -> its .pxd."""
+    out = {}
+    for p in (_SRC / "metrale").rglob("*.pxd"):
+        for m in re.finditer(r"^cdef class (\w+)", p.read_text(encoding="utf-8"), re.M):
+            out[m.group(1)] = p.name
+    return out
+
+
+def test_the_release_order_is_the_one_the_page_gives():
+    """free_memory closes the concepts in the order the page says."""
+    code = (_ARENA / "_arena_state.pyx").read_text(encoding="utf-8")
+    body = code[code.index("cdef int free_memory(self)"):code.index("cdef void finalize(self)")]
+    closed = re.findall(r"self\._(\w+)\.close\(\)", body)
+    assert closed == ["peers", "pool", "sleep_state", "reservation"], closed
+    page = _DOC.read_text(encoding="utf-8")
+    said = page[page.index("`release()` closes the concepts in one"):]
+    said = said[:said.index("the finalizer")]
+    at = [said.index(word) for word in ("the peers first", "then the pool", "then the sleep",
+                                        "then the reservation")]
+    assert at == sorted(at), said
+
+
+def test_every_concept_of_the_table_is_a_class_of_its_pxd():
+    """Each class the page's table names in a .pxd is declared there, and
+    every stateful cdef class of the arena layer has a .pxd (but the ones
+    named here, each with its reason)."""
+    declared = _pxd_classes()
+    page = _DOC.read_text(encoding="utf-8")
+    table = page[page.index("| concept | state | class (`.pxd`) | freed by |"):]
+    table = table[:table.index("\n\n")]
+    named = re.findall(r"`(\w+)` \(`([\w/]+\.pxd)`\)", table)
+    assert len(named) >= 7, named
+    for cls, pxd in named:
+        assert declared.get(cls) == pxd.split("/")[-1], (cls, pxd)
+    private = {
+        "_Plan": "a parameter block private to _allreduce.pyx",
+        "ArenaBuffers": "a read-only mapping over the arena, owning nothing",
+        "BufferArena": "the final class: nothing else cimports it",
+    }
+    for p in _ARENA.glob("*.pyx*"):
+        for m in re.finditer(r"^cdef class (\w+)", p.read_text(encoding="utf-8"), re.M):
+            assert m.group(1) in declared or m.group(1) in private, (p.name, m.group(1))
+
+
+def test_every_concept_field_of_the_arena_is_typed():
+    """The concepts' fields of ArenaState are typed: each a class some .pxd
+    declares (no `object` field holds a concept)."""
+    pxd = (_ARENA / "_arena_state.pxd").read_text(encoding="utf-8")
+    section = pxd[pxd.index("# -- the concepts' state"):pxd.index("cdef object __weakref__")]
+    fields = re.findall(r"^    cdef (\w+) (_\w+)", section, re.M)
+    concepts = {name: kind for kind, name in fields if kind not in ("uintptr_t",)}
+    assert set(concepts) == {"_reservation", "_sleep_state", "_peers", "_pool"}, concepts
+    declared = _pxd_classes()
+    for name, kind in concepts.items():
+        assert kind in declared, (name, kind)

@@ -1,7 +1,7 @@
 # The arena's own fields, declared once (see _arena_state.pyx): BufferArena
 # (_buffer_arena.pyx) is an ArenaState, and the modules of its concepts (_reserve,
-# _sleep, _peer, _step, _view, _debug, _summary, _allreduce) work on this
-# type; each concept's own state is one typed field.
+# _sleep, _peer, _step, _view, _debug, _summary, ...: docs/architecture.md) work
+# on this type; each concept's own state is one typed field.
 from cpython.ref cimport PyObject
 from libc.stdint cimport uint64_t, uintptr_t
 
@@ -83,9 +83,9 @@ cdef class ArenaState:
     cdef int _set_bytes(self, tuple sizes) except -1
     # BufferArena.release (_lifetime): wait for the operations in flight, then free.
     cdef int _release(self, object gpu) except -1
-    # Free the memory: each concept closes what it holds (the peers' mappings,
-    # the sleep's host memory, the reservation); what fails stays recorded for
-    # the next call.
+    # Free the memory: each concept closes what it holds (the peers, the pool,
+    # the sleep, the reservation: docs/architecture.md); what fails stays
+    # recorded for the next call.
     cdef int free_memory(self) except -1
     # The finalizer: unlinked, and what the arena still holds freed.
     cdef void finalize(self) noexcept

@@ -178,10 +178,11 @@ cdef class ArenaState:
 
     cdef int free_memory(self) except -1:
         """Free the slab, or the reservation with everything in it: each concept
-        closes what it holds (the peers' mappings first: nothing may read them
-        after; then the sleep's host memory; then the reservation, unless host
-        memory is still mapped at the buffers' addresses).  What fails stays
-        recorded for the next call; the first error follows."""
+        closes what it holds (the peers first: nothing may read their mappings
+        after; then the pool; then the sleep, its offload's host memory and its
+        copies; then the reservation, unless host memory is still mapped at the
+        buffers' addresses).  What fails stays recorded for the next call; the
+        first error follows."""
         if self._reservation is None:
             if self._base:
                 self._gpu.free(self._alloc, self._layout.slab_bytes)
