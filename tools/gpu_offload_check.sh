@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# On a GPU machine, within one lent call: build metrale, run the device tests of
+# the offload engine (sleep, wake, offload, the pool, torch's pool), the offload
+# and pool tests again under compute-sanitizer memcheck, and the benchmarks of
+# the buffers' and the pool's offload (bench_reserve.py, bench_torch_pool.py
+# part b); each step under its own time limit, logs in $OUT (default
+# ./gpu-offload-out).  Wheels in .whl/ are installed first (meson-python).
+#   bash tools/gpu_offload_check.sh
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu-offload-out}
+TAIL=${TAIL:-15}
+. tools/gpu_common.sh
+nvidia-smi >"$OUT/nvidia-smi.log" 2>&1
+export METRALE_REQUIRE_GPU=1
+T=(timeout -k 10)
+step tests "${T[@]}" 200 "$PY" -m pytest -q -p no:cacheprovider -rs -m gpu tests/test_offload_cuda.py \
+    tests/test_pool_cuda.py tests/test_reserve.py tests/test_torch_cuda.py tests/test_cuda.py
+SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+step memcheck "${T[@]}" 150 "$SAN" --tool memcheck --error-exitcode 9 "$PY" -m pytest -q \
+    -p no:cacheprovider -m gpu tests/test_offload_cuda.py tests/test_pool_cuda.py
+step bench_pool "${T[@]}" 150 "$PY" bench/bench_torch_pool.py --part b --runs 5 --no-tms
+step bench_reserve "${T[@]}" 60 "$PY" bench/bench_reserve.py --runs 10
+rm -rf "$site"
+exit $status
