@@ -14,12 +14,12 @@ TAIL=${TAIL:-15}
 nvidia-smi >"$OUT/nvidia-smi.log" 2>&1
 export METRALE_REQUIRE_GPU=1
 T=(timeout -k 10)
-step tests "${T[@]}" 150 "$PY" -m pytest -q -p no:cacheprovider -rs -m gpu tests/test_offload_cuda.py \
-    tests/test_pool_cuda.py tests/test_torch_cuda.py
+step tests "${T[@]}" 90 "$PY" -m pytest -q -p no:cacheprovider -rs -m gpu tests/test_offload_cuda.py \
+    tests/test_pool_cuda.py
 SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-step memcheck "${T[@]}" 120 "$SAN" --tool memcheck --error-exitcode 9 "$PY" -m pytest -q \
+step bench_pool "${T[@]}" 110 "$PY" bench/bench_torch_pool.py --part b --runs 5 --no-tms
+step memcheck "${T[@]}" 110 "$SAN" --tool memcheck --error-exitcode 9 "$PY" -m pytest -q \
     -p no:cacheprovider -m gpu tests/test_offload_cuda.py tests/test_pool_cuda.py
-step bench_pool "${T[@]}" 120 "$PY" bench/bench_torch_pool.py --part b --runs 5 --no-tms
-step bench_reserve "${T[@]}" 45 "$PY" bench/bench_reserve.py --runs 5
+step bench_reserve "${T[@]}" 40 "$PY" bench/bench_reserve.py --runs 5
 rm -rf "$site"
 exit $status
