@@ -398,12 +398,28 @@ def test_ctrl_c_interrupts_a_wait_and_leaves_the_arena_as_it_was(what):
 
 # -- fork ----------------------------------------------------------------------------------
 
+def _wait_child(pid, timeout=30):
+    """The forked child's wait status; a child alive past `timeout` seconds
+    is killed and fails the test (it hung)."""
+    import os
+    import time
+    deadline = time.monotonic() + timeout
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            raise AssertionError("the forked child hung")
+        time.sleep(0.01)
+
+
 def _fork_while_held(during):
     """fork() while another thread is inside an operation or a reshape: the
     child's release returns at once (those threads do not exist there) and
     everything else refuses; the parent goes on as if nothing happened."""
     import os
-    import time
     import warnings
     from helpers import blocked_operation, vm_counts
     gpu = FaultyBackend()
@@ -435,16 +451,7 @@ def _fork_while_held(during):
             code = 0
         finally:
             os._exit(code)
-    deadline = time.monotonic() + 30
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        if time.monotonic() > deadline:
-            os.kill(pid, 9)
-            os.waitpid(pid, 0)
-            raise AssertionError("the forked child hung")
-        time.sleep(0.01)
+    status = _wait_child(pid)
     go.set()
     t.join(30)
     arena.zero_all()                         # the parent's arena is untouched
@@ -475,7 +482,6 @@ def _fork_with_the_pool_held():
     parent's pool and its bytes are untouched."""
     import ctypes
     import os
-    import time
     import warnings
     from helpers import vm_counts
     gpu = FaultyBackend()
@@ -512,16 +518,7 @@ def _fork_with_the_pool_held():
             code = 0
         finally:
             os._exit(code)
-    deadline = time.monotonic() + 30
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        if time.monotonic() > deadline:
-            os.kill(pid, 9)
-            os.waitpid(pid, 0)
-            raise AssertionError("the forked child hung")
-        time.sleep(0.01)
+    status = _wait_child(pid)
     go.set()
     t.join(30)
     assert ctypes.string_at(seg, 3 * 4096) == b"\x5a" * (3 * 4096)     # the parent's, untouched

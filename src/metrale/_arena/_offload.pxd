@@ -97,6 +97,9 @@ cdef int wake_lanes(Backend be, list lanes, object after) except -1
 cdef list granule_runs(list spans, uint64_t g)
 # The (offset, bytes) stretches both lists of runs cover.
 cdef list overlap(list a, list b)
+# The parts of [lo, hi) outside the (lo, hi) `ranges` (any order, overlapping
+# or not), as (lo, hi) pairs.
+cdef list outside(uint64_t lo, uint64_t hi, list ranges)
 # The (offset, bytes) `runs` cut in pieces of at most `piece` bytes (0: whole).
 cdef list cut(list runs, uint64_t piece)
 # `pieces` (in address order) with the last one halved again and again, each

@@ -416,7 +416,7 @@ cdef int _back(Backend be, Lane L, uintptr_t side, bint over, list done) except 
         # moved bytes no host piece at the owner's addresses held: a failed
         # sleep unmapped their chunk before mapping the host memory there
         for o, m in L.moves:
-            for x, y in _outside(o, o + m, [(e[0], e[0] + e[1]) for e in done]):
+            for x, y in outside(o, o + m, [(e[0], e[0] + e[1]) for e in done]):
                 be.copy(L.base + x, eng.stage + x, y - x, side)
     for o, m, host in L.keeps:
         be.copy_h2d(L.base + <uintptr_t>o, <void *><uintptr_t>host, m, side)
@@ -447,8 +447,7 @@ cdef void _to_sleep(Backend be, Lane L, bint over, list done) noexcept:
 
 # -- ranges ---------------------------------------------------------------------------------
 
-cdef list _outside(uint64_t lo, uint64_t hi, list ranges):
-    """The parts of [lo, hi) outside the (lo, hi) `ranges` (any order)."""
+cdef list outside(uint64_t lo, uint64_t hi, list ranges):
     out = []
     for x, y in sorted(ranges):
         if y <= lo or hi <= x:

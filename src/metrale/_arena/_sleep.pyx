@@ -16,7 +16,8 @@ cimport cython
 from libc.stdint cimport uint64_t, uintptr_t
 
 from metrale._arena._arena_state cimport ArenaState, sleeping
-from metrale._arena._offload cimport Lane, granule_runs, lane_new, sleep_lanes, wake_lanes
+from metrale._arena._offload cimport (Lane, granule_runs, lane_new, outside, sleep_lanes,
+                                      wake_lanes)
 from metrale._backends._backend cimport Backend
 from metrale._base._common cimport buffer_ids
 from metrale._base._core cimport (MT_IN_ZERO_ALL, MT_MAX_BUFFERS, MT_MAX_RANGES, mt_group_ranges,
@@ -308,20 +309,6 @@ cdef int _fresh(ArenaState a, list spans) except -1:
     return 0
 
 
-cdef list _outside(uint64_t lo, uint64_t hi, list ranges):
-    """The parts of [lo, hi) outside `ranges` (any order, overlapping or not)."""
-    out = []
-    for x, y in sorted(ranges):
-        if y <= lo or hi <= x:
-            continue
-        if x > lo:
-            out.append((lo, x))
-        lo = max(lo, y)
-    if lo < hi:
-        out.append((lo, hi))
-    return out
-
-
 cdef int _zero_fresh_but(ArenaState a, list spans) except -1:
     """What a new arena starts zeroed (the zero_all set with its padding, and
     the init_zero buffers), less the slab byte ranges `spans`: in as few
@@ -336,7 +323,7 @@ cdef int _zero_fresh_but(ArenaState a, list spans) except -1:
         i = a._index[name]
         if a._layout.size[i]:
             want.append((a._layout.offset[i], a._layout.offset[i] + a._layout.size[i]))
-    want = [part for x, y in want for part in _outside(x, y, spans)]    # the spans cut out
+    want = [part for x, y in want for part in outside(x, y, spans)]    # the spans cut out
     for x, y in sorted(want):
         if y > x:
             batch[k].offset, batch[k].length = x, y - x
