@@ -76,6 +76,8 @@ LAYERS, HIDDEN, HEADS, HEAD_DIM, INTER, VOCAB = 8, 2048, 16, 128, 5632, 32000
 CTX, QUICK_CTX = 768, 256
 ISSUE_MIB = {"largest alone": 3128, "shared": 3132, "private": 48686}   # issue 35's H200 run
 LIVE = (4 << 20, 32 << 20, 256 << 20)   # live tensors in the pool beside the graphs (bytes)
+# issue 50: the offloading sleep within 1.2x a pinned copy of the same bytes, its wake 1.1x
+OFFLOAD_GOAL = (1.2, 1.1)
 EAGER_TOL = 5e-2                        # replay vs eager: max |diff| / max |eager| (bf16, 8 layers)
 BF16 = torch.bfloat16
 FAILED = []
@@ -617,9 +619,9 @@ def offload_runs(m, graphs, arena, inputs, live, live_ref, ref, segs, runs, res)
     row("offload: wake() wall / CUDA events", f"{med(T['wake'])} / {md(T['wake_ev']):.3f} ms")
     row(f"anchor: pinned copy of the same {mib(seg_bytes)}, device -> host", med(T["copy_out"]))
     row(f"anchor: pinned copy of the same {mib(seg_bytes)}, host -> device", med(T["copy_back"]))
-    row("offload sleep / copy out, wake / copy back (goal <= 1.1x)",
-        f"{ratio(ss, co)} / {ratio(sw, cb)}: "
-        f"{'met' if max(ss / co, sw / cb) <= 1.1 else 'NOT met'}")
+    met = ss / co <= OFFLOAD_GOAL[0] and sw / cb <= OFFLOAD_GOAL[1]
+    row(f"offload sleep / copy out, wake / copy back (goal <= {OFFLOAD_GOAL[0]}x / "
+        f"{OFFLOAD_GOAL[1]}x)", f"{ratio(ss, co)} / {ratio(sw, cb)}: {'met' if met else 'NOT met'}")
     row("offload: GB/s out / back (anchor out / back)",
         f"{seg_bytes / ss / 1e6:.1f} / {seg_bytes / sw / 1e6:.1f} "
         f"({seg_bytes / co / 1e6:.1f} / {seg_bytes / cb / 1e6:.1f})")
@@ -627,7 +629,7 @@ def offload_runs(m, graphs, arena, inputs, live, live_ref, ref, segs, runs, res)
     res["offload"] = {k: md(v) for k, v in T.items()}
     res["offload"].update(first_sleep=first, first_wake=first_wake, bytes=seg_bytes,
                           sleep_over_copy=ss / co, wake_over_copy=sw / cb,
-                          goal_met=max(ss / co, sw / cb) <= 1.1, given_min_mib=min(given) / 2**20)
+                          goal_met=met, given_min_mib=min(given) / 2**20)
     check(all(o == seg_bytes for o in offloaded if o is not None),
           "offload: the pool's stats count every segment offloaded while asleep")
     check(flags_ok, "offload: the pool sleeps and wakes with the arena")
@@ -937,7 +939,7 @@ def summary():
          f"{d.get('segments', 'n/a')} segments"),
         ("(b) offload sleep / wake (median wall)", f"{f(o.get('sleep'))} / {f(o.get('wake'))}",
          f"{f(o.get('sleep_over_copy'), 'x')} / {f(o.get('wake_over_copy'), 'x')} pinned copy "
-         f"(goal <= 1.1x: {'met' if o.get('goal_met') else 'NOT met' if o else 'n/a'})"),
+         f"(goal <= {OFFLOAD_GOAL[0]}x / {OFFLOAD_GOAL[1]}x: {'met' if o.get('goal_met') else 'NOT met' if o else 'n/a'})"),
         ("(b) anchor: pinned copy out / back, same bytes",
          f"{f(o.get('copy_out'))} / {f(o.get('copy_back'))}",
          f(o.get("bytes", 0) / 2**20 if o else None, " MiB", 1)),
