@@ -78,12 +78,16 @@ BYTES = ("norm_output", "qkv_output", "attn_output", "gate_logits", "moe_output"
 # Every group by the name BufferSet.groups gives it.
 GROUPS = {"zero_all": ZERO_ALL, "rows": ROWS, "prefill": PREFILL, "checksum": CHECKSUM,
           "total": tuple(n for n in NAMES if n not in NOT_IN_TOTAL), "pointer": POINTER,
-          "bytes": BYTES, "step": STEP, "init_zero": INIT_ZERO}
+          "bytes": BYTES, "step": STEP, "init_zero": INIT_ZERO,
+          # the reference engine rebuilds nothing on wake: every buffer wakes zeroed
+          # (BufferSpec's default contract), none kept, offloaded, filled or undefined
+          "wake_keep": (), "wake_offload": (), "wake_fill": (), "wake_undefined": ()}
 
 # -- counts: ARENA.md §2.1 "18 Z, 15 W, 7 P, 16 C, 44 T; 44 pointer and 24 byte accessors" --------
 
 GROUP_COUNTS = {"zero_all": 18, "rows": 15, "prefill": 7, "checksum": 16, "total": 44,
-                "pointer": 44, "bytes": 24, "step": 2, "init_zero": 1}
+                "pointer": 44, "bytes": 24, "step": 2, "init_zero": 1, "wake_keep": 0,
+                "wake_offload": 0, "wake_fill": 0, "wake_undefined": 0}
 
 # -- golden values ---------------------------------------------------------------------------
 

@@ -243,7 +243,7 @@ def _constructors():
     from metrale._backends._host_backend import HostBackend
     from metrale._backends._scratch import ScratchSpaceManager
     from metrale.testing import FaultyBackend
-    cases = [(HostBackend, []), (FaultyBackend, ["maps_over"]),
+    cases = [(HostBackend, []), (FaultyBackend, ["maps_over", "fresh"]),
              (ScratchSpaceManager, ["scratch_size", "max_threads"])]
     try:
         from metrale._backends._cuda import CudaBackend

@@ -103,9 +103,6 @@ cdef uint64_t reshapes(ArenaState a)
 cdef list live_arenas()
 cdef void link(ArenaState a) noexcept
 cdef void unlink(ArenaState a) noexcept
-# Zero-fill the buffers whose specs ask for it at construction (init_zero), and
-# wait for it.
-cdef int init_zero(ArenaState a) except -1
 # All-zero pointers for the arena's set.
 cdef tuple zeros(ArenaState a)
 

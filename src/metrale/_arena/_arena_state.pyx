@@ -314,21 +314,6 @@ def reserved_arenas():
             and not mt_life_released((<ArenaState>a)._life)]
 
 
-# -- zeroing at construction -----------------------------------------------------------------
-
-cdef int init_zero(ArenaState a) except -1:
-    cdef Py_ssize_t i
-    cdef bint some = False
-    for name in a._buffers.groups["init_zero"]:
-        i = a._index[name]
-        if a._layout.size[i]:
-            a._gpu.memset(a._base + a._layout.offset[i], a._layout.size[i], 0)
-            some = True
-    if some:
-        a._gpu.sync(0)
-    return 0
-
-
 # -- the pointers ------------------------------------------------------------------------------
 
 cdef tuple zeros(ArenaState a):

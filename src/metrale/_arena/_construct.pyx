@@ -7,11 +7,12 @@ arena through its concepts (_reserve, _peer).  On failure nothing is left.
 
 from libc.stdint cimport uintptr_t
 
-from metrale._arena._arena_state cimport ArenaState, init_zero, link
+from metrale._arena._arena_state cimport ArenaState, link
 from metrale._backends._backend cimport Backend
 from metrale._base._common cimport limit_arg, limit_tuple, logger, reserve_limits
 from metrale._base._core cimport mt_layout_base
 from metrale._arena._debug cimport refill_guards
+from metrale._arena._fresh cimport init_fresh
 from metrale._sizing._layout cimport plan_into
 from metrale._arena._peer cimport build_shared
 from metrale._arena._reserve cimport build
@@ -121,7 +122,7 @@ cdef int construct(ArenaState self, object config, object sizes, object max_batc
         self._alloc = base
         self._base = mt_layout_base(&self._layout, base)
         try:                # past this point any failure frees the slab before it propagates
-            init_zero(self)
+            init_fresh(self)
             if self._layout.guard:
                 refill_guards(self)
         except BaseException:

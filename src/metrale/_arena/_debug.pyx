@@ -121,6 +121,24 @@ cdef int fill_guards(Backend be, const mt_layout *L, uintptr_t base, uintptr_t s
     return 0
 
 
+cdef int fill_spans(Backend be, uintptr_t base, list spans, uintptr_t stream) except -1:
+    cdef Items it
+    cdef mt_debug_result out[MT_MAX_BUFFERS]
+    cdef const unsigned char *p
+    cdef int first, k
+    for first in range(0, len(spans), MT_MAX_BUFFERS):
+        it.count = 0
+        for offset, n, pattern in spans[first:first + MT_MAX_BUFFERS]:
+            if len(<bytes?>pattern) != 16:
+                raise ValueError("a fill pattern is 16 bytes")
+            p = <bytes>pattern
+            for k in range(16):
+                it.pattern[it.count][k] = p[k]
+            _add(&it, offset, n)
+        _run(be, MT_DBG_FILL, base, &it, out, stream)
+    return 0
+
+
 cdef list _check_guards(ArenaState arena, uintptr_t stream):
     """The damaged guard bands, in slab order, as GuardDamage values."""
     cdef Items it

@@ -28,6 +28,7 @@ cdef class Pool(Owner):
     cdef uintptr_t fill           # commit_need over host memory: new chunks hold the bytes
                                   # at fill + offset (the host backend's operations), or 0
     cdef unsigned long fork_gen   # the process's fork generation when made (_life)
+    cdef readonly str wake        # its wake contract (open_pool): "zero", "offload", "undefined"
 
     cdef int _start(self, str call) except -1
     cdef void _end(self) noexcept

@@ -81,9 +81,8 @@ cdef class Pool(Owner):
 --
 
 The pool of a reserved arena: segments of its own range (made by
-    ``BufferArena.open_pool``; ``metrale.torch.pool`` serves torch from it).
-
-    Addresses never move: a segment keeps its address through sleep and wake.
+    ``BufferArena.open_pool``; ``metrale.torch.pool`` serves torch from it),
+    whose addresses never move: a segment keeps its address through sleep and wake.
 
     Attributes
     ----------
@@ -91,6 +90,8 @@ The pool of a reserved arena: segments of its own range (made by
         The range's bytes (a multiple of the granularity).
     slot : int
         The torch allocator slot bound to the pool (`allocator`), or -1.
+    wake : str
+        Its wake contract (``open_pool(wake=...)``).
     """
 
     def __cinit__(self, token=None):
@@ -367,8 +368,7 @@ The pool of a reserved arena: segments of its own range (made by
 
     cdef Lane sleep_lane(self, bint offload):
         self._start("sleep")
-        # No segment is taken from here on (one taken between the copy and the
-        # unmap would be left with no memory at its addresses).
+        # No segment is taken from here on (one taken after the copy would lose its memory).
         self._hold(True)
         try:
             need = self._runs()

@@ -13,10 +13,11 @@ from metrale._base._core cimport MT_LIFE_FORKED, MT_LIFE_OK
 from metrale._base._life cimport mt_life_enter, mt_life_forked, mt_life_leave, raise_life
 
 from metrale._base.errors import MetraleError
+from metrale._sizing._wake import POOL_WAKES
 
 
 @cython.binding(True)
-def open_pool(ArenaState self, nbytes):
+def open_pool(ArenaState self, nbytes, wake="zero"):
     """Reserve a pool of `nbytes` beside the buffers (docs/torch.md).
 
     The pool is a range of addresses of its own, out of which segments are
@@ -32,6 +33,13 @@ def open_pool(ArenaState self, nbytes):
         The range's bytes (rounded up to the granularity): the most the
         pool's segments can hold at once.  ``metrale.fit`` can budget it
         (``torch_pool_bytes=``).
+    wake : str, optional
+        Its wake contract (docs/stable-addresses.md), what `wake` gives its
+        segments after a sleep: ``"zero"`` (the default) zeros;
+        ``"offload"``: their bytes (moved to host memory mapped at their
+        addresses while asleep: every `sleep` offloads the pool unless it
+        names ``"torch"`` in `discard`); ``"undefined"``: whatever the new
+        memory holds (graphs that write before they read).
 
     Returns
     -------
@@ -40,7 +48,8 @@ def open_pool(ArenaState self, nbytes):
     Raises
     ------
     TypeError, ValueError
-        `nbytes` is not a positive int.
+        `nbytes` is not a positive int, or `wake` not one of the pool's
+        contracts.
     OutOfMemoryError
         The address range could not be reserved.
     MetraleError
@@ -52,6 +61,11 @@ def open_pool(ArenaState self, nbytes):
     # Converted before the arena is held (an __index__ is user code); at most
     # 2**62, more than any device's address space.
     cdef uint64_t n = u64_arg(nbytes, "nbytes", 1, <uint64_t>1 << 62)
+    if type(wake) is not str:
+        raise TypeError(f"open_pool: wake must be a str, got {type(wake).__name__}")
+    if wake not in POOL_WAKES:
+        raise ValueError(f"open_pool: wake must be one of {', '.join(map(repr, POOL_WAKES))} "
+                         f"(a pool's bytes have no element type to fill), got {wake!r}")
     rc = mt_life_enter(a._life)
     if rc != MT_LIFE_OK:
         raise_life(rc, "the buffer arena", "open_pool")
@@ -64,6 +78,7 @@ def open_pool(ArenaState self, nbytes):
         if sleeping(a):
             raise MetraleError("open_pool: the buffer arena is sleeping")
         p = pool_new(a._gpu, n)
+        p.wake = wake
         a._pool = p
         return p
     finally:

@@ -6,7 +6,8 @@ from metrale._arena._arena_state cimport ArenaState
 # Lay the arena out for `sizes` in a reservation sized for `top_sizes` (its
 # Reservation and SleepState made), reserve and map; on failure nothing is left.
 cdef int build(ArenaState a, object sizes, object top_sizes, bint shareable) except -1
-# Zero what a new arena starts zeroed (init_zero buffers), and wait.
+# What a new arena starts with (init_zero buffers zeroed, fill buffers filled),
+# and wait.
 cdef int zero_fresh(ArenaState a) except -1
 # Start a reshape (refusals named, nothing changed; views of the buffer ids in
 # `views_ok` may stay alive), then wait for the operations in flight.

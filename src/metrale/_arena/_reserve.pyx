@@ -14,7 +14,8 @@ cimport cython
 from libc.stdint cimport uint64_t, uintptr_t
 from libc.string cimport memset
 
-from metrale._arena._arena_state cimport ArenaState, init_zero, sleeping
+from metrale._arena._arena_state cimport ArenaState, sleeping
+from metrale._arena._fresh cimport init_fresh
 from metrale._backends._backend cimport Backend
 from metrale._base._common cimport index_arg, limit_arg, limit_tuple, logger, u64_arg
 from metrale._base._core cimport (
@@ -94,11 +95,10 @@ cdef int build(ArenaState a, object sizes, object top_sizes, bint shareable) exc
 
 
 cdef int zero_fresh(ArenaState a) except -1:
-    """Zero the buffers filled with zeros at construction (norm_unit_w), and
-    wait: what a new arena, or a grown one, starts from (a woken arena's
-    zeroing is _sleep's, which spares the bytes it copies back)."""
-    init_zero(a)
-    a._gpu.sync(0)
+    """Zero the init_zero buffers (norm_unit_w) and fill the fill buffers, and
+    wait: what a new arena, or a grown one, starts from (a woken arena's is
+    _fresh.wake_fresh, which spares the bytes the wake copies back)."""
+    init_fresh(a)
     return 0
 
 
@@ -302,7 +302,7 @@ def resize(ArenaState self, max_batch_tokens=None, max_seq_len=None, kv_block_si
             old[i] = a._layout.size[i]
         old_mbt = a._layout.max_batch_tokens
         init_grew = False
-        for x in a._buffers.groups["init_zero"]:
+        for x in a._buffers.groups["init_zero"] + a._buffers.groups["wake_fill"]:
             i = a._index[x]
             init_grew = init_grew or cur[i] > old[i]
         if mt_layout_resize(&a._layout, cur, mbt, r.granule) != MT_OK:

@@ -20,9 +20,7 @@ from metrale._arena._offload cimport (Lane, granule_runs, lane_new, outside, sle
                                       wake_lanes)
 from metrale._backends._backend cimport Backend
 from metrale._base._common cimport buffer_ids
-from metrale._base._core cimport (MT_IN_ZERO_ALL, MT_MAX_BUFFERS, MT_MAX_RANGES, mt_group_ranges,
-                                  mt_range)
-from metrale._arena._debug cimport refill_guards
+from metrale._arena._fresh cimport wake_fresh, zero_spans
 from metrale._arena._pool cimport Pool
 from metrale._base._life cimport mt_life_reshape_end
 from metrale._arena._reserve cimport begin
@@ -34,16 +32,24 @@ from metrale._sizing._spec import POOL_NAME as _POOL_NAME
 
 
 @cython.binding(True)
-def sleep(ArenaState self, keep=(), offload=()):
+def sleep(ArenaState self, keep=(), offload=(), discard=()):
     """Give back the device memory; the pointers stay reserved.
 
-    The device's pending work is waited for.  The buffers named in
-    `offload` move to host memory mapped at their own addresses: their
+    Each buffer goes as its wake contract says (``BufferSpec(wake=...)``,
+    docs/stable-addresses.md): ``"keep"`` buffers are kept, ``"offload"``
+    ones offloaded, every other one discarded, to wake zeroed (``"zero"``,
+    the default), filled (``"fill:VALUE"``) or as the new memory is
+    (``"undefined"``).  `keep`, `offload` and `discard` override the
+    contract of the buffers they name for this sleep (a discarded
+    ``"keep"`` or ``"offload"`` buffer wakes zeroed).
+
+    The device's pending work is waited for.  The buffers offloaded
+    move to host memory mapped at their own addresses: their
     views (and every tensor made from them) stay valid, and work that
     touches only them (a CUDA graph replay) runs while the arena sleeps,
-    over the host link.  The buffers named in `keep` are copied to host
-    memory (pinned on CUDA) for `wake` to copy back.  Every other buffer
-    is discarded: its addresses are unmapped.  Then every device chunk is
+    over the host link.  The buffers kept are copied to host memory
+    (pinned on CUDA) for `wake` to copy back.  Every other buffer is
+    discarded: its addresses are unmapped.  Then every device chunk is
     unmapped and released.  The host memory of both is made by the first
     sleep that needs it and reused by the next ones (`release` frees
     it).  Accessors keep returning the same pointers; operations and new
@@ -51,8 +57,10 @@ def sleep(ArenaState self, keep=(), offload=()):
     `wake` maps for.  `release` of a sleeping arena frees everything.
     The arena's pool (`open_pool`) sleeps with it, in the same pipeline:
     its memory is unmapped and its segments keep their addresses; their
-    contents are discarded, or, with ``"torch"`` in `offload`, moved to
-    host memory mapped at their own addresses as an offloaded buffer's are
+    contents go as its contract says (``open_pool(wake=...)``: discarded to
+    wake zeroed by default), or, with ``"torch"`` in `offload` (or a pool
+    of contract ``"offload"`` and no ``"torch"`` in `discard`), are moved
+    to host memory mapped at their own addresses as an offloaded buffer's are
     (tensors in the pool stay readable, graphs captured into it replay
     after `wake` without refilling them).  No segment can be taken from
     the moment the sleep begins until `wake` (torch's allocation is
@@ -77,13 +85,17 @@ def sleep(ArenaState self, keep=(), offload=()):
         Buffers moved to host memory at their own addresses for the sleep,
         and back to device memory by `wake`; ``"torch"``: the pool's
         segments.
+    discard : iterable of str, optional
+        Buffers (of contract ``"keep"`` or ``"offload"``) discarded this
+        time, to wake zeroed; ``"torch"``: the pool's segments, of a pool
+        whose contract offloads them.
 
     Raises
     ------
     TypeError, ValueError
-        `keep` or `offload` holds something other than a buffer name (or,
-        in `offload`, ``"torch"`` for an arena with a pool), or a buffer is
-        in both.
+        `keep`, `offload` or `discard` holds something other than a buffer
+        name (or, in `offload` or `discard`, ``"torch"`` for an arena with a
+        pool), or a buffer is in two of them.
     BufferError
         A view of a buffer not offloaded is alive; nothing changed.
     OutOfMemoryError
@@ -106,7 +118,7 @@ def sleep(ArenaState self, keep=(), offload=()):
     cdef Pool pool = None
     cdef Lane buffers, pooled = None
     cdef int i
-    ids, off, pool_off = _kept_and_offloaded(a, keep, offload)
+    ids, off, pool_off = _kept_and_offloaded(a, keep, offload, discard)
     begin(a, "sleep", off)
     r, st = a._reservation, a._sleep_state
     try:
@@ -127,7 +139,7 @@ def sleep(ArenaState self, keep=(), offload=()):
         st.set_fates(moved, copied)
         spans = moves + [(o, n) for o, n, _h in keeps]
         try:
-            sleep_lanes(be, lanes, lambda: _fresh(a, spans))
+            sleep_lanes(be, lanes, _fresh(a, spans, None))
         finally:
             st.sleeping = buffers.asleep
             if pool is not None:
@@ -138,7 +150,7 @@ def sleep(ArenaState self, keep=(), offload=()):
 
 
 @cython.binding(True)
-def prepare_sleep(ArenaState self, keep=(), offload=()):
+def prepare_sleep(ArenaState self, keep=(), offload=(), discard=()):
     """Make, ahead of time, the host memory a later ``sleep(keep, offload)`` needs.
 
     The first sleep that keeps or offloads buffers allocates their host
@@ -152,9 +164,10 @@ def prepare_sleep(ArenaState self, keep=(), offload=()):
 
     Parameters
     ----------
-    keep, offload : iterable of str, optional
-        As `sleep` takes them (``"torch"``, the pool, allocates nothing
-        ahead: its segments' host memory is made by the sleep).
+    keep, offload, discard : iterable of str, optional
+        As `sleep` takes them, over the buffers' contracts (``"torch"``,
+        the pool, allocates nothing ahead: its segments' host memory is
+        made by the sleep).
 
     Returns
     -------
@@ -177,7 +190,7 @@ def prepare_sleep(ArenaState self, keep=(), offload=()):
     cdef ArenaState a = self
     cdef Reservation r
     cdef SleepState st
-    ids, off, _pool_off = _kept_and_offloaded(a, keep, offload)
+    ids, off, _pool_off = _kept_and_offloaded(a, keep, offload, discard)
     begin(a, "prepare_sleep", list(range(len(a._buffers))))    # views stay: nothing moves
     r, st = a._reservation, a._sleep_state
     try:
@@ -204,23 +217,37 @@ cdef int _host_for(ArenaState a, Reservation r, SleepState st, list off, list id
     return 0
 
 
-cdef tuple _kept_and_offloaded(ArenaState a, object keep, object offload):
-    """`sleep`'s and `prepare_sleep`'s names, checked: (kept ids, offloaded
-    ids, whether the pool is offloaded).  Converted before any state changes."""
+cdef tuple _kept_and_offloaded(ArenaState a, object keep, object offload, object discard):
+    """`sleep`'s and `prepare_sleep`'s names, checked, and each other buffer's
+    wake contract: (kept ids, offloaded ids, whether the pool is offloaded).
+    Converted before any state changes."""
     keep, in_keep = _pool_named(keep)
     if in_keep:
         raise ValueError(f"keep: {_POOL_NAME!r} (the arena's pool) is offloaded, not kept: "
                          f"sleep(offload=[{_POOL_NAME!r}])")
     offload, pool_off = _pool_named(offload)
-    if pool_off and a._pool is None:
-        raise ValueError(f"offload: {_POOL_NAME!r} names the arena's pool, and the arena has "
-                         "none (open_pool)")
+    discard, pool_gone = _pool_named(discard)
+    if (pool_off or pool_gone) and a._pool is None:
+        raise ValueError(f"{'offload' if pool_off else 'discard'}: {_POOL_NAME!r} names the "
+                         "arena's pool, and the arena has none (open_pool)")
     ids = buffer_ids(keep, "keep", a._buffers)
     off = buffer_ids(offload, "offload", a._buffers)
-    both = [a._buffers.names[i] for i in ids if i in off]
-    if both:
-        raise ValueError(f"keep, offload: {', '.join(both)} in both (a buffer is kept or "
-                         "offloaded)")
+    gone = buffer_ids(discard, "discard", a._buffers)
+    for x, y, xs, ys in (("keep", "offload", ids, off), ("keep", "discard", ids, gone),
+                         ("offload", "discard", off, gone)):
+        both = [a._buffers.names[i] for i in xs if i in ys]
+        if both:
+            raise ValueError(f"{x}, {y}: {', '.join(both)} in both (a buffer is kept, "
+                             "offloaded or discarded)")
+    if pool_off and pool_gone:
+        raise ValueError(f"offload, discard: {_POOL_NAME!r} in both")
+    named = set(ids) | set(off) | set(gone)
+    groups = a._buffers.groups
+    ids = sorted(set(ids).union(
+        i for i in (a._index[n] for n in groups["wake_keep"]) if i not in named))
+    off = sorted(set(off).union(
+        i for i in (a._index[n] for n in groups["wake_offload"]) if i not in named))
+    pool_off = pool_off or (a._pool is not None and not pool_gone and a._pool.wake == "offload")
     return ids, off, pool_off
 
 
@@ -242,15 +269,16 @@ cdef tuple _pool_named(object names):
 def wake(ArenaState self):
     """Map device memory again at the same addresses after `sleep`.
 
-    Zeroes the zero_all set (one fused operation) and norm_unit_w (the
-    buffers filled with zeros at construction), then copies back the
-    buffers `sleep` offloaded (their host memory taken down from their
-    addresses range by range: views of them stay valid) and those it kept
-    (a kept or offloaded buffer of the zero_all set gets its contents;
-    after a resize while asleep, up to the buffer's new size); every other
-    buffer's contents are undefined (fresh memory).  The pool's segments
-    are mapped again in the same pipeline, their contents copied back if
-    the sleep offloaded them, else undefined.  A CUDA graph captured
+    Gives each buffer what its wake contract says: copies back the buffers
+    `sleep` offloaded (their host memory taken down from their addresses
+    range by range: views of them stay valid) and those it kept (after a
+    resize while asleep, up to the buffer's new size, the rest zeroed);
+    zeroes every other buffer (in as few launches of the range kernel as
+    hold them), fills the ``"fill:VALUE"`` buffers and leaves the
+    ``"undefined"`` ones as the new memory is.  The pool's segments are
+    mapped again in the same pipeline, their contents copied back if the
+    sleep offloaded them, else zeroed (or, for a pool opened with
+    ``wake="undefined"``, left as the new memory is).  A CUDA graph captured
     before the sleep replays bit-identically afterwards.  The device's
     work queued before the call is waited for; while it runs, offloaded
     memory is read safely from another thread only where the backend maps
@@ -286,7 +314,7 @@ def wake(ArenaState self):
             lanes.append(pooled)
         spans = moves + [(o, n) for o, n, _h in keeps]
         try:
-            wake_lanes(a._gpu, lanes, lambda: _fresh(a, spans))
+            wake_lanes(a._gpu, lanes, _fresh(a, spans, pooled))
         finally:
             if pool is not None:
                 pool.settled(pooled)
@@ -300,37 +328,18 @@ def wake(ArenaState self):
 
 # -- what a woken arena's new memory starts with --------------------------------------------
 
-cdef int _fresh(ArenaState a, list spans) except -1:
-    """The zero_all set and the init_zero buffers zeroed but the bytes copied
-    back (`spans`, (offset, bytes)), and the debug guard bands: what a new
-    arena holds."""
-    _zero_fresh_but(a, [(o, o + n) for o, n in spans])
-    refill_guards(a)
-    return 0
-
-
-cdef int _zero_fresh_but(ArenaState a, list spans) except -1:
-    """What a new arena starts zeroed (the zero_all set with its padding, and
-    the init_zero buffers), less the slab byte ranges `spans`: in as few
-    launches of the range kernel as hold them, on the default stream, not
-    waited for."""
-    cdef mt_range r[MT_MAX_BUFFERS]
-    cdef mt_range batch[MT_MAX_RANGES]
-    cdef int i, k = 0, m = mt_group_ranges(&a._layout, MT_IN_ZERO_ALL, r)
-    cdef Backend be = a._gpu
-    want = [(r[i].offset, r[i].offset + r[i].length) for i in range(m)]
-    for name in a._buffers.groups["init_zero"]:
-        i = a._index[name]
-        if a._layout.size[i]:
-            want.append((a._layout.offset[i], a._layout.offset[i] + a._layout.size[i]))
-    want = [part for x, y in want for part in outside(x, y, spans)]    # the spans cut out
-    for x, y in sorted(want):
-        if y > x:
-            batch[k].offset, batch[k].length = x, y - x
-            k += 1
-            if k == MT_MAX_RANGES:
-                be.zero_ranges(a._base, batch, k, 0)
-                k = 0
-    if k:
-        be.zero_ranges(a._base, batch, k, 0)
-    return 0
+cdef object _fresh(ArenaState a, list spans, Lane pooled):
+    """After the lanes' memory is back (woken, or a failed sleep undone): what
+    a new arena holds, each buffer as its contract gives it but for the bytes
+    copied back (`spans`, (offset, bytes)); and with the wake's pool lane, of
+    a pool whose contract is not "undefined", its segments but for the bytes
+    copied back (a failed sleep leaves the pool's bytes as the failure left them:
+    intact where their memory stayed, undefined where it was given back)."""
+    def after():
+        wake_fresh(a, spans)
+        if pooled is not None and (<Pool>pooled.owner).wake != "undefined":
+            back = [(o, o + n) for o, n in pooled.moves]
+            zero_spans(a._gpu, pooled.base, [part for o, n in pooled.need
+                                             for part in outside(o, o + n, back)],
+                       (<Pool>pooled.owner).granule)
+    return after

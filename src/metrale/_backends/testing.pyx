@@ -8,6 +8,7 @@ this adaptor only (the way RMM keeps it in resource adaptors).
 
 cimport cython
 from libc.stdint cimport uint64_t, uintptr_t
+from libc.string cimport memset
 
 from metrale._backends._host_backend cimport HostBackend
 from metrale._base._common cimport index_arg
@@ -101,7 +102,7 @@ cdef str _kind(object op):
 
 @cython.no_gc_clear         # as every backend (see _backend.pyx)
 cdef class FaultyBackend(HostBackend):
-    """FaultyBackend(*, maps_over=True)
+    """FaultyBackend(*, maps_over=True, fresh=None)
 --
 
 A HostBackend whose nth next operation of a kind fails, on demand.
@@ -122,6 +123,11 @@ A HostBackend whose nth next operation of a kind fails, on demand.
     maps_over : bool, optional
         Whether it maps memory over memory in one step (True, the host
         backend's way) or only where none is mapped (False, CUDA's).
+    fresh : int, optional
+        A byte (0 .. 255) that every new mapping of device memory holds, as
+        fresh device memory holds whatever it held (the host's new pages
+        are zeros): what a wake must not leave where a contract promises
+        zeros or a fill.  None (the default): the host's zeros.
 
     Examples
     --------
@@ -132,10 +138,14 @@ A HostBackend whose nth next operation of a kind fails, on demand.
     """
     cdef Faults _armed
     cdef bint _over
+    cdef int _fresh
+    cdef set _new                   # handles of device memory not mapped yet (fresh)
 
-    def __cinit__(self, *, maps_over=True):
+    def __cinit__(self, *, maps_over=True, fresh=None):
         self._armed = Faults()
         self._over = _bool_arg(maps_over, "maps_over")
+        self._fresh = -1 if fresh is None else index_arg(fresh, "fresh", 0, 255)
+        self._new = set()
 
     def inject_fault(self, op, nth=1):
         """Arm a failure of the `nth` next operation of kind `op`.
@@ -265,7 +275,10 @@ A HostBackend whose nth next operation of a kind fails, on demand.
     cdef int create(self, size_t n, uint64_t *handle) except -1:
         if self._fails("create"):
             raise OutOfMemoryError(f"physical handle of {n} bytes refused (injected fault)")
-        return HostBackend.create(self, n, handle)
+        HostBackend.create(self, n, handle)
+        if self._fresh >= 0:
+            self._new.add(handle[0])
+        return 0
 
     cdef int release_handle(self, uint64_t handle, size_t n) except -1:
         if self._fails("release_handle"):
@@ -279,7 +292,11 @@ A HostBackend whose nth next operation of a kind fails, on demand.
         # it was, as here, where a mapping over memory could not be undone
         if self._fails("set_access"):
             raise OutOfMemoryError(f"access to {n} bytes at {p:#x} refused (injected fault)")
-        return HostBackend.map(self, p, n, handle)
+        HostBackend.map(self, p, n, handle)
+        if handle in self._new:     # device memory, mapped the first time (not host memory)
+            self._new.discard(handle)
+            memset(<void *>p, self._fresh, n)
+        return 0
 
     cdef int unmap(self, uintptr_t p, size_t n) except -1:
         if self._fails("unmap"):

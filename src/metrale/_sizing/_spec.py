@@ -15,6 +15,7 @@ from .._base._record import Record
 from ._reference_table import RECORDS
 from .._base._dtypes import ITEMSIZE
 from .._base._math import U64_MAX
+from ._wake import check_wake
 from ._step_roles import (STEP_FILL_NAMES, STEP_IDS, STEP_META, STEP_ROLES, check_step,
                           check_step_roles, default_step)
 
@@ -111,12 +112,13 @@ def _reads(names):
 
 
 def check_spec(name, dtype, shape, size, itemsize, floor, zero_all, prefill, rows, checksum,
-             total, align, accessors, init_zero, shape_exact, shape_when, text, step=None):
+             total, align, accessors, init_zero, shape_exact, shape_when, text, step=None,
+               wake="zero"):
     """Check `BufferSpec`'s arguments and give its stored fields.
 
     Parameters
     ----------
-    name, dtype, shape, size, itemsize, floor, zero_all, prefill, rows, checksum, total, align, accessors, init_zero, shape_exact, shape_when : object
+    name, dtype, shape, size, itemsize, floor, zero_all, prefill, rows, checksum, total, align, accessors, init_zero, shape_exact, shape_when, wake : object
         As `BufferSpec` takes them.
     text : dict of str to str
         The catalogue text fields (holds, words, dtype_note, families, empty).
@@ -293,7 +295,8 @@ def check_spec(name, dtype, shape, size, itemsize, floor, zero_all, prefill, row
         if not isinstance(v, str):
             raise TypeError(f"{where}: {k} must be a str, got {type(v).__name__}")
     step = check_step(where, name, step, dtype, zero_all, rows, align)
-    return dict(name=name, dtype=dtype, itemsize=itemsize, shape=text_shape, shape_exact=exact,
+    wake = check_wake(where, wake, dtype, init_zero)
+    return dict(wake=wake, name=name, dtype=dtype, itemsize=itemsize, shape=text_shape, shape_exact=exact,
                 shape_when=shape_when, size=size, formula=formula, floor=floor,
                 zero_all=zero_all, prefill=prefill, rows=rows, checksum=checksum, total=total,
                 align=align, accessors=accessors, init_zero=init_zero, step=step, **text)
@@ -356,6 +359,17 @@ class BufferSpec(Record):
         buffers only (any buffer has ``arena.ptr(NAME)`` and ``arena.ptrs.NAME``).
     init_zero : bool, optional
         Zero-filled once when the arena is built (and when it wakes).
+    wake : str, optional
+        Its wake contract: what ``BufferArena.wake`` gives it after a sleep
+        (docs/stable-addresses.md).  ``"zero"`` (the default): zeros;
+        ``"keep"``: its bytes, through a pinned host copy; ``"offload"``:
+        its bytes, and readable at its address while the arena sleeps;
+        ``"fill:VALUE"``: VALUE in every element (of its `dtype`, rounded
+        to the nearest value of the type; a fill buffer is also filled when
+        the arena is built and when a resize grows it: an init-once
+        constant); ``"undefined"``: whatever the new memory holds (it must
+        be written before it is read).  ``sleep()`` applies it; its `keep`,
+        `offload` and `discard` override it for one sleep.
     shape_exact : bool, optional
         For a str `shape`: it is a list expression of exact dimensions.
     shape_when : str, optional
@@ -375,7 +389,7 @@ class BufferSpec(Record):
 
     Attributes
     ----------
-    name, dtype, itemsize, floor, zero_all, prefill, rows, checksum, total, align, init_zero : object
+    name, dtype, itemsize, floor, zero_all, prefill, rows, checksum, total, align, init_zero, wake : object
         As given, with the types of the Parameters (`itemsize` filled in
         from `dtype`).
     shape : str
@@ -408,16 +422,17 @@ class BufferSpec(Record):
     __slots__ = ("name", "dtype", "itemsize", "shape", "shape_exact", "shape_when", "size",
                  "formula", "floor", "zero_all", "prefill", "rows", "checksum", "total",
                  "align", "accessors", "init_zero", "step", "holds", "words", "dtype_note",
-                 "families", "empty")
+                 "families", "empty", "wake")
 
     def __init__(self, name, dtype=None, shape=None, *, size=None, itemsize=None, floor=None,
                  zero_all=False, prefill=False, rows="whole", checksum=False, total=True,
                  align=256, accessors=(), init_zero=False, shape_exact=None, shape_when=None,
-                 step=None, holds="", words="", dtype_note="", families="", empty=""):
+                 step=None, holds="", words="", dtype_note="", families="", empty="",
+                 wake="zero"):
         fields = check_spec(name, dtype, shape, size, itemsize, floor, zero_all, prefill, rows,
                           checksum, total, align, accessors, init_zero, shape_exact,
                           shape_when, dict(holds=holds, words=words, dtype_note=dtype_note,
-                                           families=families, empty=empty), step)
+                                           families=families, empty=empty), step, wake)
         for k in self.__slots__:
             object.__setattr__(self, k, fields[k])
 
@@ -500,4 +515,4 @@ def _restore(values):
 _DEFAULTS = dict(dtype=None, shape=None, size=None, itemsize=None, floor=None, zero_all=False,
                  prefill=False, rows="whole", checksum=False, total=True, align=256,
                  accessors=(), init_zero=False, shape_exact=None, shape_when=None, step=None,
-                 holds="", words="", dtype_note="", families="", empty="")
+                 holds="", words="", dtype_note="", families="", empty="", wake="zero")

@@ -23,7 +23,8 @@ def check_spec(name: object, dtype: object, shape: object, size: object, itemsiz
                floor: object, zero_all: object, prefill: object, rows: object,
                checksum: object, total: object, align: object, accessors: object,
                init_zero: object, shape_exact: object, shape_when: object,
-               text: dict[str, object], step: object = None) -> dict[str, Any]: ...
+               text: dict[str, object], step: object = None,
+               wake: object = "zero") -> dict[str, Any]: ...
 
 class BufferSpec(Record):
     name: str
@@ -49,6 +50,7 @@ class BufferSpec(Record):
     dtype_note: str
     families: str
     empty: str
+    wake: str
     def __init__(self, name: str, dtype: str | None = None,
                  shape: Sequence[int | str] | str | None = None, *,
                  size: str | int | None = None, itemsize: int | None = None,
@@ -57,6 +59,6 @@ class BufferSpec(Record):
                  align: int = 256, accessors: Sequence[str] = (), init_zero: bool = False,
                  shape_exact: bool | None = None, shape_when: str | None = None,
                  step: str | None = None, holds: str = "", words: str = "", dtype_note: str = "", families: str = "",
-                 empty: str = "") -> None: ...
+                 empty: str = "", wake: str = "zero") -> None: ...
     def replace(self, **changes: Any) -> BufferSpec: ...
     def to_dict(self) -> dict[str, Any]: ...

@@ -26,6 +26,7 @@ __all__ = ["BufferSpec", "BufferSet", "ROW_RULES", "ACCESSORS", "MAX_BUFFERS",
            "MAX_ZERO_ALL", "RESERVED_NAMES", "STEP_ROLES"]
 
 from ._suggest import near_names
+from ._wake import fill_pattern
 from ._buffer_file import MAX_DEPTH, MAX_FILE_BYTES, MAX_TABLES, read_data  # noqa: F401 (published)
 from ._spec import (ACCESSORS, MAX_BUFFERS, MAX_ZERO_ALL, RESERVED_NAMES, ROW_RULES, STEP_ROLES,
                     BufferSpec, check_step_roles)
@@ -41,6 +42,12 @@ _GROUPS = {
     "bytes": lambda s: "bytes" in s.accessors,
     "init_zero": lambda s: s.init_zero,
     "step": lambda s: s.step != "",
+    # by wake contract (_wake.py): those a sleep keeps, offloads, fills on
+    # wake, leaves undefined (the others wake zeroed)
+    "wake_keep": lambda s: s.wake == "keep",
+    "wake_offload": lambda s: s.wake == "offload",
+    "wake_fill": lambda s: s.wake.startswith("fill:"),
+    "wake_undefined": lambda s: s.wake == "undefined",
 }
 
 
@@ -175,13 +182,25 @@ class BufferSet:
 
         Keys: ``zero_all``, ``prefill``, ``rows`` (trimmed by
         ``zero_all_rows``), ``checksum``, ``total``, ``pointer`` and
-        ``bytes`` (compiled accessors), ``init_zero`` and ``step``.
+        ``bytes`` (compiled accessors), ``init_zero``, ``step``, and by wake
+        contract ``wake_keep``, ``wake_offload``, ``wake_fill`` and
+        ``wake_undefined`` (every other buffer wakes zeroed).
         """
         groups = self._cache.get("groups")
         if groups is None:
             groups = self._cache["groups"] = {
                 g: tuple(s.name for s in self._specs if test(s)) for g, test in _GROUPS.items()}
         return dict(groups)
+
+    def _fills(self):
+        """(name, 16-byte pattern) of each ``"fill:VALUE"`` buffer, in set
+        order: what the arena writes over it (_wake.fill_pattern)."""
+        fills = self._cache.get("fills")
+        if fills is None:
+            fills = self._cache["fills"] = tuple(
+                (s.name, fill_pattern(s.wake, s.dtype)) for s in self._specs
+                if s.wake.startswith("fill:"))
+        return fills
 
     # -- derived sets --------------------------------------------------------------------
     def without(self, names):
