@@ -79,12 +79,17 @@ def setup():
     local = threading.local()
     local.space = object()
 
+    # A guard over a reserved arena's classes (awake: check() passes).
+    reserved = BufferArena.new(cfg, 128, 4096, 16, 32, gpu, env={},
+                               reserve=(128, 4096, 16, 32))
+    guard = reserved.guard()
+
     class Plain:
         pass
     plain = Plain()
     plain.ptr = arena.hidden_states()
     return dict(arena=arena, empty=empty, custom=custom, gpu=gpu, cfg=cfg, mgr=mgr, refm=refm,
-                local=local,
+                local=local, guard=guard,
                 slots=SlotsArena(arena.hidden_states()), plain=plain, dct={"hidden_states": 1})
 
 
@@ -122,6 +127,8 @@ ROWS = [
     ("scratch", "anchor: reference port (dict + lock)", "refm.get_scratch()"),
     ("scratch", "mgr.get_scratch()", "mgr.get_scratch()"),
     ("scratch", "anchor: threading.local read", "local.space"),
+    ("guard", "anchor: __slots__ method -> int, again", "slots.hidden_states()"),
+    ("guard", "guard.check() (awake; goal <= 50 ns)", "guard.check()"),
 ]
 
 

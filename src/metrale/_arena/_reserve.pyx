@@ -66,7 +66,8 @@ cdef int build(ArenaState a, object sizes, object top_sizes, bint shareable) exc
     if rc != MT_OK:
         raise ValueError(f"granularity {r.granule} of {be!r} is not a power of two >= 256")
     a._reservation = r
-    a._sleep_state = sleep_state_new(be, a._layout.n, a._layout.slab_bytes)
+    a._sleep_state = sleep_state_new(be, a._layout.n, a._layout.slab_bytes,
+                                     len(a._buffers.classes))
     a._set_bytes(values)
     if a._layout.slab_bytes:
         try:

@@ -144,6 +144,7 @@ def sleep(ArenaState self, keep=(), offload=(), discard=()):
             st.sleeping = buffers.asleep
             if pool is not None:
                 pool.settled(pooled)
+            st.settle_classes(a._pool is not None and a._pool.asleep())
     finally:
         mt_life_reshape_end(a._life, sleeping(a))    # paused while it sleeps
     return None
@@ -319,6 +320,7 @@ def wake(ArenaState self):
             if pool is not None:
                 pool.settled(pooled)
         st.sleeping = False
+        st.settle_classes(a._pool is not None and a._pool.asleep())
         st.set_fates({}, {})
         r.trim(&a._layout, a._base)     # what a failed sleep left, and the limits no longer need
     finally:

@@ -21,9 +21,18 @@ cdef struct SleepRecord:
     uint64_t moved                # bytes this sleep copied out (kept) or moved (offloaded)
 
 
+# The pool's class in the masks below (the buffers' classes are bits 0 .. 62,
+# in the order of BufferSet.classes).
+cdef enum:
+    TORCH_CLASS = 63
+
+
 cdef class SleepState:
     cdef Backend gpu
     cdef bint sleeping            # the physical memory is given back
+    cdef uint64_t asleep          # the classes asleep now, a bit each (a guard tests it)
+    cdef uint64_t classes         # the set's classes (bits 0 .. n - 1)
+    cdef uint64_t epoch[64]       # each class's wakes so far
     cdef int n                    # buffers (records)
     cdef SleepRecord *rec
     cdef Offload offload          # the host memory of the buffers' offloads (made once,
@@ -55,4 +64,9 @@ cdef class SleepState:
     cdef void forget(self) noexcept
 
 
-cdef SleepState sleep_state_new(Backend gpu, int n, uint64_t stage_bytes)
+    # The classes asleep after a sleep or wake ended: the buffers' while
+    # `sleeping`, the pool's while `pool_asleep`; each class that woke counted.
+    cdef void settle_classes(self, bint pool_asleep) noexcept
+
+
+cdef SleepState sleep_state_new(Backend gpu, int n, uint64_t stage_bytes, int classes)

@@ -120,6 +120,16 @@ cdef class SleepState:
             self.rec[i].host = 0
             self.rec[i].capacity = 0
 
+    cdef void settle_classes(self, bint pool_asleep) noexcept:
+        cdef uint64_t now = (self.classes if self.sleeping else 0) | \
+            ((<uint64_t>1 << TORCH_CLASS) if pool_asleep else 0)
+        cdef uint64_t woke = self.asleep & ~now
+        cdef int k
+        for k in range(64):
+            if woke >> k & 1:
+                self.epoch[k] += 1
+        self.asleep = now
+
     cdef bint holds(self):
         return bool(self.offload.holds() or self.host_keep_bytes())
 
@@ -135,10 +145,11 @@ cdef class SleepState:
         return first
 
 
-cdef SleepState sleep_state_new(Backend gpu, int n, uint64_t stage_bytes):
+cdef SleepState sleep_state_new(Backend gpu, int n, uint64_t stage_bytes, int classes):
     cdef SleepState s = SleepState.__new__(SleepState, _TOKEN)
     s.gpu = gpu
     s.n = n
+    s.classes = (<uint64_t>1 << classes) - 1      # classes <= 63 (BufferSet)
     s.offload = offload_new(gpu, stage_bytes)
     s.rec = <SleepRecord *>calloc(n if n > 0 else 1, sizeof(SleepRecord))
     if s.rec == NULL:

@@ -35,7 +35,7 @@ def _spec(name, holds, dtype, shape, formula, words, *, itemsize=None, note="", 
         shape_when=when, size=formula, formula=formula, floor=floor, zero_all=zero_all,
         prefill=prefill, rows=rows, checksum=checksum, total=total, align=256,
         accessors=accessors, init_zero=init_zero, step=step, holds=holds, words=words, dtype_note=note,
-        families=families, empty=empty, wake="zero")
+        families=families, empty=empty, wake="zero", tag="default")
 
 
 _DENSE_NOTE = "dense models (E = 0)"

@@ -15,7 +15,7 @@ from .._base._record import Record
 from ._reference_table import RECORDS
 from .._base._dtypes import ITEMSIZE
 from .._base._math import U64_MAX
-from ._wake import check_wake
+from ._wake import DEFAULT_TAG, check_tag, check_wake
 from ._step_roles import (STEP_FILL_NAMES, STEP_IDS, STEP_META, STEP_ROLES, check_step,
                           check_step_roles, default_step)
 
@@ -113,12 +113,12 @@ def _reads(names):
 
 def check_spec(name, dtype, shape, size, itemsize, floor, zero_all, prefill, rows, checksum,
              total, align, accessors, init_zero, shape_exact, shape_when, text, step=None,
-               wake="zero"):
+               wake="zero", tag=DEFAULT_TAG):
     """Check `BufferSpec`'s arguments and give its stored fields.
 
     Parameters
     ----------
-    name, dtype, shape, size, itemsize, floor, zero_all, prefill, rows, checksum, total, align, accessors, init_zero, shape_exact, shape_when, wake : object
+    name, dtype, shape, size, itemsize, floor, zero_all, prefill, rows, checksum, total, align, accessors, init_zero, shape_exact, shape_when, wake, tag : object
         As `BufferSpec` takes them.
     text : dict of str to str
         The catalogue text fields (holds, words, dtype_note, families, empty).
@@ -296,7 +296,8 @@ def check_spec(name, dtype, shape, size, itemsize, floor, zero_all, prefill, row
             raise TypeError(f"{where}: {k} must be a str, got {type(v).__name__}")
     step = check_step(where, name, step, dtype, zero_all, rows, align)
     wake = check_wake(where, wake, dtype, init_zero)
-    return dict(wake=wake, name=name, dtype=dtype, itemsize=itemsize, shape=text_shape, shape_exact=exact,
+    tag = check_tag(where, tag, POOL_NAME)
+    return dict(wake=wake, tag=tag, name=name, dtype=dtype, itemsize=itemsize, shape=text_shape, shape_exact=exact,
                 shape_when=shape_when, size=size, formula=formula, floor=floor,
                 zero_all=zero_all, prefill=prefill, rows=rows, checksum=checksum, total=total,
                 align=align, accessors=accessors, init_zero=init_zero, step=step, **text)
@@ -370,6 +371,11 @@ class BufferSpec(Record):
         constant); ``"undefined"``: whatever the new memory holds (it must
         be written before it is read).  ``sleep()`` applies it; its `keep`,
         `offload` and `discard` override it for one sleep.
+    tag : str, optional
+        Its class (``"weights"``, ``"kv"``, ...; default ``"default"``):
+        ``arena.guard`` names classes, and each class's wakes are counted
+        (its epoch).  At most 63 classes in a set; ``"torch"`` is the
+        pool's.
     shape_exact : bool, optional
         For a str `shape`: it is a list expression of exact dimensions.
     shape_when : str, optional
@@ -389,7 +395,7 @@ class BufferSpec(Record):
 
     Attributes
     ----------
-    name, dtype, itemsize, floor, zero_all, prefill, rows, checksum, total, align, init_zero, wake : object
+    name, dtype, itemsize, floor, zero_all, prefill, rows, checksum, total, align, init_zero, wake, tag : object
         As given, with the types of the Parameters (`itemsize` filled in
         from `dtype`).
     shape : str
@@ -422,17 +428,18 @@ class BufferSpec(Record):
     __slots__ = ("name", "dtype", "itemsize", "shape", "shape_exact", "shape_when", "size",
                  "formula", "floor", "zero_all", "prefill", "rows", "checksum", "total",
                  "align", "accessors", "init_zero", "step", "holds", "words", "dtype_note",
-                 "families", "empty", "wake")
+                 "families", "empty", "wake", "tag")
 
     def __init__(self, name, dtype=None, shape=None, *, size=None, itemsize=None, floor=None,
                  zero_all=False, prefill=False, rows="whole", checksum=False, total=True,
                  align=256, accessors=(), init_zero=False, shape_exact=None, shape_when=None,
                  step=None, holds="", words="", dtype_note="", families="", empty="",
-                 wake="zero"):
+                 wake="zero", tag=DEFAULT_TAG):
         fields = check_spec(name, dtype, shape, size, itemsize, floor, zero_all, prefill, rows,
                           checksum, total, align, accessors, init_zero, shape_exact,
                           shape_when, dict(holds=holds, words=words, dtype_note=dtype_note,
-                                           families=families, empty=empty), step, wake)
+                                           families=families, empty=empty), step, wake,
+                            tag)
         for k in self.__slots__:
             object.__setattr__(self, k, fields[k])
 
@@ -515,4 +522,5 @@ def _restore(values):
 _DEFAULTS = dict(dtype=None, shape=None, size=None, itemsize=None, floor=None, zero_all=False,
                  prefill=False, rows="whole", checksum=False, total=True, align=256,
                  accessors=(), init_zero=False, shape_exact=None, shape_when=None, step=None,
-                 holds="", words="", dtype_note="", families="", empty="", wake="zero")
+                 holds="", words="", dtype_note="", families="", empty="", wake="zero",
+                 tag=DEFAULT_TAG)

@@ -24,7 +24,7 @@ def check_spec(name: object, dtype: object, shape: object, size: object, itemsiz
                checksum: object, total: object, align: object, accessors: object,
                init_zero: object, shape_exact: object, shape_when: object,
                text: dict[str, object], step: object = None,
-               wake: object = "zero") -> dict[str, Any]: ...
+               wake: object = "zero", tag: object = "default") -> dict[str, Any]: ...
 
 class BufferSpec(Record):
     name: str
@@ -51,6 +51,7 @@ class BufferSpec(Record):
     families: str
     empty: str
     wake: str
+    tag: str
     def __init__(self, name: str, dtype: str | None = None,
                  shape: Sequence[int | str] | str | None = None, *,
                  size: str | int | None = None, itemsize: int | None = None,
@@ -59,6 +60,6 @@ class BufferSpec(Record):
                  align: int = 256, accessors: Sequence[str] = (), init_zero: bool = False,
                  shape_exact: bool | None = None, shape_when: str | None = None,
                  step: str | None = None, holds: str = "", words: str = "", dtype_note: str = "", families: str = "",
-                 empty: str = "", wake: str = "zero") -> None: ...
+                 empty: str = "", wake: str = "zero", tag: str = "default") -> None: ...
     def replace(self, **changes: Any) -> BufferSpec: ...
     def to_dict(self) -> dict[str, Any]: ...

@@ -8,7 +8,8 @@ takes the kinds and the fill patterns from the set.
 import math
 import struct
 
-__all__ = ["WAKES", "POOL_WAKES", "check_wake", "fill_pattern", "wake_kind"]
+__all__ = ["WAKES", "POOL_WAKES", "DEFAULT_TAG", "MAX_CLASSES", "check_tag", "check_wake",
+           "fill_pattern", "wake_kind"]
 
 # The contracts: zeros (the default), the bytes back through a pinned host copy,
 # the bytes back and readable at their addresses while asleep (host memory
@@ -17,6 +18,14 @@ WAKES = ("zero", "keep", "offload", "undefined")
 _FILL = "fill:"
 # The arena's pool (open_pool): its segments' bytes are torch's, of no one type.
 POOL_WAKES = ("zero", "offload", "undefined")
+
+# A buffer's class (`BufferSpec(tag=...)`): the buffers a guard names together
+# and, with the pool's class "torch", what sleeps and wakes apart.  An untagged
+# buffer is in the class "default".  A guard tests a 64-bit mask: 63 classes
+# of buffers and the pool's.
+DEFAULT_TAG = "default"
+MAX_CLASSES = 63
+_MAX_TAG = 64
 
 _INTS = {"bool": (0, 1), "int8": (-2**7, 2**7 - 1), "int16": (-2**15, 2**15 - 1),
          "int32": (-2**31, 2**31 - 1), "int64": (-2**63, 2**63 - 1), "uint8": (0, 2**8 - 1),
@@ -45,6 +54,38 @@ def wake_kind(wake):
         One of `WAKES`, or ``"fill"``.
     """
     return "fill" if wake.startswith(_FILL) else wake
+
+
+def check_tag(where, tag, pool_name):
+    """Check a spec's `tag` (a class name) and give it.
+
+    Parameters
+    ----------
+    where : str
+        The spec, for messages.
+    tag : object
+        As `BufferSpec` takes it.
+    pool_name : str
+        The pool's class, which no buffer may take.
+
+    Returns
+    -------
+    str
+
+    Raises
+    ------
+    TypeError, ValueError
+        Not a str; not an ASCII identifier of at most 64 characters; the
+        pool's class.
+    """
+    if not isinstance(tag, str):
+        raise TypeError(f"{where}: tag must be a str, got {type(tag).__name__}")
+    if not (tag.isascii() and tag.isidentifier()) or len(tag) > _MAX_TAG:
+        raise ValueError(f"{where}: tag must be an ASCII identifier of at most {_MAX_TAG} "
+                         f"characters (a class name such as 'weights' or 'kv'), got {tag!r}")
+    if tag == pool_name:
+        raise ValueError(f"{where}: tag {tag!r} is the arena's pool's class")
+    return tag
 
 
 def check_wake(where, wake, dtype, init_zero):

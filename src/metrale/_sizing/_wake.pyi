@@ -1,8 +1,12 @@
-__all__ = ["WAKES", "POOL_WAKES", "check_wake", "fill_pattern", "wake_kind"]
+__all__ = ["WAKES", "POOL_WAKES", "DEFAULT_TAG", "MAX_CLASSES", "check_tag", "check_wake",
+           "fill_pattern", "wake_kind"]
 
 WAKES: tuple[str, ...]
 POOL_WAKES: tuple[str, ...]
+DEFAULT_TAG: str
+MAX_CLASSES: int
 
+def check_tag(where: str, tag: object, pool_name: str) -> str: ...
 def wake_kind(wake: str) -> str: ...
 def check_wake(where: str, wake: object, dtype: str | None, init_zero: bool) -> str: ...
 def fill_pattern(wake: str, dtype: str | None, where: str = "wake") -> bytes: ...

@@ -26,7 +26,7 @@ __all__ = ["BufferSpec", "BufferSet", "ROW_RULES", "ACCESSORS", "MAX_BUFFERS",
            "MAX_ZERO_ALL", "RESERVED_NAMES", "STEP_ROLES"]
 
 from ._suggest import near_names
-from ._wake import fill_pattern
+from ._wake import MAX_CLASSES, fill_pattern
 from ._buffer_file import MAX_DEPTH, MAX_FILE_BYTES, MAX_TABLES, read_data  # noqa: F401 (published)
 from ._spec import (ACCESSORS, MAX_BUFFERS, MAX_ZERO_ALL, RESERVED_NAMES, ROW_RULES, STEP_ROLES,
                     BufferSpec, check_step_roles)
@@ -95,6 +95,10 @@ class BufferSet:
             raise ValueError(f"at most {MAX_ZERO_ALL} buffers may be zero_all (zero_all_rows "
                              f"clears them with one kernel launch), got {z}")
         check_step_roles(specs)
+        tags = {s.tag for s in specs}
+        if len(tags) > MAX_CLASSES:
+            raise ValueError(f"a buffer set has at most {MAX_CLASSES} classes (tags), got "
+                             f"{len(tags)}")
         object.__setattr__(self, "_specs", specs)
         object.__setattr__(self, "_index", index)
         object.__setattr__(self, "_cache", {})
@@ -191,6 +195,18 @@ class BufferSet:
             groups = self._cache["groups"] = {
                 g: tuple(s.name for s in self._specs if test(s)) for g, test in _GROUPS.items()}
         return dict(groups)
+
+    @property
+    def classes(self):
+        """Class (tag) -> the names of its buffers, in set order (dict); the
+        classes in the order of their first buffer."""
+        classes = self._cache.get("classes")
+        if classes is None:
+            out = {}
+            for s in self._specs:
+                out.setdefault(s.tag, []).append(s.name)
+            classes = self._cache["classes"] = {t: tuple(n) for t, n in out.items()}
+        return dict(classes)
 
     def _fills(self):
         """(name, 16-byte pattern) of each ``"fill:VALUE"`` buffer, in set

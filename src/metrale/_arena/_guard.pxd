@@ -1,0 +1,15 @@
+# A guard over some of an arena's classes (see _guard.pyx): for the arena,
+# which binds `guard` from there, and for metrale.torch's guarded graphs.
+from libc.stdint cimport uint64_t
+
+from metrale._arena._arena_state cimport ArenaState
+
+
+cdef class Guard:
+    cdef ArenaState arena         # held: its sleep state and its lifetime word are read
+    cdef uint64_t mask            # the classes it covers, a bit each (_sleep_state.pxd)
+    cdef tuple names              # the class of each bit, by bit ("torch" at 63)
+
+    # The refusal's message, and the names of the classes of `bits`.
+    cdef str _refusal(self)
+    cdef list _classes(self, uint64_t bits)
