@@ -38,12 +38,42 @@ def test_offload_keep_and_discard_on_the_device(gpu):
             assert dict(a.ptrs) == ptrs
             for name in offload + keep:
                 assert (m.read(name) == before[name]).all(), name
-            for name in ZERO_ALL:
+            for name in BUFFER_NAMES:       # every other one: its contract, "zero"
                 if name not in offload + keep:
                     assert not m.read(name).any(), name
         handles = gpu.host_handle_count
         assert handles >= 1
     assert gpu.host_handle_count == 0 and gpu.host_mapped_bytes == 0
+
+
+def test_the_wake_contracts_on_the_device(gpu):
+    from metrale import BufferSet, BufferSpec
+    own = BufferSet([
+        BufferSpec("weights", "bfloat16", ["hidden_size", "hidden_size"], wake="keep",
+                   tag="weights"),
+        BufferSpec("kv", "bfloat16", ["max_seq_len", "hidden_size"], wake="offload", tag="kv"),
+        BufferSpec("acts", "bfloat16", ["max_batch_tokens", "hidden_size"]),
+        BufferSpec("half", "bfloat16", ["max_batch_tokens", 3], wake="fill:-0.5"),
+        BufferSpec("scratch", "uint8", ["max_batch_tokens", 100], wake="undefined"),
+    ])
+    with BufferArena.new(COMPACT, *LIMITS, gpu, reserve=LIMITS, buffers=own) as a:
+        m = Mem(a, gpu)
+        half = np.frombuffer(b"\x00\xbf" * (a.nbytes("half") // 2), np.uint8)   # -0.5: 0xBF00
+        assert (m.read("half") == half).all()           # filled when built
+        for i, name in enumerate(own.names):
+            m.fill(name, i + 1)
+        before = {n: m.read(n) for n in own.names}
+        g = a.guard("kv")
+        for n in range(1, 3):
+            a.sleep()
+            with pytest.raises(Exception, match="kv, asleep"):
+                g.check()
+            a.wake()
+            g.check()
+            assert g.epochs == {"kv": n}
+            for name in ("weights", "kv"):
+                assert (m.read(name) == before[name]).all(), name
+            assert not m.read("acts").any() and (m.read("half") == half).all()
 
 
 def test_tensors_and_a_graph_live_through_sleep_and_wake(gpu):
