@@ -73,10 +73,10 @@ cdef int zero_spans(Backend be, uintptr_t base, list ranges, uint64_t g,
     # Ranges less than a granule apart and with nothing spared between are
     # zeroed as one (the bytes between are no one's): both ends are mapped,
     # so the granules between are.
-    spared = sorted(spared or [])
+    sparing = sorted(spared) if spared is not None else []
     merged = []
     for x, y in sorted(ranges):
-        if merged and x - merged[-1][1] < g and not _between(spared, merged[-1][1], x):
+        if merged and x - merged[-1][1] < g and not _between(sparing, merged[-1][1], x):
             merged[-1][1] = max(merged[-1][1], y)
         elif y > x:
             merged.append([x, y])
