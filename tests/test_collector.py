@@ -183,6 +183,19 @@ def _cycle_cases():
             left.append(vm_counts(gpu))
         return left == [(0, 0, 0), (1 << 20, 8192, 1)]
 
+    def guard_case():
+        # A guard holds its arena (and nothing of it back): in a cycle with it,
+        # both go and the arena's memory with them.
+        import gc
+        from helpers import vm_counts
+        gpu = HostBackend()
+        arena = _reserved(gpu)
+        g = arena.guard()
+        _collect(g=g, arena=arena)
+        del g, arena
+        gc.collect()
+        return vm_counts(gpu) == (0, 0, 0)
+
     def scratch_case():
         m = ScratchSpaceManager(4096, 2)
         s = m.get_scratch()
@@ -216,7 +229,7 @@ def _cycle_cases():
                  "finalizer closes it: the arena case collects shared arenas",
         "_Plan": "owns nothing: a parameter block of addresses and a list of tuples",
         "ArenaBuffers": "owns nothing; holds its arena, which holds nothing of it back",
-        "Pool": pool_case,
+        "Pool": pool_case, "Guard": guard_case,
         "ScratchSpaceManager": scratch_case, "ScratchSpace": scratch_case,
         "_TableRef": scratch_case, "_Region": scratch_case, "_Lease": scratch_case,
     }

@@ -73,8 +73,10 @@ def test_each_wake_counts_in_its_classes_epochs():
         for n in range(1, 4):
             a.sleep()
             assert g.epochs == dict.fromkeys(g.classes, n - 1)     # asleep: not yet
+            assert a.memory_stats()["classes_asleep"] == ["weights", "kv", "default"]
             a.wake()
-            assert g.epochs == dict.fromkeys(g.classes, n)
+            assert g.epochs == dict.fromkeys(g.classes, n) == a.memory_stats()["class_epochs"]
+            assert a.memory_stats()["classes_asleep"] == []
 
 
 def test_the_pools_class_is_torch():

@@ -10,6 +10,7 @@ import pytest
 from helpers import CFG, COMPACT, LIMITS, NOENV, RESERVE, _host_bytes
 from metrale import MINIMAL, BufferArena, BufferSet, BufferSpec
 from metrale.reference import REFERENCE
+from metrale._sizing._wake import fills_of
 from metrale.testing import FaultyBackend
 
 SENTINEL = 0x5A
@@ -18,7 +19,7 @@ SENTINEL = 0x5A
 # -- the contract in the spec ----------------------------------------------------------------
 
 def _pattern(wake, dtype):
-    return BufferSet([BufferSpec("x", dtype, ["M"], wake=wake)])._fills()[0][1]
+    return fills_of(BufferSet([BufferSpec("x", dtype, ["M"], wake=wake)]))[0][1]
 
 
 @pytest.mark.parametrize("wake, dtype, element", [

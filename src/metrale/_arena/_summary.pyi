@@ -43,5 +43,7 @@ class MemoryStats(TypedDict):
     pool_segments: int
     pool_offloaded_bytes: int
     pool_host_bytes: int
+    classes_asleep: list[str]
+    class_epochs: dict[str, int]
 
 def stats() -> dict[str, int]: ...

@@ -13,13 +13,15 @@ cimport cython
 from metrale._arena._arena_state cimport ArenaState, live_arenas, sleeping
 from metrale._base._life cimport mt_life_exports, mt_life_released
 from metrale._arena._reservation cimport Reservation
-from metrale._arena._sleep_state cimport SleepState
+from metrale._arena._sleep_state cimport TORCH_CLASS, SleepState
 from metrale._arena._view cimport buffer_dtypes
 
 import re
 from collections.abc import Mapping
 
 from metrale._arena._summary_records import ArenaSummary, BufferInfo, Pin
+from metrale._sizing._spec import POOL_NAME
+from metrale._sizing._wake import MAX_CLASSES
 
 # Private constructor key: ArenaBuffers come from BufferArena.buffers.
 cdef object _TOKEN = object()
@@ -352,7 +354,10 @@ def memory_stats(ArenaState self):
         bytes a sleep moved to host memory (``offload=["torch"]``), and
         the host memory held for that (made once, reused, freed with the
         pool).  ``committed_bytes`` counts the buffers' memory, not the
-        pool's.
+        pool's.  ``"classes_asleep"``: the classes (``BufferSpec(tag=)``,
+        and ``"torch"``, the pool's) asleep now, in the set's order;
+        ``"class_epochs"``: class -> its wakes so far (a reserved arena's;
+        ``{}`` for one that never sleeps).
     """
     cdef ArenaState a = self
     cdef int i
@@ -360,6 +365,9 @@ def memory_stats(ArenaState self):
     cdef SleepState st = a._sleep_state
     imported = a._peers.imported() if a._peers is not None else (0, 0)
     pool = a._pool.stats() if a._pool is not None and not a._pool.closed else {}
+    classes = list(zip(a._buffers.classes, range(MAX_CLASSES)))
+    if a._pool is not None:
+        classes.append((POOL_NAME, TORCH_CLASS))
     return {
         "slab_bytes": a._layout.slab_bytes,
         "reserved_bytes": a._layout.slab_bytes if r is not None and a._alloc else 0,
@@ -389,6 +397,8 @@ def memory_stats(ArenaState self):
         "pool_segments": pool.get("segments", 0),
         "pool_offloaded_bytes": pool.get("offloaded", 0),
         "pool_host_bytes": pool.get("host_bytes", 0),
+        "classes_asleep": [c for c, k in classes if st is not None and st.asleep >> k & 1],
+        "class_epochs": {c: st.epoch[k] for c, k in classes} if st is not None else {},
     }
 
 

@@ -9,7 +9,7 @@ import math
 import struct
 
 __all__ = ["WAKES", "POOL_WAKES", "DEFAULT_TAG", "MAX_CLASSES", "check_tag", "check_wake",
-           "fill_pattern", "wake_kind"]
+           "fill_pattern", "fills_of", "wake_kind"]
 
 # The contracts: zeros (the default), the bytes back through a pinned host copy,
 # the bytes back and readable at their addresses while asleep (host memory
@@ -178,6 +178,27 @@ def fill_pattern(wake, dtype, where="wake"):
                              f"({dtype})") from None
         raw = _float_bytes(value, dtype, where, wake)
     return (raw * (16 // len(raw)))[:16]
+
+
+def fills_of(buffers):
+    """The fills of a buffer set: what the arena writes over its fill buffers.
+
+    Parameters
+    ----------
+    buffers : BufferSet
+
+    Returns
+    -------
+    tuple of (str, bytes)
+        (name, 16-byte pattern) of each ``"fill:VALUE"`` buffer, in set
+        order (cached in the set).
+    """
+    fills = buffers._cache.get("fills")
+    if fills is None:
+        fills = buffers._cache["fills"] = tuple(
+            (s.name, fill_pattern(s.wake, s.dtype)) for s in buffers.specs
+            if s.wake.startswith(_FILL))
+    return fills
 
 
 def _float_bytes(value, dtype, where, wake):

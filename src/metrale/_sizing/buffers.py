@@ -26,7 +26,7 @@ __all__ = ["BufferSpec", "BufferSet", "ROW_RULES", "ACCESSORS", "MAX_BUFFERS",
            "MAX_ZERO_ALL", "RESERVED_NAMES", "STEP_ROLES"]
 
 from ._suggest import near_names
-from ._wake import MAX_CLASSES, fill_pattern
+from ._wake import MAX_CLASSES
 from ._buffer_file import MAX_DEPTH, MAX_FILE_BYTES, MAX_TABLES, read_data  # noqa: F401 (published)
 from ._spec import (ACCESSORS, MAX_BUFFERS, MAX_ZERO_ALL, RESERVED_NAMES, ROW_RULES, STEP_ROLES,
                     BufferSpec, check_step_roles)
@@ -95,10 +95,9 @@ class BufferSet:
             raise ValueError(f"at most {MAX_ZERO_ALL} buffers may be zero_all (zero_all_rows "
                              f"clears them with one kernel launch), got {z}")
         check_step_roles(specs)
-        tags = {s.tag for s in specs}
-        if len(tags) > MAX_CLASSES:
+        if len({s.tag for s in specs}) > MAX_CLASSES:
             raise ValueError(f"a buffer set has at most {MAX_CLASSES} classes (tags), got "
-                             f"{len(tags)}")
+                             f"{len({s.tag for s in specs})}")
         object.__setattr__(self, "_specs", specs)
         object.__setattr__(self, "_index", index)
         object.__setattr__(self, "_cache", {})
@@ -202,21 +201,9 @@ class BufferSet:
         classes in the order of their first buffer."""
         classes = self._cache.get("classes")
         if classes is None:
-            out = {}
-            for s in self._specs:
-                out.setdefault(s.tag, []).append(s.name)
-            classes = self._cache["classes"] = {t: tuple(n) for t, n in out.items()}
+            classes = self._cache["classes"] = {t: tuple(s.name for s in self._specs if s.tag == t)
+                                                for t in dict.fromkeys(s.tag for s in self._specs)}
         return dict(classes)
-
-    def _fills(self):
-        """(name, 16-byte pattern) of each ``"fill:VALUE"`` buffer, in set
-        order: what the arena writes over it (_wake.fill_pattern)."""
-        fills = self._cache.get("fills")
-        if fills is None:
-            fills = self._cache["fills"] = tuple(
-                (s.name, fill_pattern(s.wake, s.dtype)) for s in self._specs
-                if s.wake.startswith("fill:"))
-        return fills
 
     # -- derived sets --------------------------------------------------------------------
     def without(self, names):
