@@ -14,7 +14,7 @@ from metrale._arena._offload cimport outside
 from metrale._backends._backend cimport Backend
 from metrale._base._core cimport MT_MAX_RANGES, mt_range
 
-from metrale._sizing._wake import fills_of
+from metrale._sizing._wake import fills_of as _fills_of
 
 
 cdef int init_fresh(ArenaState a) except -1:
@@ -39,7 +39,7 @@ cdef list _fills(ArenaState a, list spans):
     ((lo, hi) slab ranges)."""
     cdef Py_ssize_t i
     out = []
-    for name, pattern in fills_of(a._buffers):
+    for name, pattern in _fills_of(a._buffers):
         i = a._index[name]
         for x, y in outside(a._layout.offset[i], a._layout.offset[i] + a._layout.size[i], spans):
             out.append((x, y - x, pattern))

@@ -13,7 +13,7 @@ from metrale._base._core cimport MT_LIFE_FORKED, MT_LIFE_OK
 from metrale._base._life cimport mt_life_enter, mt_life_forked, mt_life_leave, raise_life
 
 from metrale._base.errors import MetraleError
-from metrale._sizing._wake import POOL_WAKES
+from metrale._sizing._wake import POOL_WAKES as _POOL_WAKES
 
 
 @cython.binding(True)
@@ -63,8 +63,8 @@ def open_pool(ArenaState self, nbytes, wake="zero"):
     cdef uint64_t n = u64_arg(nbytes, "nbytes", 1, <uint64_t>1 << 62)
     if type(wake) is not str:
         raise TypeError(f"open_pool: wake must be a str, got {type(wake).__name__}")
-    if wake not in POOL_WAKES:
-        raise ValueError(f"open_pool: wake must be one of {', '.join(map(repr, POOL_WAKES))} "
+    if wake not in _POOL_WAKES:
+        raise ValueError(f"open_pool: wake must be one of {', '.join(map(repr, _POOL_WAKES))} "
                          f"(a pool's bytes have no element type to fill), got {wake!r}")
     rc = mt_life_enter(a._life)
     if rc != MT_LIFE_OK:

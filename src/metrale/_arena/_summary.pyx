@@ -20,8 +20,8 @@ import re
 from collections.abc import Mapping
 
 from metrale._arena._summary_records import ArenaSummary, BufferInfo, Pin
-from metrale._sizing._spec import POOL_NAME
-from metrale._sizing._wake import MAX_CLASSES
+from metrale._sizing._spec import POOL_NAME as _POOL_NAME
+from metrale._sizing._wake import MAX_CLASSES as _MAX_CLASSES
 
 # Private constructor key: ArenaBuffers come from BufferArena.buffers.
 cdef object _TOKEN = object()
@@ -365,9 +365,9 @@ def memory_stats(ArenaState self):
     cdef SleepState st = a._sleep_state
     imported = a._peers.imported() if a._peers is not None else (0, 0)
     pool = a._pool.stats() if a._pool is not None and not a._pool.closed else {}
-    classes = list(zip(a._buffers.classes, range(MAX_CLASSES)))
+    classes = list(zip(a._buffers.classes, range(_MAX_CLASSES)))
     if a._pool is not None:
-        classes.append((POOL_NAME, TORCH_CLASS))
+        classes.append((_POOL_NAME, TORCH_CLASS))
     return {
         "slab_bytes": a._layout.slab_bytes,
         "reserved_bytes": a._layout.slab_bytes if r is not None and a._alloc else 0,
