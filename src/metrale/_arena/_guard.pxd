@@ -3,10 +3,12 @@
 from libc.stdint cimport uint64_t
 
 from metrale._arena._arena_state cimport ArenaState
+from metrale._arena._sleep_state cimport SleepState
 
 
 cdef class Guard:
-    cdef ArenaState arena         # held: its sleep state and its lifetime word are read
+    cdef ArenaState arena         # held: its lifetime word is read
+    cdef SleepState state         # its sleep state (a reserved arena's: never None)
     cdef uint64_t mask            # the classes it covers, a bit each (_sleep_state.pxd)
     cdef tuple names              # the class of each bit, by bit ("torch" at 63)
 

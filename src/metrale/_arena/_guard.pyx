@@ -74,7 +74,7 @@ def guard(ArenaState self, *names):
             raise ValueError(f"guard: {n!r} is not a class ({', '.join(order)}); "
                              f"{a._buffers._unknown(n)}")
     g = Guard.__new__(Guard, _TOKEN)
-    g.arena, g.mask = a, mask
+    g.arena, g.state, g.mask = a, a._sleep_state, mask
     g.names = tuple(order) + ("",) * (TORCH_CLASS - len(order)) + (_POOL_NAME,)
     return g
 
@@ -103,14 +103,13 @@ What a pass over some classes of an arena checks first (made by
             A class it covers sleeps (each named), or the arena is
             released.
         """
-        cdef SleepState st = self.arena._sleep_state
-        if st.asleep & self.mask or mt_life_released(self.arena._life):
+        if self.state.asleep & self.mask or mt_life_released(self.arena._life):
             raise MetraleError(self._refusal())
 
     cdef str _refusal(self):
         if mt_life_released(self.arena._life):
             return "guard: the buffer arena is released"
-        asleep = self._classes(self.arena._sleep_state.asleep & self.mask)
+        asleep = self._classes(self.state.asleep & self.mask)
         return (f"guard: the pass touches {', '.join(asleep)}, asleep: wake "
                 f"{'it' if len(asleep) == 1 else 'them'} first")
 
@@ -125,15 +124,14 @@ What a pass over some classes of an arena checks first (made by
     @property
     def asleep(self):
         """The classes it covers that sleep now (tuple of str)."""
-        return tuple(self._classes(self.arena._sleep_state.asleep & self.mask))
+        return tuple(self._classes(self.state.asleep & self.mask))
 
     @property
     def epochs(self):
         """Each class it covers -> its wakes so far (dict of str to int): a
         value that changed since a pass means the class woke again since
         (its memory was given back and mapped anew, or refilled)."""
-        cdef SleepState st = self.arena._sleep_state
-        return {self.names[k]: st.epoch[k] for k in range(64) if self.mask >> k & 1}
+        return {self.names[k]: self.state.epoch[k] for k in range(64) if self.mask >> k & 1}
 
     def __repr__(self):
         return f"Guard({', '.join(self.classes)})"
