@@ -42,7 +42,8 @@ cdef list _fills(ArenaState a, list spans):
     for name, pattern in _fills_of(a._buffers):
         i = a._index[name]
         for x, y in outside(a._layout.offset[i], a._layout.offset[i] + a._layout.size[i], spans):
-            out.append((x, y - x, pattern))
+            if y > x:
+                out.append((x, y - x, pattern))
     return out
 
 
