@@ -263,6 +263,11 @@ int mt_life_released(const mt_life *l);
  * `stay_paused` (a sleep) keeps new operations out until the next reshape
  * ends.  A close waits for a running reshape (MT_WAIT_ALL). */
 int mt_life_reshape_begin(mt_life *l, const unsigned char *views_ok);
+/* Inside a reshape: mark slot `slot` asleep or awake.  While the word stays
+ * paused after the reshape (a sleep), exports of the slots asleep are refused
+ * (MT_LIFE_PAUSED) and those of the others made: the buffers of the classes a
+ * partial sleep leaves awake. */
+void mt_life_set_asleep(mt_life *l, int slot, int asleep);
 void mt_life_reshape_end(mt_life *l, int stay_paused);
 int mt_life_paused(const mt_life *l);
 /* Whether the word was inherited across fork(). */

@@ -20,6 +20,10 @@
 #define LIFE_EXPORT_ONE ((uint64_t)1 << 32)
 #define LIFE_EXPORTS    (((uint64_t)1 << 60) - LIFE_EXPORT_ONE)   /* bits 32..59 */
 #define LIFE_IN_FLIGHT  (LIFE_EXPORT_ONE - 1)                       /* bits 0..31 */
+/* In a slot's counter: its buffer sleeps (a partial sleep pauses the word but
+ * leaves the other slots' exports to be made). */
+#define SLOT_ASLEEP     ((uint64_t)1 << 63)
+#define SLOT_COUNT      (SLOT_ASLEEP - 1)
 
 struct mt_life {
     _Atomic uint64_t state;
@@ -104,12 +108,41 @@ void mt_life_leave(mt_life *l)
     atomic_fetch_sub_explicit(&l->state, 1, memory_order_release);
 }
 
+static int slot_asleep(mt_life *l, int slot)
+{
+    return (atomic_load_explicit(&l->exports[slot], memory_order_acquire) & SLOT_ASLEEP) != 0;
+}
+
 int mt_life_export(mt_life *l, int slot)
 {
     if (slot < 0 || slot >= l->nslots) return MT_LIFE_FULL;
-    int rc = life_add(l, LIFE_EXPORT_ONE, LIFE_EXPORTS, LIFE_CLOSING);
-    if (rc == MT_LIFE_OK) atomic_fetch_add_explicit(&l->exports[slot], 1, memory_order_relaxed);
-    return rc;
+    if (forked(l)) return MT_LIFE_FORKED;
+    /* A paused word refuses exports while a reshape runs, and while it
+     * sleeps only those of the slots asleep. */
+    uint64_t s = atomic_load_explicit(&l->state, memory_order_acquire);
+    do {
+        if (s & LIFE_RELEASED) return MT_LIFE_RELEASED;
+        if ((s & LIFE_PAUSED) && ((s & LIFE_BUSY) || slot_asleep(l, slot))) return MT_LIFE_PAUSED;
+        if (s & LIFE_CLOSING) return MT_LIFE_CLOSING;
+        if ((s & LIFE_EXPORTS) == LIFE_EXPORTS) return MT_LIFE_FULL;
+    } while (!atomic_compare_exchange_weak_explicit(&l->state, &s, s + LIFE_EXPORT_ONE,
+                                                    memory_order_acquire, memory_order_acquire));
+    /* A reshape may have begun and ended between the load and the exchange,
+     * leaving the word as it was: its flags, written before it ended, are
+     * read again. */
+    if (slot_asleep(l, slot)) {
+        atomic_fetch_sub_explicit(&l->state, LIFE_EXPORT_ONE, memory_order_release);
+        return MT_LIFE_PAUSED;
+    }
+    atomic_fetch_add_explicit(&l->exports[slot], 1, memory_order_relaxed);
+    return MT_LIFE_OK;
+}
+
+void mt_life_set_asleep(mt_life *l, int slot, int asleep)
+{
+    if (slot < 0 || slot >= l->nslots) return;
+    if (asleep) atomic_fetch_or_explicit(&l->exports[slot], SLOT_ASLEEP, memory_order_relaxed);
+    else atomic_fetch_and_explicit(&l->exports[slot], ~SLOT_ASLEEP, memory_order_relaxed);
 }
 
 void mt_life_unexport(mt_life *l, int slot)
@@ -121,7 +154,7 @@ void mt_life_unexport(mt_life *l, int slot)
 uint64_t mt_life_exports(const mt_life *l, int slot)
 {
     if (slot < 0 || slot >= l->nslots) return 0;
-    return atomic_load_explicit(&((mt_life *)l)->exports[slot], memory_order_relaxed);
+    return atomic_load_explicit(&((mt_life *)l)->exports[slot], memory_order_relaxed) & SLOT_COUNT;
 }
 
 uint64_t mt_life_in_flight(const mt_life *l)
@@ -205,7 +238,7 @@ int mt_life_reshape_begin(mt_life *l, const unsigned char *views_ok)
                             / LIFE_EXPORT_ONE, sum = 0;
             int refused = 0;
             for (int i = 0; i < l->nslots; i++) {
-                uint64_t k = atomic_load_explicit(&l->exports[i], memory_order_acquire);
+                uint64_t k = atomic_load_explicit(&l->exports[i], memory_order_acquire) & SLOT_COUNT;
                 sum += k;
                 if (k && !views_ok[i]) refused = 1;
             }

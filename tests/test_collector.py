@@ -219,12 +219,14 @@ def _cycle_cases():
         "ArenaState": "BufferArena's base (no instance of its own): the arena case",
         "Reservation": "not tracked by the collector (its backend and Held rows); the arena's "
                        "finalizer frees it: the arena case collects reserved arenas",
-        "SleepState": "not tracked by the collector (its backend, C records, its Offload); the "
+        "SleepState": "not tracked by the collector (its backend, C records, a tuple of "
+                      "Offload); the "
                       "arena's finalizer frees it: the arena case collects sleeping arenas",
         "Offload": "not tracked by the collector (its backend and Held rows); the arena's or "
                    "the pool's finalizer frees it: the arena and pool cases collect offloads",
         "Owner": "abstract: the protocol Reservation and Pool implement",
         "Lane": "lives for one sleep or wake call only, holding what the arena holds",
+        "Part": "lives for one sleep or wake call only (a Lane's owner), owning nothing",
         "Peers": "not tracked by the collector (its PeerSlabs, cells and socket); the arena's "
                  "finalizer closes it: the arena case collects shared arenas",
         "_Plan": "owns nothing: a parameter block of addresses and a list of tuples",

@@ -1,7 +1,8 @@
 """Every step of sleep, wake, resize and release under an injected fault at
 that step (docs/stable-addresses.md, docs/lifetime.md): each kind of backend
 operation fails at each of its occurrences in turn, over offload and keep,
-fresh and in pieces, after a resize and while asleep.  Whatever fails, a
+fresh and in pieces, after a resize and while asleep, whole or one class at
+a time (a partial sleep, a partial wake, a partial sleep after one).  Whatever fails, a
 live view of an offloaded buffer stays readable with its bytes, the arena is
 left in a state its documentation names, the kept and offloaded buffers come
 back with their bytes once it is awake, it keeps working, and its release
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 
 from metrale import BufferArena, MetraleError, OutOfMemoryError
+from metrale.reference import REFERENCE
 from metrale.testing import OPERATIONS, FaultyBackend
 
 from helpers import COMPACT, Mem, process_resources, vm_counts
@@ -24,6 +26,14 @@ OFFLOAD = ("hidden_states", "residual", "qkv_output")
 KEEP = ("gate_logits_f32", "norm_unit_w")
 WATCHED = OFFLOAD + KEEP
 NOTHING = ((0, 0, 0), 0, 0, 0, 0)
+# The scenarios naming "class": the watched buffers in two classes, "a" (two
+# offloaded, one kept) and "b" (one each); the others in "default".
+A_OFF, A_KEEP = ("hidden_states", "residual"), ("gate_logits_f32",)
+TAGGED = REFERENCE
+for _n in A_OFF + A_KEEP:
+    TAGGED = TAGGED.replace(_n, tag="a")
+for _n in ("qkv_output", "norm_unit_w"):
+    TAGGED = TAGGED.replace(_n, tag="b")
 # The most occurrences of one kind any scenario below makes (a bound, so
 # that a regression that loops shows as a failure, not a hang).
 MOST = 80
@@ -95,6 +105,19 @@ def _asleep_pooled_resized(a):
     a.resize(64)
 
 
+def _asleep_a(a):
+    a.sleep(offload=A_OFF, keep=A_KEEP, tags="a")
+
+
+def _a_woke(a):
+    _asleep(a)
+    a.wake(tags="a")
+
+
+def _sleep_a(a):
+    a.sleep(offload=A_OFF, keep=A_KEEP, tags="a")
+
+
 SCENARIOS = {
     # name: (set-up, the step, whether views of the offloaded buffers live through it)
     "sleep offload+keep, fresh": (_plain, lambda a: a.sleep(offload=OFFLOAD, keep=KEEP), True),
@@ -127,6 +150,14 @@ SCENARIOS = {
         _pieces_pooled_grown, lambda a: a.sleep(offload=POOLED, keep=KEEP), True),
     "wake offload torch, resized while asleep": (_asleep_pooled_resized, lambda a: a.wake(),
                                                  True),
+    # one class at a time (TAGGED): "a" alone, "a" after it woke alone, the rest
+    "sleep a class": (_plain, _sleep_a, True),
+    "sleep a class, in pieces": (_pieces, _sleep_a, True),
+    "sleep a class after a class woke": (_a_woke, _sleep_a, True),
+    "wake a class": (_asleep, lambda a: a.wake(tags="a"), True),
+    "wake a class, in pieces": (_asleep_pieces, lambda a: a.wake(tags="a"), True),
+    "wake the rest after a class woke": (_a_woke, lambda a: a.wake(), True),
+    "release with a class asleep": (_asleep_a, lambda a: a.release(), False),
 }
 
 
@@ -151,12 +182,14 @@ def _run(scenario, op, nth, over):
     where = (scenario, op, nth, over)
     gpu = FaultyBackend(maps_over=over)
     before_process = process_resources()
-    a = BufferArena.new(COMPACT, *LIMITS, gpu, reserve=TOP)
+    a = BufferArena.new(COMPACT, *LIMITS, gpu, reserve=TOP,
+                        **(dict(buffers=TAGGED) if "class" in scenario else {}))
     m, before = stamp(a, gpu)
     segments = _pooled(a) if "torch" in scenario else {}
     views = {n: np.asarray(a.view(n, "uint8")) for n in OFFLOAD} if with_views else {}
     setup(a)
     was_sleeping = a.is_sleeping()
+    others = set(a.memory_stats()["classes_asleep"]) - {"a"}
     gpu.inject_fault(op, nth)
     failed = None
     try:
@@ -176,10 +209,13 @@ def _run(scenario, op, nth, over):
     # a discarded buffer's
     if offloaded or (not a.is_sleeping() and over):
         assert _changed(segments) == [], where
-    # 2. the state is one the documentation names
+    # 2. the state is one the documentation names, and a step over class "a"
+    # left every other class as it was
     if failed is not None and not a.is_released():
         assert a.is_sleeping() in _allowed(scenario, op, was_sleeping, over), \
             where + (a.is_sleeping(), failed)
+        if "a class" in scenario:
+            assert set(a.memory_stats()["classes_asleep"]) - {"a"} == others, where
     # 3. awake, the kept and offloaded buffers have their bytes, and it works
     if not a.is_released():
         if a.is_sleeping():
@@ -237,6 +273,8 @@ def _changed(segments):
 def _allowed(scenario, op, was_sleeping, over):
     """Whether the arena may be asleep after the step failed at `op`, as the
     documentation says (sleep, wake: docs/stable-addresses.md)."""
+    if "after a class woke" in scenario:
+        return {True}                   # the other class sleeps throughout
     if scenario.startswith("sleep"):
         # a copy, a reservation, new memory or its mapping at the staging
         # range fail before anything changed; a mapping at the buffers' or

@@ -450,7 +450,7 @@ def test_prepare_sleep_refuses_what_sleep_refuses():
             a.prepare_sleep(offload=["torch"])
         assert a.prepare_sleep() == 0 and counts(gpu)[1:] == (0, 0, 0, 0)
         a.sleep()
-        with pytest.raises(MetraleError, match="prepare_sleep: the buffer arena is sleeping"):
+        with pytest.raises(MetraleError, match="prepare_sleep: the buffer arena is already sleeping"):
             a.prepare_sleep(keep=KEEP)
         a.wake()
     with BufferArena.new(COMPACT, *LIMITS, gpu) as plain:

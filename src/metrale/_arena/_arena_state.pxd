@@ -96,6 +96,9 @@ cdef class ArenaState:
 
 
 # Whether the arena sleeps (its physical memory given back).
+# Raise for lifetime code `rc` of `what` (buffer `i`'s view; -1: an
+# operation), naming the classes asleep where a sleep refuses it.
+cdef int refuse(ArenaState a, int rc, str what, int i) except -1
 cdef bint sleeping(ArenaState a)
 # Resizes of a reserved arena so far (0 for a plain one).
 cdef uint64_t reshapes(ArenaState a)

@@ -16,8 +16,8 @@ from cpython.ref cimport PyObject
 from libc.stdint cimport uint64_t
 
 from metrale._base._common cimport mt_py_finalizing
-from metrale._base._core cimport (MT_LIFE_FORKED, MT_LIFE_OK, MT_LIFE_RELEASED, MT_MAX_BUFFERS,
-                                  MT_WAIT_ALL, mt_cursor_free, mt_cursor_new)
+from metrale._base._core cimport (MT_LIFE_FORKED, MT_LIFE_OK, MT_LIFE_PAUSED, MT_LIFE_RELEASED,
+                                  MT_MAX_BUFFERS, MT_WAIT_ALL, mt_cursor_free, mt_cursor_new)
 from metrale._base._life cimport (mt_life_close, mt_life_enter, mt_life_exports, mt_life_forked,
                                   mt_life_free, mt_life_new, mt_life_released, mt_life_reopen,
                                   raise_life, wait_life)
@@ -100,7 +100,7 @@ cdef class ArenaState:
             raise MetraleError("this backend is not the arena's own (pass the backend the arena was built with)")
         rc = mt_life_enter(self._life)
         if rc != MT_LIFE_OK:
-            raise_life(rc, "the buffer arena", "")
+            refuse(self, rc, "", -1)
         return 0
 
     cdef str _exported(self):
@@ -198,7 +198,7 @@ cdef class ArenaState:
             first = first or err
         err = self._sleep_state.close()         # every step is tried, whatever failed before
         first = first or err
-        if not self._sleep_state.offload.at_base:   # else host memory stays in the range
+        if not self._sleep_state.hosting():   # else host memory stays in the range
             err = self._reservation.close()
             first = first or err
             if not self._reservation.alloc:
@@ -249,8 +249,27 @@ cdef uintptr_t rows_queue(ArenaState a) noexcept:
     return a._rows_queue
 
 
+cdef int refuse(ArenaState a, int rc, str what, int i) except -1:
+    cdef SleepState st = a._sleep_state
+    cdef uint64_t bits
+    order = list(a._buffers.classes)
+    if rc == MT_LIFE_PAUSED and st is not None and st.any_asleep() and len(order) > 1:
+        bits = st.asleep & st.classes
+        if i >= 0 and bits >> st.rec[i].cls & 1:
+            raise MetraleError(f"{what}: {a._buffers.names[i]} is of the class "
+                               f"{order[st.rec[i].cls]!r}, asleep: wake it first")
+        asleep = [order[k] for k in range(len(order)) if bits >> k & 1]
+        if i < 0:
+            raise MetraleError(f"{what + ': ' if what else ''}the buffer arena's "
+                               f"{'class' if len(asleep) == 1 else 'classes'} "
+                               f"{', '.join(asleep)} "
+                               f"{'sleeps' if len(asleep) == 1 else 'sleep'}: its operations "
+                               "wait for every class to be awake (wake it first)")
+    raise_life(rc, "the buffer arena", what)
+
+
 cdef bint sleeping(ArenaState a):
-    return a._sleep_state is not None and a._sleep_state.sleeping
+    return a._sleep_state is not None and a._sleep_state.any_asleep()
 
 
 cdef uint64_t reshapes(ArenaState a):

@@ -262,9 +262,18 @@ cdef dict _fingerprint(ArenaState arena, list ids, uintptr_t stream):
 
 # -- the arena's debug methods (BufferArena binds them) ------------------------------------
 
-cdef int refill_guards(ArenaState a) except -1:
+cdef int refill_guards(ArenaState a, list ids=None) except -1:
+    cdef mt_layout only
+    cdef int i
     if a._layout.guard and a._base:
-        fill_guards(a._gpu, &a._layout, a._base, 0)
+        if ids is None:
+            fill_guards(a._gpu, &a._layout, a._base, 0)
+        else:                   # the others' bands may have no memory (a class asleep)
+            only = a._layout
+            for i in range(only.n):
+                if i not in ids:
+                    only.size[i] = 0
+            fill_guards(a._gpu, &only, a._base, 0)
         a._gpu.sync(0)
     return 0
 

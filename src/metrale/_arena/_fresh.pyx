@@ -34,38 +34,41 @@ cdef int init_fresh(ArenaState a) except -1:
     return 0
 
 
-cdef list _fills(ArenaState a, list spans):
-    """(offset, bytes, pattern) of the fill buffers at their sizes, less `spans`
-    ((lo, hi) slab ranges)."""
+cdef list _fills(ArenaState a, list spans, object ids=None):
+    """(offset, bytes, pattern) of the fill buffers (of `ids`, where given) at
+    their sizes, less `spans` ((lo, hi) slab ranges)."""
     cdef Py_ssize_t i
     out = []
     for name, pattern in _fills_of(a._buffers):
         i = a._index[name]
+        if ids is not None and i not in ids:
+            continue
         for x, y in outside(a._layout.offset[i], a._layout.offset[i] + a._layout.size[i], spans):
             if y > x:
                 out.append((x, y - x, pattern))
     return out
 
 
-cdef int wake_fresh(ArenaState a, list spans) except -1:
+cdef int wake_fresh(ArenaState a, list spans, list ids) except -1:
     cdef Py_ssize_t i
     cdef uint64_t g = a._reservation.granule
     cdef Backend be = a._gpu
     cut = [(o, o + n) for o, n in spans]
     spare = set(a._buffers.groups["wake_fill"]) | set(a._buffers.groups["wake_undefined"])
+    names = a._buffers.names
+    woken = set(ids)
     want, kept = [], list(cut)
-    for name in a._buffers.names:
-        i = a._index[name]
+    for i in range(len(names)):
         lo, hi = a._layout.offset[i], a._layout.offset[i] + a._layout.size[i]
-        if name in spare:
-            kept.append((lo, hi))
+        if i not in woken or names[i] in spare:
+            kept.append((lo, hi))       # not zeroed, nor merged over
         elif hi > lo:
             want.extend(outside(lo, hi, cut))
     zero_spans(be, a._base, want, g, kept)
-    fills = _fills(a, cut)
+    fills = _fills(a, cut, woken)
     if fills:
         fill_spans(be, a._base, fills, 0)
-    refill_guards(a)
+    refill_guards(a, ids)
     return 0
 
 

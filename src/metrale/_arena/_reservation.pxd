@@ -26,7 +26,16 @@ cdef class Reservation(Owner):
     cdef uintptr_t alloc          # the virtual reservation (0: none, or freed) ...
     cdef uintptr_t base           # ... the slab's base in it (chunk offsets are from here)
     cdef uint64_t nbytes          # ... and its bytes
+    cdef tuple spans              # per class, [(lo, hi)] the granules of its buffers' rooms
+    cdef list bounds              # where chunks are cut: every class's spans' ends (a chunk
+                                  # holds one class: a class sleeps apart)
 
+    # Each buffer's class (`cls`, indices; `names` for messages): the spans of
+    # the rooms of each, whole granules; a granule that two classes' buffers
+    # share is refused (ValueError), as it could sleep with neither alone.
+    cdef int classify(self, const mt_layout *L, list cls, tuple names) except -1
+    # The chunks of class `k` (its spans): an Owner the offload engine moves.
+    cdef Owner part(self, int k)
     # Map what the layout `L` needs and is not mapped (no chunk longer than
     # `piece`); on failure what this call mapped is unmapped again.
     cdef int commit(self, const mt_layout *L, uintptr_t base) except -1

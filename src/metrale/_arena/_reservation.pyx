@@ -17,7 +17,7 @@ cimport cython
 from libc.stdint cimport uint64_t, uintptr_t
 from libc.stdlib cimport free, malloc
 
-from metrale._arena._offload cimport Owner, cut
+from metrale._arena._offload cimport Owner, cut, overlap
 from metrale._backends._backend cimport Backend
 from metrale._base._core cimport (MT_MAX_BUFFERS, mt_chunk_needed, mt_commit_gaps, mt_commit_needed,
                                   mt_layout, mt_range)
@@ -48,6 +48,37 @@ cdef class Reservation(Owner):
         if token is not _TOKEN:
             raise TypeError("Reservation is made by a reserved BufferArena")
         self.chunks, self.orphans = Held(3), Held(2)
+
+    cdef int classify(self, const mt_layout *L, list cls, tuple names) except -1:
+        cdef uint64_t g = self.granule, lo, hi
+        cdef int i, b
+        spans = [[] for _ in range(max(cls) + 1 if cls else 0)]
+        last = None                     # (hi, class, buffer) of the last room
+        for i in range(L.n):
+            b = L.order[i]
+            if not L.room[b]:
+                continue
+            lo = L.offset[b] // g * g
+            hi = (L.offset[b] + L.room[b] + g - 1) // g * g
+            if last is not None and lo < last[0] and last[1] != cls[b]:
+                raise ValueError(f"{names[last[2]]} and {names[b]} share a granule of the "
+                                 "reservation and are of different classes (tags), which "
+                                 "could then sleep apart: give them one tag (the step inputs, "
+                                 "and the scratch after them, share granules)")
+            k = spans[cls[b]]
+            if k and k[-1][1] >= lo:
+                k[-1] = (k[-1][0], max(k[-1][1], hi))
+            else:
+                k.append((lo, hi))
+            last = (hi, cls[b], b)
+        self.spans = tuple(spans)
+        self.bounds = sorted({x for k in spans for run in k for x in run})
+        return 0
+
+    cdef Owner part(self, int k):
+        cdef Part p = Part.__new__(Part, _TOKEN)
+        p.r, p.spans = self, self.spans[k]
+        return p
 
     cdef int commit(self, const mt_layout *L, uintptr_t base) except -1:
         return self.commit_need(base, self.needed(L), 0, 0xFFFFFFFFFFFFFFFF, 0)
@@ -95,7 +126,7 @@ cdef class Reservation(Owner):
                 x, y = max(gaps[i].offset, lo), min(gaps[i].offset + gaps[i].length, hi)
                 if x < y:
                     window.append((x, y - x))
-            pieces = cut(window, self.piece)
+            pieces = cut(_split(window, self.bounds), self.piece)
             try:
                 for at, n in pieces:
                     if self.shareable:
@@ -327,6 +358,50 @@ cdef class Reservation(Owner):
         return err
 
 
+# no_gc: it holds its Reservation (which holds no Part) and integers.
+@cython.no_gc
+@cython.final
+cdef class Part(Owner):
+    """The chunks of one class of a Reservation (made by it)."""
+    cdef Reservation r
+    cdef list spans                 # [(lo, hi)] sorted: the class's granules
+
+    def __cinit__(self, token=None):
+        if token is not _TOKEN:
+            raise TypeError("Part is made by a Reservation")
+
+    cdef list mapped(self):
+        return [(c[0], c[1]) for c in self.r.chunks if _within(self.spans, c[0])]
+
+    cdef object unmap_one(self, uintptr_t base, uint64_t offset):
+        return self.r.unmap_one(base, offset)
+
+    cdef int commit_need(self, uintptr_t base, list need, uint64_t lo, uint64_t hi,
+                         uintptr_t fill) except -1:
+        return self.r.commit_need(base, overlap(need, [(x, y - x) for x, y in self.spans]),
+                                  lo, hi, fill)
+
+
+cdef bint _within(list spans, uint64_t at):
+    for x, y in spans:
+        if x <= at < y:
+            return True
+    return False
+
+
+cdef list _split(list window, list bounds):
+    """The (offset, bytes) `window` cut at each of `bounds` inside a run."""
+    out = []
+    for x, n in window:
+        for b in bounds:
+            if x < b < x + n:
+                out.append((x, b - x))
+                n -= b - x
+                x = b
+        out.append((x, n))
+    return out
+
+
 cdef object _release(Backend be, uint64_t h, size_t n, Held orphans):
     try:
         be.release_handle(h, n)
@@ -345,4 +420,5 @@ cdef Reservation reservation_new(Backend gpu, bint shareable, object top_sizes,
     r.granule = gpu.granularity()
     r.shareable = shareable
     r.top_sizes, r.top_limits = top_sizes, top_limits
+    r.spans, r.bounds = (), []
     return r

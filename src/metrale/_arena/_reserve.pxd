@@ -9,6 +9,8 @@ cdef int build(ArenaState a, object sizes, object top_sizes, bint shareable) exc
 # What a new arena starts with (init_zero buffers zeroed, fill buffers filled),
 # and wait.
 cdef int zero_fresh(ArenaState a) except -1
+# Refuse `what` (MetraleError) for an arena with no reservation.
+cdef int reserved(ArenaState a, str what) except -1
 # Start a reshape (refusals named, nothing changed; views of the buffer ids in
 # `views_ok` may stay alive), then wait for the operations in flight.
 cdef int begin(ArenaState a, str what, object views_ok=*) except -1

@@ -65,9 +65,11 @@ cdef int build(ArenaState a, object sizes, object top_sizes, bint shareable) exc
         raise ValueError("the reservation of these sizes exceeds 2^64 - 1 bytes")
     if rc != MT_OK:
         raise ValueError(f"granularity {r.granule} of {be!r} is not a power of two >= 256")
+    order = list(a._buffers.classes)
+    cls = [order.index(a._buffers[n].tag) for n in names]
+    r.classify(&a._layout, cls, names)
     a._reservation = r
-    a._sleep_state = sleep_state_new(be, a._layout.n, a._layout.slab_bytes,
-                                     len(a._buffers.classes))
+    a._sleep_state = sleep_state_new(be, a._layout.n, a._layout.slab_bytes, cls)
     a._set_bytes(values)
     if a._layout.slab_bytes:
         try:
@@ -135,7 +137,8 @@ def is_reserved(ArenaState self):
 
 @cython.binding(True)
 def is_sleeping(ArenaState self):
-    """Whether `sleep` has given the arena's physical memory back.
+    """Whether `sleep` has given the memory of a class of the arena's buffers back
+    (``memory_stats()["classes_asleep"]`` names them).
 
     Returns
     -------
@@ -146,6 +149,12 @@ def is_sleeping(ArenaState self):
 
 # -- reshapes -------------------------------------------------------------------------------
 
+cdef int reserved(ArenaState a, str what) except -1:
+    if a._reservation is None:
+        raise MetraleError(f"{what}: the arena has no reservation (build it with reserve=...)")
+    return 0
+
+
 cdef int begin(ArenaState a, str what, object views_ok=None) except -1:
     """Start a reshape: refused (nothing changed) unless the arena is
     reserved, not shared, and nothing else holds it (live views only of the
@@ -154,8 +163,7 @@ cdef int begin(ArenaState a, str what, object views_ok=None) except -1:
     before this: no user code runs while a reshape holds the arena."""
     cdef unsigned char ok[MT_MAX_BUFFERS]
     cdef unsigned char *okp = NULL
-    if a._reservation is None:
-        raise MetraleError(f"{what}: the arena has no reservation (build it with reserve=...)")
+    reserved(a, what)
     if a._peers is not None:
         pins = ", ".join(f"{p.kind}: {p.count}" for p in a.pins() if p.kind != "view")
         raise MetraleError(f"{what}: the arena is shared with its tensor-parallel peers"
@@ -299,6 +307,9 @@ def resize(ArenaState self, max_batch_tokens=None, max_seq_len=None, kv_block_si
     # a view of a buffer that keeps at least its size keeps its memory
     begin(a, "resize", [i for i in range(n) if cur[i] >= a._layout.size[i]])
     try:
+        if sleeping(a) and not a._sleep_state.all_asleep():
+            raise MetraleError("resize: some classes of the arena sleep and others are awake; "
+                               "wake them, or put the others to sleep, first")
         for i in range(n):
             old[i] = a._layout.size[i]
         old_mbt = a._layout.max_batch_tokens

@@ -1,8 +1,10 @@
 # cython: language_level=3, binding=False
 """What a reserved arena's sleep holds (docs/stable-addresses.md): one record
-per buffer (discarded, kept with its pinned host copy, or offloaded, and the
-bytes moved), the pinned copies, and the buffers' `Offload` (_offload.pyx):
-the host memory their offloads move to and the engine that moves them.
+per buffer (its class; discarded, kept with its pinned host copy, or
+offloaded, and the bytes moved), the pinned copies, the classes asleep and
+each one's wakes, and per class an `Offload` (_offload.pyx): the host memory
+its buffers' offloads move to and the engine that moves them (a class sleeps
+and wakes apart: its host memory is its own).
 
 The host memory and the copies are made by the first sleep that needs them
 and reused by the next ones; `close` (the arena's release) frees them.  The
@@ -15,7 +17,7 @@ cimport cython
 from libc.stdint cimport uint64_t, uintptr_t
 from libc.stdlib cimport calloc, free
 
-from metrale._arena._offload cimport offload_new
+from metrale._arena._offload cimport Offload, offload_new
 from metrale._backends._backend cimport Backend
 from metrale._base._core cimport mt_layout
 
@@ -39,14 +41,28 @@ cdef class SleepState:
         free(self.rec)              # the copies are the arena's to free (close)
         self.rec = NULL
 
+    cdef bint any_asleep(self) noexcept:
+        return (self.asleep & self.classes) != 0
+
+    cdef bint all_asleep(self) noexcept:
+        return self.classes != 0 and (self.asleep & self.classes) == self.classes
+
+    cdef uint64_t mask_of(self, object ids):
+        cdef uint64_t m = 0
+        for i in ids:
+            m |= <uint64_t>1 << self.rec[<int>i].cls
+        return m
+
+    cdef list ids_of(self, uint64_t mask):
+        return [i for i in range(self.n) if mask >> self.rec[i].cls & 1]
+
     cdef list with_fate(self, unsigned char fate):
         return [i for i in range(self.n) if self.rec[i].fate == fate]
 
-    cdef int set_fates(self, dict offloaded, dict kept) except -1:
-        cdef int i
-        for i in range(self.n):
-            self.rec[i].fate = FATE_DISCARDED
-            self.rec[i].moved = 0
+    cdef int set_fates(self, list ids, dict offloaded, dict kept) except -1:
+        for i in ids:
+            self.rec[<int>i].fate = FATE_DISCARDED
+            self.rec[<int>i].moved = 0
         for i, b in offloaded.items():
             self.rec[i].fate = FATE_OFFLOADED
             self.rec[i].moved = b
@@ -77,11 +93,11 @@ cdef class SleepState:
             self.rec[<int>i].capacity = n
         return 0
 
-    cdef tuple to_move(self, const mt_layout *L):
+    cdef tuple to_move(self, const mt_layout *L, list ids):
         cdef int i
         cdef uint64_t n
         moves, keeps = [], []
-        for i in range(self.n):
+        for i in ids:
             n = min(self.rec[i].moved, L.size[i])
             if not n:
                 continue
@@ -113,16 +129,37 @@ cdef class SleepState:
                 t += self.rec[i].capacity
         return t
 
+    cdef uint64_t host_offload_bytes(self):
+        cdef uint64_t t = 0
+        cdef Offload o
+        for o in self.offloads:
+            t += o.host_bytes()
+        return t
+
+    cdef Py_ssize_t host_handles(self):
+        cdef Py_ssize_t t = 0
+        cdef Offload o
+        for o in self.offloads:
+            t += len(o.hosted)
+        return t
+
+    cdef bint hosting(self):
+        cdef Offload o
+        for o in self.offloads:
+            if o.at_base:
+                return True
+        return False
+
     cdef void forget(self) noexcept:
         cdef int i
-        self.offload.forget()
+        cdef Offload o
+        for o in self.offloads:
+            o.forget()
         for i in range(self.n):
             self.rec[i].host = 0
             self.rec[i].capacity = 0
 
-    cdef void settle_classes(self, bint pool_asleep) noexcept:
-        cdef uint64_t now = (self.classes if self.sleeping else 0) | \
-            ((<uint64_t>1 << TORCH_CLASS) if pool_asleep else 0)
+    cdef void settle_classes(self, uint64_t now) noexcept:
         cdef uint64_t woke = self.asleep & ~now
         cdef int k
         for k in range(64):
@@ -131,12 +168,20 @@ cdef class SleepState:
         self.asleep = now
 
     cdef bint holds(self):
-        return bool(self.offload.holds() or self.host_keep_bytes())
+        cdef Offload o
+        for o in self.offloads:
+            if o.holds():
+                return True
+        return bool(self.host_keep_bytes())
 
     cdef object close(self):
         cdef Backend be = self.gpu
+        cdef Offload o
         cdef int i
-        first = self.offload.close()
+        first = None
+        for o in self.offloads:         # every one is tried
+            err = o.close()
+            first = first or err
         for i in range(self.n):         # the copies of keep (nothing on the device uses them)
             if self.rec[i].host:
                 be.host_free(<void *>self.rec[i].host)
@@ -145,13 +190,18 @@ cdef class SleepState:
         return first
 
 
-cdef SleepState sleep_state_new(Backend gpu, int n, uint64_t stage_bytes, int classes):
+cdef SleepState sleep_state_new(Backend gpu, int n, uint64_t stage_bytes, list classes):
     cdef SleepState s = SleepState.__new__(SleepState, _TOKEN)
+    cdef int i, k = max(classes) + 1 if classes else 0
     s.gpu = gpu
     s.n = n
-    s.classes = (<uint64_t>1 << classes) - 1      # classes <= 63 (BufferSet)
-    s.offload = offload_new(gpu, stage_bytes)
+    s.classes = (<uint64_t>1 << k) - 1      # k <= 63 (BufferSet)
+    # one engine per class: none reserves or allocates anything before its
+    # class offloads
+    s.offloads = tuple(offload_new(gpu, stage_bytes) for _ in range(k))
     s.rec = <SleepRecord *>calloc(n if n > 0 else 1, sizeof(SleepRecord))
     if s.rec == NULL:
         raise OutOfMemoryError("cannot allocate the arena's sleep records")
+    for i in range(n):
+        s.rec[i].cls = classes[i]
     return s

@@ -12,10 +12,10 @@ from cpython.ref cimport Py_INCREF, Py_DECREF
 from libc.stdint cimport int64_t, uint64_t, uintptr_t
 from libc.stdlib cimport malloc, free
 
-from metrale._arena._arena_state cimport ArenaState
+from metrale._arena._arena_state cimport ArenaState, refuse
 from metrale._base._common cimport MT_MAX_NDIM, dtype_info, index_arg
 from metrale._base._core cimport MT_LIFE_OK, mt_life
-from metrale._base._life cimport mt_life_export, mt_life_released, mt_life_unexport, raise_life
+from metrale._base._life cimport mt_life_export, mt_life_released, mt_life_unexport
 from metrale._base._dlpack cimport DLManagedTensor, DLManagedTensorVersioned, DLTensor
 
 from metrale._base.errors import MetraleError
@@ -91,7 +91,7 @@ def view(ArenaState self, name, dtype=None, shape=None):
             request = (request[0], _dims(own, request[0][3] // 8))
     rc = mt_life_export(a._life, i)
     if rc != MT_LIFE_OK:
-        raise_life(rc, "the buffer arena", "view")
+        refuse(a, rc, "view", i)
     try:        # counted: no reshape can change the buffer until the view is gone
         return make_view(a, a._life, i, name, a._bytes[i], a._ptrs[i], a._gpu.device_type,
                          a._gpu.device_id, request)

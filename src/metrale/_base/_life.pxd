@@ -20,6 +20,7 @@ cdef void mt_life_reopen(mt_life *l) noexcept nogil
 cdef int mt_life_released(const mt_life *l) noexcept nogil
 cdef int mt_life_reshape_begin(mt_life *l, const unsigned char *views_ok) noexcept nogil
 cdef void mt_life_reshape_end(mt_life *l, int stay_paused) noexcept nogil
+cdef void mt_life_set_asleep(mt_life *l, int slot, int asleep) noexcept nogil
 cdef int mt_life_forked(const mt_life *l) noexcept nogil
 
 # Raise the exception for lifetime code `rc` (never returns normally).

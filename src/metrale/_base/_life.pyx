@@ -31,6 +31,7 @@ cdef extern from "arena_core.h" nogil:
     int c_released "mt_life_released"(const mt_life *l)
     int c_reshape_begin "mt_life_reshape_begin"(mt_life *l, const unsigned char *views_ok)
     void c_reshape_end "mt_life_reshape_end"(mt_life *l, int stay_paused)
+    void c_set_asleep "mt_life_set_asleep"(mt_life *l, int slot, int asleep)
     int c_forked "mt_life_forked"(const mt_life *l)
 
 
@@ -73,6 +74,9 @@ cdef int mt_life_reshape_begin(mt_life *l, const unsigned char *views_ok) noexce
 
 cdef void mt_life_reshape_end(mt_life *l, int stay_paused) noexcept nogil:
     c_reshape_end(l, stay_paused)
+
+cdef void mt_life_set_asleep(mt_life *l, int slot, int asleep) noexcept nogil:
+    c_set_asleep(l, slot, asleep)
 
 cdef int mt_life_forked(const mt_life *l) noexcept nogil:
     return c_forked(l)
