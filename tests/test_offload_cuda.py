@@ -76,6 +76,46 @@ def test_the_wake_contracts_on_the_device(gpu):
             assert not m.read("acts").any() and (m.read("half") == half).all()
 
 
+def test_classes_sleep_and_wake_apart_on_the_device(gpu):
+    from metrale import BufferSet, BufferSpec, MetraleError
+    own = BufferSet([
+        BufferSpec("weights", "bfloat16", ["hidden_size", "hidden_size"], wake="keep",
+                   tag="weights"),
+        BufferSpec("kv", "bfloat16", ["max_seq_len", "hidden_size"], tag="kv"),
+        BufferSpec("scale", "float32", ["max_seq_len", 4], wake="fill:1.0", tag="kv"),
+        BufferSpec("acts", "bfloat16", ["max_batch_tokens", "hidden_size"], wake="offload",
+                   tag="activations"),
+        BufferSpec("head", "bfloat16", ["hidden_size", 64], wake="keep", tag="weights"),
+    ])
+    one = np.frombuffer(b"\x00\x00\x80\x3f" * 4, np.uint8)     # float32 1.0
+    with BufferArena.new(COMPACT, *LIMITS, gpu, reserve=LIMITS, buffers=own) as a:
+        m = Mem(a, gpu)
+        for i, name in enumerate(own.names):
+            m.fill(name, i + 1)
+        before = {n: m.read(n) for n in own.names}
+        full = a.committed_bytes()
+        a.sleep(tags="kv")                  # the others stay mapped, their bytes in place
+        assert 0 < a.committed_bytes() < full
+        for name in ("weights", "acts", "head"):
+            assert (m.read(name) == before[name]).all(), name
+        a.wake(tags="kv")
+        assert not m.read("kv").any()
+        assert (m.read("scale").reshape(-1, 16) == one).all()
+        a.sleep()
+        a.wake(tags="weights")              # weights first, as a refit wants them
+        with pytest.raises(MetraleError, match="kv, activations"):
+            a.guard().check()
+        for name in ("weights", "head"):
+            assert (m.read(name) == before[name]).all(), name
+        m.fill("weights", 0x44)             # the new weights
+        a.sleep(tags="weights")             # a partial sleep after a partial wake
+        a.wake()
+        assert (m.read("weights") == 0x44).all()
+        assert (m.read("acts") == before["acts"]).all()
+        assert a.committed_bytes() == full
+        assert a.guard().epochs == {"weights": 2, "kv": 2, "activations": 1}
+
+
 def test_tensors_and_a_graph_live_through_sleep_and_wake(gpu):
     torch = pytest.importorskip("torch")
     with BufferArena.new(COMPACT, *LIMITS, gpu, reserve=LIMITS) as a:

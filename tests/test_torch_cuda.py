@@ -376,3 +376,60 @@ def test_the_pool_growing_never_invalidates_another_threads_capture(arena):
     assert torch.equal(y, torch.relu(x) + 1.0)
     out.clear()
     del g, y
+
+
+# -- a staged wake under a guarded graph (issue 51) ------------------------------------------
+
+def test_a_guarded_graph_refuses_a_replay_until_every_class_it_uses_is_awake(gpu):
+    from metrale import BufferSet
+    if not torch.cuda.is_available():
+        pytest.skip("torch sees no CUDA device")
+    engine = BufferSet([
+        BufferSpec("w", "bfloat16", ["H", "H"], wake="keep", tag="weights"),
+        BufferSpec("kv", "bfloat16", [64, "H"], tag="kv"),
+        BufferSpec("x", "bfloat16", [64, "H"], tag="activations"),
+        BufferSpec("y", "bfloat16", [64, "H"], tag="activations"),
+    ])
+    a = BufferArena.new(COMPACT, 64, 512, 16, 8, gpu, reserve=RESERVE, buffers=engine)
+    try:
+        mt.pool(a, 64 * MIB)
+        w, kv, x, y = mt.tensors(a, "w", "kv", "x", "y")
+        for t in (w, kv, x):
+            t.copy_(torch.randn(t.shape, device="cuda", dtype=torch.bfloat16))
+        torch.cuda.synchronize()
+        g = mt.graph(a, uses=["weights", "kv", "activations", "torch"])
+        assert g.guard.classes == ("weights", "kv", "activations", "torch")
+        # elementwise kernels: the same under capture as eagerly (cuBLAS may
+        # pick another GEMM kernel under capture: ENGINEERING.md)
+        with torch.cuda.graph(g, pool=mt.pool(a).id):
+            torch.addcmul(kv, x, w[:64], out=y)
+            y.mul_(torch.sigmoid(x))
+        w_bytes = w.clone()
+        del w, kv, x, y                         # the graph holds the addresses, not tensors
+        a.sleep()
+        a.wake(tags="weights")                  # the refit's stage: weights only
+        with pytest.raises(MetraleError, match="kv, activations, torch, asleep"):
+            g.replay()
+        torch.cuda.synchronize()                # nothing launched: the device is sound
+        a.wake(tags=["activations", "torch"])
+        with pytest.raises(MetraleError, match="touches kv, asleep"):
+            g.replay()
+        torch.cuda.synchronize()
+        a.wake(tags="kv")
+        w, kv, x, y = mt.tensors(a, "w", "kv", "x", "y")
+        assert torch.equal(w, w_bytes)          # "keep": the weights' bytes
+        assert not kv.any() and not x.any()     # "zero": the cache and activations
+        kv.copy_(torch.randn(kv.shape, device="cuda", dtype=torch.bfloat16))   # a prefill
+        x.copy_(torch.randn(x.shape, device="cuda", dtype=torch.bfloat16))
+        g.replay()
+        want = torch.addcmul(kv, x, w[:64])
+        want.mul_(torch.sigmoid(x))
+        torch.cuda.synchronize()
+        assert torch.equal(y, want)
+        assert g.guard.epochs == {"weights": 1, "kv": 1, "activations": 1, "torch": 1}
+        del w, kv, x, y, want, w_bytes, g
+    finally:
+        gc.collect()
+        torch.cuda.synchronize()
+        mt.close_pool(a)
+        a.release()

@@ -14,6 +14,9 @@ Optional (``pip install 'metrale[torch]'``): importing it imports torch;
   pool=metrale.torch.pool(arena).id)``) replay after a wake.  The pool's
   two C functions are metrale's own (src/pool.c), no library to load.
 - `close_pool`: give torch's pool back, then the arena's.
+- `graph`: a ``torch.cuda.CUDAGraph`` whose ``replay()`` first checks a
+  guard over the classes it uses (``BufferArena.guard``): a replay over a
+  class still asleep raises MetraleError instead of faulting the device.
 - `install_workspaces`: declared buffers as torch's cuBLAS workspace and
   Triton's scratch allocator, so their memory is inside the slab (and so
   what a CUDA graph captures); `Workspaces.remove` takes them back.
@@ -33,8 +36,8 @@ from .._base.errors import MetraleError
 from ._torch_workspaces import Workspaces, install_workspaces, rearm_cublas
 from ._torch_workspaces import _device_of
 
-__all__ = ["Workspaces", "close_pool", "install_workspaces", "pool", "tensor", "tensors",
-           "use_pool"]
+__all__ = ["GuardedGraph", "Workspaces", "close_pool", "graph", "install_workspaces", "pool",
+           "tensor", "tensors", "use_pool"]
 
 # The element types DLPack may not carry into torch (its FP8 codes are
 # DLPack 1.1's) -> the unsigned integers of their width they are exported as,
@@ -219,3 +222,75 @@ def close_pool(arena):
             "of the arena's pool: tensors allocated in it, CUDA graphs captured into it, or "
             "another reference to its MemPool are alive")
     arena.close_pool()
+
+
+# torch.cuda.CUDAGraph.replay calls this (one Python frame less here).
+_replay = torch._C._CUDAGraph.replay
+
+
+class GuardedGraph(torch.cuda.CUDAGraph):
+    """A ``torch.cuda.CUDAGraph`` whose `replay` checks its guard first (made
+    by `graph`): captured, replayed and reset as torch's.
+
+    Attributes
+    ----------
+    guard : metrale.Guard
+        What `replay` checks: the classes the graph's kernels touch.
+    """
+
+    def __new__(cls, guard, keep_graph=False):
+        return super().__new__(cls, keep_graph)
+
+    def __init__(self, guard, keep_graph=False):
+        super().__init__(keep_graph)
+        self.guard = guard
+        self._check = guard.check
+
+    def replay(self):
+        """Replay the graph once no class it uses sleeps.
+
+        Raises
+        ------
+        MetraleError
+            A class it uses sleeps (each named), or the arena is released:
+            nothing was launched.
+        """
+        self._check()
+        _replay(self)
+
+
+def graph(arena, uses=(), keep_graph=False):
+    """A CUDA graph that refuses to replay over sleeping memory.
+
+    Capture it as any ``torch.cuda.CUDAGraph`` (``with torch.cuda.graph(g,
+    pool=metrale.torch.pool(arena).id): ...``); its ``replay()`` first tests
+    the arena's mask of sleeping classes (``arena.guard(*uses).check()``, a
+    few tens of nanoseconds) and raises, launching nothing, while one of the
+    classes the graph touches sleeps: a staged wake (weights first, the KV
+    cache later) cannot run a pass over memory still unmapped.
+
+    Parameters
+    ----------
+    arena : BufferArena
+        A reserved arena.
+    uses : iterable of str, optional
+        The classes (``BufferSpec(tag=...)``; ``"torch"``: the pool) or
+        buffers the graph reads or writes; empty: every class of the arena
+        (and its pool's, where it has one).
+    keep_graph : bool, optional
+        As ``torch.cuda.CUDAGraph`` takes it.
+
+    Returns
+    -------
+    GuardedGraph
+
+    Raises
+    ------
+    TypeError, ValueError
+        As `BufferArena.guard`, for `uses`.
+    MetraleError
+        The arena has no reservation.
+    """
+    if isinstance(uses, str):
+        uses = (uses,)
+    return GuardedGraph(arena.guard(*tuple(uses)), keep_graph)
