@@ -84,12 +84,18 @@ def setup():
                                reserve=(128, 4096, 16, 32))
     guard = reserved.guard()
 
+    class Launch:           # what a guarded pass calls: a bound method
+        def replay(self):
+            pass
+    launch = Launch()
+    guarded = guard.wrap(launch.replay)
+
     class Plain:
         pass
     plain = Plain()
     plain.ptr = arena.hidden_states()
     return dict(arena=arena, empty=empty, custom=custom, gpu=gpu, cfg=cfg, mgr=mgr, refm=refm,
-                local=local, guard=guard,
+                local=local, guard=guard, launch=launch, guarded=guarded,
                 slots=SlotsArena(arena.hidden_states()), plain=plain, dct={"hidden_states": 1})
 
 
@@ -129,6 +135,8 @@ ROWS = [
     ("scratch", "anchor: threading.local read", "local.space"),
     ("guard", "anchor: __slots__ method -> int, again", "slots.hidden_states()"),
     ("guard", "guard.check() (awake; goal <= 50 ns)", "guard.check()"),
+    ("guard", "anchor: a bound Python method, called", "launch.replay()"),
+    ("guard", "guard.wrap(that method)() (a guarded replay's shape)", "guarded()"),
 ]
 
 

@@ -331,9 +331,12 @@ def needed_bytes(a, gran, guard=0):
 
 
 def ptr_of(arena, name):
-    """The pointer of any reference buffer (the two without an accessor via a view)."""
+    """The pointer of any reference buffer (the two without an accessor via a
+    view), or of any buffer of an own set (`ptr`)."""
     if name in NO_POINTER:
         return arena.view(name, "uint8").ptr if getattr(arena.sizes(), name) else 0
+    if not hasattr(type(arena), name):
+        return arena.ptr(name)
     return getattr(arena, name)()
 
 

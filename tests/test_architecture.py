@@ -164,6 +164,7 @@ def test_every_concept_of_the_table_is_a_class_of_its_pxd():
         "_Plan": "a parameter block private to _allreduce.pyx",
         "ArenaBuffers": "a read-only mapping over the arena, owning nothing",
         "BufferArena": "the final class: nothing else cimports it",
+        "Guarded": "a callable behind a Guard, made by Guard.wrap: nothing else cimports it",
         "Part": "one class's chunks of a Reservation: an Owner it makes for a sleep or a wake",
     }
     for p in _ARENA.glob("*.pyx*"):

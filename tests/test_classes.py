@@ -304,3 +304,30 @@ def test_buffers_sharing_a_granule_must_share_a_class():
     with pytest.raises(ValueError, match="token_ids and scratch share a granule"):
         BufferArena.new(COMPACT, 64, *RESERVE[1:], FaultyBackend(), reserve=RESERVE, env=NOENV,
                         buffers=own)
+
+
+def test_summary_and_pins_report_each_class():
+    with _arena() as a:
+        a.sleep(tags="kv")
+        view = a.view("wq", "uint8")
+        got = {c.name: c for c in a.summary().classes}
+        assert list(got) == ["weights", "kv", "activations"]
+        for cls, names in CLASSES.items():
+            c = got[cls]
+            assert c.buffers == names and c.asleep == (cls == "kv")
+            assert c.committed_bytes == (0 if cls == "kv" else _granules(a, names))
+            assert c.epoch == 0
+        assert "kv (asleep, 0 bytes mapped, woken 0x)" in str(a.summary())
+        assert [(p.kind, p.name, p.count, p.tag) for p in a.pins()] == \
+            [("view", "wq", 1, "weights")]
+        del view
+        with pytest.raises(MetraleError, match="sleeping"):
+            a.open_pool(4 * G)              # a pool opens on an arena awake whole
+        a.wake(tags="kv")
+        pool = a.open_pool(4 * G)
+        p = pool.alloc(G)
+        assert a.pins()[-1].tag == "torch"
+        c = a.summary().classes[-1]
+        assert (c.name, c.buffers, c.asleep, c.committed_bytes) == ("torch", (), False, G)
+        assert a.summary().classes[1].epoch == 1
+        pool.free(p, G)

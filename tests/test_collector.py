@@ -196,6 +196,24 @@ def _cycle_cases():
         gc.collect()
         return vm_counts(gpu) == (0, 0, 0)
 
+    def guarded_case():
+        # A graph's guarded replay: the graph holds it and it holds the graph
+        # (its bound replay); the cycle goes, the arena's memory with it.
+        import gc
+        from helpers import vm_counts
+        gpu = HostBackend()
+        arena = _reserved(gpu)
+
+        class Graph:
+            def replay(self):
+                pass
+        graph = Graph()
+        graph.replay = arena.guard().wrap(graph.replay)
+        _collect(graph=graph, arena=arena)
+        del graph, arena
+        gc.collect()
+        return vm_counts(gpu) == (0, 0, 0)
+
     def scratch_case():
         m = ScratchSpaceManager(4096, 2)
         s = m.get_scratch()
@@ -231,7 +249,7 @@ def _cycle_cases():
                  "finalizer closes it: the arena case collects shared arenas",
         "_Plan": "owns nothing: a parameter block of addresses and a list of tuples",
         "ArenaBuffers": "owns nothing; holds its arena, which holds nothing of it back",
-        "Pool": pool_case, "Guard": guard_case,
+        "Pool": pool_case, "Guard": guard_case, "Guarded": guarded_case,
         "ScratchSpaceManager": scratch_case, "ScratchSpace": scratch_case,
         "_TableRef": scratch_case, "_Region": scratch_case, "_Lease": scratch_case,
     }

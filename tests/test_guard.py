@@ -132,3 +132,23 @@ def test_a_failed_sleep_leaves_the_classes_awake():
         assert not a.is_sleeping()
         g.check()
         assert g.epochs == dict.fromkeys(g.classes, 0)
+
+
+def test_a_wrapped_call_runs_only_while_its_classes_are_awake():
+    with _arena() as a:
+        calls = []
+        run = a.guard("kv").wrap(lambda *args: calls.append(args) or len(calls))
+        assert run(1, 2) == 1 and calls == [(1, 2)]
+        assert run.guard.classes == ("kv",)
+        a.sleep(tags="kv")
+        with pytest.raises(MetraleError, match="touches kv, asleep"):
+            run()
+        assert calls == [(1, 2)]                # nothing called
+        a.guard("weights").wrap(calls.clear)()  # another class: awake
+        assert calls == []
+        a.wake(tags="kv")
+        assert run() == 1
+    with pytest.raises(MetraleError, match="released"):
+        run()
+    with pytest.raises(TypeError, match="fn must be callable"):
+        _arena().guard().wrap(3)

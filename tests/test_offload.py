@@ -181,7 +181,8 @@ def test_views_of_discarded_buffers_refuse_the_sleep():
         m, before = stamp(a, gpu)
         keep_alive = a.view("residual", "uint8"), a.view("residual", "uint8")
         hs = a.view("hidden_states", "uint8")
-        assert a.pins() == (Pin("view", "hidden_states", 1), Pin("view", "residual", 2))
+        assert a.pins() == (Pin("view", "hidden_states", 1, "default"),
+                            Pin("view", "residual", 2, "default"))
         del hs
         for offload in ((), ("hidden_states",)):
             with pytest.raises(BufferError, match=r"residual \(2\)"):

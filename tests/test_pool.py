@@ -330,7 +330,7 @@ def test_the_pool_in_summary_and_pins():
     assert s.pool == pool.stats()
     assert "pool:      32,768 bytes (0.03 MiB) reserved, 16,384 mapped, 16,384 in 2 segments " \
         "(peak 16,384)" in str(s)
-    assert arena.pins() == (Pin("pool", None, 2),)
+    assert arena.pins() == (Pin("pool", None, 2, "torch"),)
     pool.free(p)
     pool.free(q)
     assert arena.pins() == ()

@@ -396,6 +396,7 @@ def test_a_guarded_graph_refuses_a_replay_until_every_class_it_uses_is_awake(gpu
         w, kv, x, y = mt.tensors(a, "w", "kv", "x", "y")
         for t in (w, kv, x):
             t.copy_(torch.randn(t.shape, device="cuda", dtype=torch.bfloat16))
+        del t
         torch.cuda.synchronize()
         g = mt.graph(a, uses=["weights", "kv", "activations", "torch"])
         assert g.guard.classes == ("weights", "kv", "activations", "torch")
@@ -427,8 +428,8 @@ def test_a_guarded_graph_refuses_a_replay_until_every_class_it_uses_is_awake(gpu
         torch.cuda.synchronize()
         assert torch.equal(y, want)
         assert g.guard.epochs == {"weights": 1, "kv": 1, "activations": 1, "torch": 1}
-        del w, kv, x, y, want, w_bytes, g
     finally:
+        w = kv = x = y = want = w_bytes = g = None      # the graph holds a pool segment
         gc.collect()
         torch.cuda.synchronize()
         mt.close_pool(a)

@@ -1,4 +1,4 @@
-from typing import final
+from typing import Any, Callable, final
 
 from metrale._arena._arena_state import ArenaState
 
@@ -13,3 +13,10 @@ class Guard:
     def asleep(self) -> tuple[str, ...]: ...
     @property
     def epochs(self) -> dict[str, int]: ...
+    def wrap(self, fn: Callable[..., Any]) -> Guarded: ...
+
+@final
+class Guarded:
+    def __call__(self, *args: Any) -> Any: ...
+    @property
+    def guard(self) -> Guard: ...

@@ -133,5 +133,61 @@ What a pass over some classes of an arena checks first (made by
         (its memory was given back and mapped anew, or refilled)."""
         return {self.names[k]: self.state.epoch[k] for k in range(64) if self.mask >> k & 1}
 
+    def wrap(self, fn):
+        """`fn` behind this guard: a callable that checks first.
+
+        Parameters
+        ----------
+        fn : callable
+            What a pass launches (a CUDA graph's bound ``replay``, a kernel
+            launch); called with the arguments the wrapper is given.
+
+        Returns
+        -------
+        Guarded
+            Calling it raises as `check` does, calling nothing, while a class
+            the guard covers sleeps; else it returns ``fn(*args)``.  The
+            check is made in C before the call: no Python frame of its own.
+
+        Raises
+        ------
+        TypeError
+            `fn` is not callable.
+        """
+        if not callable(fn):
+            raise TypeError(f"wrap: fn must be callable, got {type(fn).__name__}")
+        cdef Guarded w = Guarded.__new__(Guarded, _TOKEN)
+        w.guard, w.fn = self, fn
+        return w
+
     def __repr__(self):
         return f"Guard({', '.join(self.classes)})"
+
+
+@cython.final
+cdef class Guarded:
+    """Guarded()
+--
+
+A callable behind a guard (made by ``Guard.wrap``).
+    """
+    cdef Guard guard
+    cdef object fn
+
+    def __cinit__(self, token=None):
+        if token is not _TOKEN:
+            raise TypeError("Guarded is made by Guard.wrap")
+
+    def __call__(self, *args):
+        cdef Guard g = self.guard
+        if g.state.asleep & g.mask or mt_life_released(g.arena._life):
+            raise MetraleError(g._refusal())
+        return self.fn(*args)
+
+    @property
+    def guard(self):
+        """The `Guard` it checks."""
+        return self.guard
+
+    def __repr__(self):
+        return f"Guarded({self.fn!r}, {self.guard!r})"

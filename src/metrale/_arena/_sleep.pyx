@@ -248,7 +248,8 @@ def wake(ArenaState self, tags=None):
     Gives each buffer what its wake contract says: copies back the buffers
     `sleep` offloaded (their host memory taken down from their addresses
     range by range: views of them stay valid) and those it kept (after a
-    resize while asleep, up to the buffer's new size, the rest zeroed);
+    resize while asleep, up to the buffer's new size, the rest as its
+    contract gives it);
     zeroes every other buffer (in as few launches of the range kernel as
     hold them), fills the ``"fill:VALUE"`` buffers and leaves the
     ``"undefined"`` ones as the new memory is.  The pool's segments are

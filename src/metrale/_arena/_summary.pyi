@@ -2,7 +2,8 @@ from typing import Any, Iterator, Mapping, TypedDict, TypeVar, final
 
 from metrale._arena._buffer_arena import BufferArena
 from metrale._arena._summary_records import (ArenaSummary as ArenaSummary,
-                                              BufferInfo as BufferInfo, Pin as Pin)
+                                              BufferInfo as BufferInfo, ClassInfo as ClassInfo,
+                                              Pin as Pin)
 
 _T = TypeVar("_T")
 

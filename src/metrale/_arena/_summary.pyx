@@ -19,7 +19,7 @@ from metrale._arena._view cimport buffer_dtypes
 import re
 from collections.abc import Mapping
 
-from metrale._arena._summary_records import ArenaSummary, BufferInfo, Pin
+from metrale._arena._summary_records import ArenaSummary, BufferInfo, ClassInfo, Pin
 from metrale._sizing._spec import POOL_NAME as _POOL_NAME
 from metrale._sizing._wake import MAX_CLASSES as _MAX_CLASSES
 
@@ -153,7 +153,26 @@ def summary(ArenaState self):
         a.committed_bytes(), sleeping(a), a._layout.guard,
         len(a._reservation.orphans) if a._reservation is not None else 0,
         max_seq_len(a), kv_block_size(a), a._max_seqs, a._tp,
-        a._pool.stats() if a._pool is not None and not a._pool.closed else None)
+        a._pool.stats() if a._pool is not None and not a._pool.closed else None,
+        _classes(a))
+
+
+cdef tuple _classes(ArenaState a):
+    """Each class of a reserved arena (then the pool's) as a ClassInfo."""
+    cdef SleepState st = a._sleep_state
+    cdef Reservation r = a._reservation
+    cdef int k
+    if st is None:
+        return ()
+    out = []
+    for k, (name, members) in enumerate(a._buffers.classes.items()):
+        spans = r.spans[k] if k < len(r.spans) else []
+        mapped = sum(c[1] for c in r.chunks if any(x <= c[0] < y for x, y in spans))
+        out.append(ClassInfo(name, members, bool(st.asleep >> k & 1), st.epoch[k], mapped))
+    if a._pool is not None and not a._pool.closed:
+        out.append(ClassInfo(_POOL_NAME, (), bool(st.asleep >> TORCH_CLASS & 1),
+                             st.epoch[TORCH_CLASS], a._pool.stats()["committed"]))
+    return tuple(out)
 
 
 def _backend_label(gpu):
@@ -299,13 +318,13 @@ def pins(ArenaState self):
     tuple of Pin
         The views of each buffer that has some, in the set's order, then
         the peer exports and imports of a shared arena, then the pool's
-        segments handed out.
+        segments handed out; each with the class it holds awake (`Pin.tag`).
     """
     cdef ArenaState a = self
     cdef int i
     names = a._buffers.names
-    out = [Pin("view", names[i], mt_life_exports(a._life, i)) for i in range(a._layout.n)
-           if mt_life_exports(a._life, i)]
+    out = [Pin("view", names[i], mt_life_exports(a._life, i), a._buffers[names[i]].tag)
+           for i in range(a._layout.n) if mt_life_exports(a._life, i)]
     if a._peers is not None:
         imported = a._peers.imported()
         if a._peers.exported:
@@ -313,7 +332,7 @@ def pins(ArenaState self):
         if imported[0]:
             out.append(Pin("peer_import", None, imported[0]))
     if a._pool is not None and a._pool.segments_held():
-        out.append(Pin("pool", None, a._pool.segments_held()))
+        out.append(Pin("pool", None, a._pool.segments_held(), _POOL_NAME))
     return tuple(out)
 
 

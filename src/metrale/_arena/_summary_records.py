@@ -1,5 +1,6 @@
 """The values an arena's report is made of (docs/lifetime.md, docs/torch.md):
-each buffer as a `BufferInfo`, what pins its memory as a `Pin`, the whole
+each buffer as a `BufferInfo`, what pins its memory as a `Pin`, each class
+(``BufferSpec(tag=)``, the pool's ``"torch"``) as a `ClassInfo`, the whole
 arena as an `ArenaSummary` (``str()`` is a short report).  Pure Python;
 metrale._arena._summary fills them from the arena.
 """
@@ -50,9 +51,35 @@ class Pin(Record):
         The buffer, for views; else None.
     count : int
         Views, handles, or segments.
+    tag : str or None
+        The class the pin holds awake (``BufferSpec(tag=)``; ``"torch"`` for
+        the pool's segments): a sleep of that class refuses while it stands.
+        None for peer handles (of the whole arena).
     """
 
-    __slots__ = ("kind", "name", "count")
+    __slots__ = ("kind", "name", "count", "tag")
+    _defaults = {"tag": None}
+
+
+class ClassInfo(Record):
+    """One class of an arena: the buffers that sleep and wake together
+    (``BufferSpec(tag=)``), or the pool (``"torch"``); `ArenaSummary.classes`.
+
+    Attributes
+    ----------
+    name : str
+        The class.
+    buffers : tuple of str
+        Its buffers, in the set's order (empty for ``"torch"``).
+    asleep : bool
+        Whether it sleeps now.
+    epoch : int
+        Its wakes so far (``Guard.epochs``).
+    committed_bytes : int
+        Physical bytes mapped for it now (the pool's: its segments').
+    """
+
+    __slots__ = ("name", "buffers", "asleep", "epoch", "committed_bytes")
 
 
 def _mib(n):
@@ -115,15 +142,18 @@ class ArenaSummary(Record):
     pool : dict or None
         The figures of the arena's pool (``Pool.stats``; `open_pool`), or
         None without one.
+    classes : tuple of ClassInfo
+        A reserved arena's classes, in the set's order, then the pool's
+        (empty for an arena that never sleeps).
     """
 
     __slots__ = ("backend", "max_batch_tokens", "slab_bytes", "total_bytes", "live_buffers",
                  "null_buffers", "zero_all", "zero_prefill", "groups", "levers", "released",
                  "reserved", "committed_bytes", "sleeping", "guard_bytes", "unreleased_handles",
-                 "max_seq_len", "kv_block_size", "max_batch_size", "tp_size", "pool")
+                 "max_seq_len", "kv_block_size", "max_batch_size", "tp_size", "pool", "classes")
     _defaults = {"reserved": False, "committed_bytes": 0, "sleeping": False, "guard_bytes": 0,
                  "unreleased_handles": 0, "max_seq_len": None, "kv_block_size": None,
-                 "max_batch_size": None, "tp_size": 1, "pool": None}
+                 "max_batch_size": None, "tp_size": 1, "pool": None, "classes": ()}
 
     def __hash__(self):
         return hash((self.backend, self.slab_bytes, self.zero_all, self.released))
@@ -166,6 +196,10 @@ class ArenaSummary(Record):
                 f"{p['committed']:,} mapped, {p['in_use']:,} in {p['segments']} segments "
                 f"(peak {p['peak_in_use']:,})"
                 + (f", {p['offloaded']:,} offloaded" if p['offloaded'] else ""))
+        if len(self.classes) > 1 or any(c.asleep for c in self.classes):
+            lines.append("  classes:   " + "; ".join(
+                f"{c.name} ({'asleep' if c.asleep else 'awake'}, {c.committed_bytes:,} bytes "
+                f"mapped, woken {c.epoch}x)" for c in self.classes))
         if self.unreleased_handles:
             lines.append(f"  WARNING:   {self.unreleased_handles} physical handle(s) unmapped but "
                          "not released (the backend refused); retried at the next reshape "

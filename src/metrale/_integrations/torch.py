@@ -224,10 +224,6 @@ def close_pool(arena):
     arena.close_pool()
 
 
-# torch.cuda.CUDAGraph.replay calls this (one Python frame less here).
-_replay = torch._C._CUDAGraph.replay
-
-
 class GuardedGraph(torch.cuda.CUDAGraph):
     """A ``torch.cuda.CUDAGraph`` whose `replay` checks its guard first (made
     by `graph`): captured, replayed and reset as torch's.
@@ -236,6 +232,9 @@ class GuardedGraph(torch.cuda.CUDAGraph):
     ----------
     guard : metrale.Guard
         What `replay` checks: the classes the graph's kernels touch.
+    replay : metrale.Guarded
+        The graph's own replay behind the guard (``guard.wrap``): the check is
+        made in C, with no Python frame between it and torch's replay.
     """
 
     def __new__(cls, guard, keep_graph=False):
@@ -244,9 +243,11 @@ class GuardedGraph(torch.cuda.CUDAGraph):
     def __init__(self, guard, keep_graph=False):
         super().__init__(keep_graph)
         self.guard = guard
-        self._check = guard.check
+        # torch's own replay, bound, behind the guard: an instance attribute,
+        # found before the class's method (which does the same, for a copy)
+        self.replay = guard.wrap(torch._C._CUDAGraph.replay.__get__(self))
 
-    def replay(self):
+    def replay(self):       # noqa: F811 -- reached only where the instance's is gone
         """Replay the graph once no class it uses sleeps.
 
         Raises
@@ -255,8 +256,8 @@ class GuardedGraph(torch.cuda.CUDAGraph):
             A class it uses sleeps (each named), or the arena is released:
             nothing was launched.
         """
-        self._check()
-        _replay(self)
+        self.guard.check()
+        torch._C._CUDAGraph.replay(self)
 
 
 def graph(arena, uses=(), keep_graph=False):
