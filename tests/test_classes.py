@@ -331,3 +331,16 @@ def test_summary_and_pins_report_each_class():
         assert (c.name, c.buffers, c.asleep, c.committed_bytes) == ("torch", (), False, G)
         assert a.summary().classes[1].epoch == 1
         pool.free(p, G)
+
+
+def test_a_pool_closed_asleep_leaves_no_class_asleep():
+    with _arena() as a:
+        a.open_pool(4 * G)
+        a.sleep(tags="torch")
+        a.close_pool()
+        assert a.memory_stats()["classes_asleep"] == [] and not a.is_sleeping()
+        pool = a.open_pool(4 * G)               # a new pool, awake
+        a.sleep(tags="torch")
+        assert a.memory_stats()["classes_asleep"] == ["torch"]
+        a.wake()
+        pool.free(pool.alloc(G), G)

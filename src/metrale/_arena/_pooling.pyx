@@ -8,6 +8,7 @@ from libc.stdint cimport uint64_t
 
 from metrale._arena._arena_state cimport ArenaState, sleeping
 from metrale._arena._pool cimport Pool, pool_new
+from metrale._arena._sleep_state cimport TORCH_CLASS
 from metrale._base._common cimport u64_arg
 from metrale._base._core cimport MT_LIFE_FORKED, MT_LIFE_OK
 from metrale._base._life cimport mt_life_enter, mt_life_forked, mt_life_leave, raise_life
@@ -110,6 +111,8 @@ def close_pool(ArenaState self):
     err = a._pool.close()
     if a._pool.closed:
         a._pool = None
+        if a._sleep_state is not None:      # no pool: its class no longer sleeps
+            a._sleep_state.asleep &= ~(<uint64_t>1 << TORCH_CLASS)
     if err is not None:
         raise err
     return None

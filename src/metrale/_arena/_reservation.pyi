@@ -4,3 +4,6 @@ from metrale._arena._offload import Owner
 
 @final
 class Reservation(Owner): ...
+
+@final
+class Part(Owner): ...
