@@ -675,3 +675,27 @@ def expected_sum(inputs, dtype):
     for x in inputs[1:]:
         acc = acc + x
     return acc
+
+
+# -- safetensors files, written by the format's description (not by metrale):
+# an 8-byte little-endian header length, a JSON header of name -> {dtype, shape,
+# data_offsets relative to the end of the header}, padded with spaces to a
+# multiple of 8, then the tensors' bytes back to back ---------------------------------
+
+def write_safetensors(path, tensors, metadata=None, pad=8):
+    """Write [(name, safetensors dtype, shape, bytes)] in that order; returns path."""
+    import json
+    import struct
+    header, at = {}, 0
+    if metadata is not None:
+        header["__metadata__"] = metadata
+    for name, dtype, shape, data in tensors:
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [at, at + len(data)]}
+        at += len(data)
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % pad)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)) + raw)
+        for *_, data in tensors:
+            f.write(data)
+    return path

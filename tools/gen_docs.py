@@ -574,7 +574,7 @@ _MODULE_PAGES = {
     "minimal": "quickstart.md", "picture": "cli.md", "reference": "buffers.md",
     "sizes": "buffers.md",
     "target": "levers.md", "testing": "backends.md", "torch": "torch.md",
-    "tp": "tensor-parallel.md",
+    "tp": "tensor-parallel.md", "weights": "weights.md",
 }
 
 

@@ -1,0 +1,482 @@
+"""A model's weights in an arena of their own: declared from the checkpoint, loaded and checked.
+
+`weight_set` turns a model's parameters (a mapping of names to ``(dtype,
+shape)`` pairs or to numpy arrays / torch tensors, or safetensors files, or a
+safetensors index) into a `WeightSet`: every parameter with its checkpoint
+name, exact shape and element type, at an offset aligned for GEMMs, in the
+mapping's order (a file's tensors in the order of their bytes), all in one
+buffer of class ``"weights"`` with wake contract ``"keep"``.  One buffer, not
+one per parameter: a buffer set holds at most 256 buffers (the C core's
+tables), where a 1.7B Qwen3 has 311 tensors and a DeepSeek-V3 tens of
+thousands; the class is what sleeps, wakes and is guarded
+(docs/stable-addresses.md), and the parameters are the set's own table.
+
+`weight_arena` makes a reserved arena for it; `load` copies a state dict or
+safetensors files in, after checking every name, shape and element type
+(a missing or an extra tensor is refused, naming it, before a byte moves),
+one copy per run of parameters that lie back to back both in the source
+and in the arena.  See docs/weights.md.
+
+Plain Python and the standard library: safetensors files are read by their
+format (metrale._integrations._safetensors), their bytes through a read-only
+memory map.
+"""
+
+import ctypes
+import mmap
+from collections.abc import Mapping
+
+from ._safetensors import (INDEX_SUFFIX, MAX_HEADER, SAFETENSORS_DTYPES, SafetensorsEntry,
+                           entries_of, numel, read_safetensors, source_paths)
+from .._arena._buffer_arena import BufferArena
+from .._base._common import resolve_dtype
+from .._base._dtypes import ITEMSIZE
+from .._base._record import Record
+from .._base.errors import MetraleError
+from .._sizing.buffers import BufferSet, BufferSpec
+from .._sizing.config import ModelConfig
+from .._sizing.sizes import BufferSizes
+
+__all__ = ["Param", "WeightSet", "LoadStats", "SafetensorsEntry", "SAFETENSORS_DTYPES",
+           "MAX_HEADER", "INDEX_SUFFIX", "DEFAULT_ALIGN", "weight_set", "read_safetensors",
+           "weight_arena", "load"]
+
+DEFAULT_ALIGN = 256
+_MAX_ALIGN = 1 << 30
+
+
+class Param(Record):
+    """One parameter of a `WeightSet`.
+
+    Attributes
+    ----------
+    name : str
+        Its checkpoint name (``model.layers.0.mlp.gate_proj.weight``).
+    dtype : str
+        Its element type (one of `metrale.DTYPE_NAMES`).
+    shape : tuple of int
+        Its exact shape.
+    offset : int
+        Its first byte in the weights buffer: a multiple of the set's `align`.
+    nbytes : int
+        Its bytes (elements times element size; the padding to the next
+        parameter not counted).
+    """
+
+    __slots__ = ("name", "dtype", "shape", "offset", "nbytes")
+
+
+class LoadStats(Record):
+    """What `load` did.
+
+    Attributes
+    ----------
+    params : int
+        The parameters written: every one of the set.
+    nbytes : int
+        Their bytes.
+    copies : int
+        The copies made: one per run of parameters that lie back to back in
+        the source and in the arena.
+    """
+
+    __slots__ = ("params", "nbytes", "copies")
+
+
+def _align_arg(align):
+    if type(align) is not int:
+        raise TypeError(f"weight_set: align must be an int, got {type(align).__name__}")
+    if align < DEFAULT_ALIGN or align > _MAX_ALIGN or align & (align - 1):
+        raise ValueError(f"weight_set: align must be a power of two from {DEFAULT_ALIGN} to "
+                         f"2**30, got {align}")
+    return align
+
+
+def _shape_arg(shape, where):
+    if not isinstance(shape, (tuple, list)):
+        raise TypeError(f"{where}: shape must be a tuple or list of ints, got "
+                        f"{type(shape).__name__}")
+    out = []
+    for i, d in enumerate(shape):
+        if type(d) is not int:       # not bool, not an object with __index__
+            raise TypeError(f"{where}: shape[{i}] must be an int, got {type(d).__name__}")
+        if d < 0:
+            raise ValueError(f"{where}: shape[{i}] must be >= 0, got {d}")
+        out.append(d)
+    return tuple(out)
+
+
+def _dtype_arg(dtype, where):
+    try:
+        return resolve_dtype(dtype)
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"{where}: {e}") from None
+
+
+def _described(value, where):
+    """(dtype, shape) of a parameter's description: a pair, or a numpy array
+    or torch tensor (read only for those types: no other object's attributes
+    are looked up)."""
+    if isinstance(value, tuple) and len(value) == 2:
+        dtype, shape = value
+        return _dtype_arg(dtype, where), _shape_arg(shape, where)
+    top = type(value).__module__.partition(".")[0]
+    if top == "numpy" and type(value).__name__ == "ndarray" or top == "torch":
+        return _dtype_arg(value.dtype, where), _shape_arg(tuple(int(d) for d in value.shape),
+                                                          where)
+    raise TypeError(f"{where}: a parameter is a (dtype, shape) pair, a numpy array or a torch "
+                    f"tensor, got {type(value).__name__}")
+
+
+class WeightSet:
+    """A model's parameters laid out in one buffer (made by `weight_set`).
+
+    Iterating gives the `Param` records in order; ``ws[name]`` one of them.
+
+    Parameters
+    ----------
+    described : sequence of (str, str, tuple of int)
+        Each parameter's name, canonical element type and shape, checked
+        (`weight_set` checks and converts them).
+    align, buffer, tag
+        As `weight_set`'s.
+
+    Attributes
+    ----------
+    params : tuple of Param
+        Every parameter, in the set's order, at increasing offsets.
+    buffer : str
+        The buffer that holds them (``"weights"`` unless named otherwise).
+    tag : str
+        The buffer's class.
+    align : int
+        Every parameter's offset is a multiple of it.
+    nbytes : int
+        The buffer's size: the last parameter's end, rounded up to `align`.
+    buffers : metrale.BufferSet
+        The set of that one buffer (wake contract ``"keep"``), for an arena.
+    """
+
+    __slots__ = ("params", "buffer", "tag", "align", "nbytes", "buffers", "_index")
+
+    def __init__(self, described, *, align=DEFAULT_ALIGN, buffer="weights", tag="weights"):
+        # described: [(name, dtype, shape)] checked by weight_set
+        params, index, off = [], {}, 0
+        for name, dtype, shape in described:
+            n = numel(shape) * ITEMSIZE[dtype]
+            index[name] = len(params)
+            params.append(Param(name, dtype, shape, off, n))
+            off += -(-n // align) * align
+        self.params = tuple(params)
+        self._index = index
+        self.buffer, self.tag, self.align = buffer, tag, align
+        self.nbytes = max(off, align)           # a buffer is never empty
+        self.buffers = BufferSet([BufferSpec(buffer, None, size=self.nbytes, align=align,
+                                             wake="keep", tag=tag)])
+
+    def __len__(self):
+        return len(self.params)
+
+    def __iter__(self):
+        return iter(self.params)
+
+    def __contains__(self, name):
+        return name in self._index
+
+    def __getitem__(self, name):
+        i = self._index.get(name) if isinstance(name, str) else None
+        if i is None:
+            raise KeyError(f"weight set has no parameter {name!r}")
+        return self.params[i]
+
+    @property
+    def names(self):
+        """The parameters' names, in order."""
+        return tuple(p.name for p in self.params)
+
+    def __eq__(self, other):
+        if type(other) is not WeightSet:
+            return NotImplemented
+        return (self.params, self.buffer, self.tag, self.align) == \
+            (other.params, other.buffer, other.tag, other.align)
+
+    def __hash__(self):
+        return hash((self.params, self.buffer, self.tag, self.align))
+
+    def __repr__(self):
+        return (f"WeightSet({len(self.params)} params, {self.nbytes:,} bytes in "
+                f"{self.buffer!r}, class {self.tag!r})")
+
+
+# -- the set -----------------------------------------------------------------------------
+
+
+def weight_set(params, *, align=DEFAULT_ALIGN, buffer="weights", tag="weights"):
+    """A model's parameters as a `WeightSet`.
+
+    Parameters
+    ----------
+    params : mapping, path or list of paths
+        A mapping of parameter names to ``(dtype, shape)`` pairs, numpy
+        arrays or torch tensors (a state dict: only their element types and
+        shapes are read), in the order the set keeps; or safetensors files
+        (a path, a list of paths, or a ``*.safetensors.index.json`` of a
+        sharded checkpoint): their tensors, file by file, each file's in the
+        order of their bytes, so that a load copies runs of them at once.
+    align : int
+        Every parameter's offset is a multiple of it: a power of two from 256
+        (the default: what cuBLAS and CUTLASS want of a GEMM operand) to 2**30.
+    buffer : str
+        The name of the buffer that holds them.
+    tag : str
+        Its class (``"weights"``: what `arena.sleep(tags=)`, `wake` and
+        guards name).
+
+    Returns
+    -------
+    WeightSet
+
+    Raises
+    ------
+    TypeError
+        `params` is not a mapping or paths, a name is not a str, or a
+        parameter is not described by a pair, an array or a tensor.
+    ValueError
+        `params` is empty, an element type or shape is not understood, a
+        name is empty, or a file is not a well-formed safetensors file or
+        index (naming the tensor or file).
+    """
+    align = _align_arg(align)
+    paths = source_paths(params, "weight_set")
+    described = []
+    if paths is not None:
+        for _path, e in entries_of(paths, "weight_set"):
+            described.append((e.name, e.dtype, e.shape))
+    elif isinstance(params, Mapping):
+        for name, value in params.items():
+            if not isinstance(name, str):
+                raise TypeError(f"weight_set: a parameter's name must be a str, got "
+                                f"{type(name).__name__}")
+            if not name:
+                raise ValueError("weight_set: a parameter's name is empty")
+            dtype, shape = _described(value, f"weight_set: parameter {name!r}")
+            described.append((name, dtype, shape))
+    else:
+        raise TypeError(f"weight_set: params must be a mapping of names to parameters or "
+                        f"safetensors paths, got {type(params).__name__}")
+    if not described:
+        raise ValueError("weight_set: params holds no parameter")
+    return WeightSet(described, align=align, buffer=buffer, tag=tag)
+
+
+def weight_arena(ws, gpu, *, config=None):
+    """A reserved arena holding a `WeightSet`'s buffer (and nothing else).
+
+    Parameters
+    ----------
+    ws : WeightSet
+    gpu : Backend
+        Where it lives (``CudaBackend`` on a GPU; ``HostBackend`` in tests).
+    config : ModelConfig, optional
+        The model's config, shown by the arena's summary; sizes nothing (every
+        parameter's size is in the set).
+
+    Returns
+    -------
+    BufferArena
+        Reserved (it sleeps and wakes, its class keeping its bytes), its
+        memory mapped now.
+    """
+    if type(ws) is not WeightSet:
+        raise TypeError(f"weight_arena: ws must be a WeightSet, got {type(ws).__name__}")
+    if config is None:
+        config = ModelConfig()
+    elif not isinstance(config, ModelConfig):
+        raise TypeError(f"weight_arena: config must be a ModelConfig, got "
+                        f"{type(config).__name__}")
+    sizes = BufferSizes.from_config(config, 1, 1, 1, 1, buffers=ws.buffers, env={})
+    return BufferArena.from_sizes(sizes, gpu, reserve_sizes=sizes)
+
+
+# -- load --------------------------------------------------------------------------------
+
+
+def _check_arena(arena, ws, where):
+    if type(ws) is not WeightSet:
+        raise TypeError(f"{where}: ws must be a WeightSet, got {type(ws).__name__}")
+    if not isinstance(arena, BufferArena):
+        raise TypeError(f"{where}: arena must be a BufferArena, got {type(arena).__name__}")
+    spec = ws.buffers[ws.buffer]
+    if ws.buffer not in arena.sizes().buffers.names or \
+            arena.sizes().buffers[ws.buffer] != spec or arena.nbytes(ws.buffer) < ws.nbytes:
+        raise MetraleError(f"{where}: the arena holds no buffer {ws.buffer!r} of this weight "
+                           f"set's {ws.nbytes:,} bytes (make it with weight_arena(ws, gpu))")
+
+
+def _mismatch(where, name, dtype, shape, p):
+    raise ValueError(f"{where}: tensor {name!r} is {dtype} {list(shape)}, the weight set's is "
+                     f"{p.dtype} {list(p.shape)}")
+
+
+def _check_names(where, ws, names):
+    missing = [p.name for p in ws.params if p.name not in names]
+    extra = [n for n in names if n not in ws]
+    if missing or extra:
+        parts = []
+        if missing:
+            parts.append(f"missing {len(missing)}: " + ", ".join(map(repr, missing[:5]))
+                         + (" ..." if len(missing) > 5 else ""))
+        if extra:
+            parts.append(f"not in the weight set {len(extra)}: "
+                         + ", ".join(map(repr, extra[:5])) + (" ..." if len(extra) > 5 else ""))
+        raise ValueError(f"{where}: the source's tensors are not the weight set's: "
+                         + "; ".join(parts))
+
+
+def _runs(items):
+    """[(dest offset, source key, source offset, nbytes)] merged where both
+    sides continue back to back (same source key)."""
+    out = []
+    for dst, key, src, n in items:
+        if out:
+            d, k, s, m = out[-1]
+            if k == key and d + m == dst and s + m == src:
+                out[-1] = (d, k, s, m + n)
+                continue
+        out.append((dst, key, src, n))
+    return out
+
+
+def _writer(arena, ws, stream):
+    """write(offset, bytes) into the weights buffer, and the call that waits
+    for the writes; both hold a view of the buffer, which pins the arena's
+    memory (no release or sleep frees it under a copy)."""
+    gpu = arena.backend()
+    view = arena.view(ws.buffer, "uint8")
+    upload = getattr(type(gpu), "upload", None)
+    if upload is not None:                      # device memory: the backend's copy
+        def write(off, data):
+            upload(gpu, view.ptr + off, data, stream)
+        return write, lambda: (gpu.synchronize(stream), view)
+    # host memory: a bounds-checked slice of exactly the buffer's bytes
+    whole = memoryview((ctypes.c_uint8 * view.nbytes).from_address(view.ptr)).cast("B")
+
+    def write(off, data):
+        whole[off:off + len(data)] = data
+    return write, lambda: view
+
+
+def load(arena, ws, source, *, stream=None):
+    """Copy a model's weights into its weight arena.
+
+    Every tensor of `source` is checked against the set (its name, element
+    type and shape) and the set's every parameter must be in it, before a
+    byte is copied; then each run of parameters that lie back to back in the
+    source and in the arena is one copy.
+
+    Parameters
+    ----------
+    arena : BufferArena
+        Made by `weight_arena` for `ws` (awake).
+    ws : WeightSet
+    source : mapping, path or list of paths
+        A state dict (names to numpy arrays, C-contiguous, or objects with the
+        buffer protocol of exactly the parameter's bytes, each with its
+        element type and shape given by the set: a ``(dtype, shape, data)``
+        triple states them), or safetensors files / an index as in
+        `weight_set`.
+    stream : stream, optional
+        For a CUDA arena: the stream the copies go on (synchronized before
+        `load` returns).
+
+    Returns
+    -------
+    LoadStats
+
+    Raises
+    ------
+    ValueError
+        A tensor is missing, extra, or of another element type or shape
+        (naming it), or a file is not well formed: nothing was copied.
+    MetraleError
+        The arena does not hold this set, or it sleeps.
+    """
+    where = "load"
+    _check_arena(arena, ws, where)
+    if arena.is_sleeping():
+        raise MetraleError(f"{where}: the weight arena sleeps: wake it first")
+    paths = source_paths(source, where)
+    items, keep = [], []
+    if paths is not None:
+        entries = entries_of(paths, where)
+        _check_names(where, ws, [e.name for _p, e in entries])
+        for path, e in entries:
+            p = ws[e.name]
+            if (e.dtype, e.shape) != (p.dtype, p.shape):
+                _mismatch(where, e.name, e.dtype, e.shape, p)
+            items.append((p.offset, path, e.begin, p.nbytes))
+    elif isinstance(source, Mapping):
+        names = list(source)
+        if not all(isinstance(n, str) for n in names):
+            raise TypeError(f"{where}: a tensor's name must be a str")
+        _check_names(where, ws, names)
+        for name in names:
+            p = ws[name]
+            data = _bytes_of(source[name], p, where)
+            keep.append(data)
+            items.append((p.offset, len(keep) - 1, 0, p.nbytes))
+    else:
+        raise TypeError(f"{where}: source must be a mapping of names to tensors or safetensors "
+                        f"paths, got {type(source).__name__}")
+    items.sort()
+    runs = _runs(items) if paths is not None else items
+    write, sync = _writer(arena, ws, stream)
+    maps = {}
+    try:
+        for dst, key, src, n in runs:
+            if n == 0:
+                continue
+            if paths is not None:
+                m = maps.get(key)
+                if m is None:
+                    with open(key, "rb") as f:
+                        m = maps[key] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                with memoryview(m) as mv:
+                    write(dst, mv[src:src + n])
+            else:
+                write(dst, keep[key])
+        sync()
+    finally:
+        for m in maps.values():
+            m.close()
+    return LoadStats(len(ws.params), sum(p.nbytes for p in ws.params),
+                     sum(1 for r in runs if r[3]))
+
+
+def _bytes_of(value, p, where):
+    """The bytes of one tensor of a state dict, checked against its parameter."""
+    if isinstance(value, tuple) and len(value) == 3:
+        dtype, shape, data = value
+        dtype, shape = _dtype_arg(dtype, f"{where}: tensor {p.name!r}"), \
+            _shape_arg(shape, f"{where}: tensor {p.name!r}")
+    else:
+        data = value
+        top = type(value).__module__.partition(".")[0]
+        if top == "numpy" and type(value).__name__ == "ndarray":
+            dtype, shape = _described(value, f"{where}: tensor {p.name!r}")
+        else:
+            raise TypeError(f"{where}: tensor {p.name!r} must be a numpy array or a (dtype, "
+                            f"shape, data) triple, got {type(value).__name__}")
+    if (dtype, shape) != (p.dtype, p.shape):
+        _mismatch(where, p.name, dtype, shape, p)
+    try:
+        mv = memoryview(data)
+    except TypeError:
+        raise TypeError(f"{where}: tensor {p.name!r}'s data has no buffer protocol") from None
+    if not mv.c_contiguous:
+        raise ValueError(f"{where}: tensor {p.name!r} is not C-contiguous")
+    mv = mv.cast("B") if mv.ndim != 1 or mv.format != "B" else mv
+    if mv.nbytes != p.nbytes:
+        raise ValueError(f"{where}: tensor {p.name!r} holds {mv.nbytes:,} bytes, its "
+                         f"{p.dtype} {list(p.shape)} needs {p.nbytes:,}")
+    return mv
