@@ -295,3 +295,20 @@ def test_the_module_is_the_public_path():
     assert metrale.weights is home and os.path.basename(home.__file__).startswith("weights")
     assert re.fullmatch(r"WeightSet\(6 params, 34,048 bytes in 'weights', class 'weights'\)",
                         repr(weight_set(SHAPES)))
+
+
+def test_load_refuses_a_file_cut_short_since_its_header_was_read(tmp_path, monkeypatch):
+    import metrale._integrations.weights as w
+    path = write_safetensors(tmp_path / "m.safetensors", _tensors())
+    ws = weight_set(path)
+    real = w.entries_of
+
+    def then_cut(paths, where):         # the header is read, then the file loses its tail
+        out = real(paths, where)
+        with open(path, "r+b") as f:
+            f.truncate(os.path.getsize(path) - 100)
+        return out
+    monkeypatch.setattr(w, "entries_of", then_cut)
+    with weight_arena(ws, HostBackend()) as arena:
+        with pytest.raises(MetraleError, match="ended before its tensors' bytes"):
+            load(arena, ws, path)

@@ -2,7 +2,7 @@
 little-endian header length, a JSON header (each tensor's element type, shape
 and byte bounds), the tensors' bytes back to back; and the index of a sharded
 checkpoint (``*.safetensors.index.json``: tensor names to file names).  Only
-the headers are read here; `load` maps the files read-only for the bytes.
+the headers are read here; `load` reads the bytes.
 Plain Python and the standard library.
 """
 

@@ -18,12 +18,13 @@ one copy per run of parameters that lie back to back both in the source
 and in the arena.  See docs/weights.md.
 
 Plain Python and the standard library: safetensors files are read by their
-format (metrale._integrations._safetensors), their bytes through a read-only
-memory map.
+format (metrale._integrations._safetensors), their bytes read straight into
+host memory (or through one reused buffer to the device), not mapped: a file
+cut short under a map would fault the process.
 """
 
 import ctypes
-import mmap
+import sys
 from collections.abc import Mapping
 
 from ._safetensors import (INDEX_SUFFIX, MAX_HEADER, SAFETENSORS_DTYPES, SafetensorsEntry,
@@ -42,6 +43,8 @@ __all__ = ["Param", "WeightSet", "LoadStats", "SafetensorsEntry", "SAFETENSORS_D
            "weight_arena", "load"]
 
 DEFAULT_ALIGN = 256
+# A device arena's load reads a file's bytes in pieces of at most this much.
+_CHUNK = 64 << 20
 _MAX_ALIGN = 1 << 30
 
 
@@ -113,15 +116,25 @@ def _dtype_arg(dtype, where):
         raise type(e)(f"{where}: {e}") from None
 
 
+def _array_kind(value):
+    """"numpy" or "torch" for an array or tensor of a module already imported
+    (neither is imported here), else None: no other object's attributes are
+    looked up."""
+    np, torch = sys.modules.get("numpy"), sys.modules.get("torch")
+    if np is not None and isinstance(value, np.ndarray):
+        return "numpy"
+    if torch is not None and isinstance(value, torch.Tensor):
+        return "torch"
+    return None
+
+
 def _described(value, where):
     """(dtype, shape) of a parameter's description: a pair, or a numpy array
-    or torch tensor (read only for those types: no other object's attributes
-    are looked up)."""
+    or torch tensor."""
     if isinstance(value, tuple) and len(value) == 2:
         dtype, shape = value
         return _dtype_arg(dtype, where), _shape_arg(shape, where)
-    top = type(value).__module__.partition(".")[0]
-    if top == "numpy" and type(value).__name__ == "ndarray" or top == "torch":
+    if _array_kind(value) is not None:
         return _dtype_arg(value.dtype, where), _shape_arg(tuple(int(d) for d in value.shape),
                                                           where)
     raise TypeError(f"{where}: a parameter is a (dtype, shape) pair, a numpy array or a torch "
@@ -347,23 +360,50 @@ def _runs(items):
     return out
 
 
-def _writer(arena, ws, stream):
-    """write(offset, bytes) into the weights buffer, and the call that waits
-    for the writes; both hold a view of the buffer, which pins the arena's
-    memory (no release or sleep frees it under a copy)."""
-    gpu = arena.backend()
-    view = arena.view(ws.buffer, "uint8")
-    upload = getattr(type(gpu), "upload", None)
-    if upload is not None:                      # device memory: the backend's copy
-        def write(off, data):
-            upload(gpu, view.ptr + off, data, stream)
-        return write, lambda: (gpu.synchronize(stream), view)
-    # host memory: a bounds-checked slice of exactly the buffer's bytes
-    whole = memoryview((ctypes.c_uint8 * view.nbytes).from_address(view.ptr)).cast("B")
+class _Sink:
+    """The weights buffer, written at offsets.  It holds a view of the buffer,
+    which pins the arena's memory: no release or sleep frees it under a copy."""
 
-    def write(off, data):
-        whole[off:off + len(data)] = data
-    return write, lambda: view
+    def __init__(self, arena, ws, stream):
+        self.gpu, self.stream = arena.backend(), stream
+        self.view = arena.view(ws.buffer, "uint8")
+        self.upload = getattr(type(self.gpu), "upload", None)   # device memory: its copy
+        # host memory: a bounds-checked slice of exactly the buffer's bytes
+        self.whole = None if self.upload is not None else memoryview(
+            (ctypes.c_uint8 * self.view.nbytes).from_address(self.view.ptr)).cast("B")
+        self.buf = None
+
+    def write(self, off, data):
+        if self.whole is not None:
+            self.whole[off:off + len(data)] = data
+        else:
+            self.upload(self.gpu, self.view.ptr + off, data, self.stream)
+
+    def read(self, off, f, src, n, path):
+        """n bytes of file f from src, to offset off: read straight into host
+        memory, or through one reused buffer of at most _CHUNK bytes to the
+        device (the backend's upload waits for each piece).  Read, not mapped:
+        a file cut short under a map would fault the process."""
+        f.seek(src)
+        while n:
+            if self.whole is not None:
+                k, got = n, f.readinto(self.whole[off:off + n])
+            else:
+                if self.buf is None:
+                    self.buf = memoryview(bytearray(_CHUNK))
+                k = min(n, _CHUNK)
+                got = f.readinto(self.buf[:k])
+                if got == k:
+                    self.write(off, self.buf[:k])
+            if got != k:
+                raise MetraleError(f"load: {path} ended before its tensors' bytes: it changed "
+                                   "since its header was read (the weights are partly "
+                                   "written: load them again)")
+            off, src, n = off + k, src + k, n - k
+
+    def done(self):
+        if self.whole is None:
+            self.gpu.synchronize(self.stream)
 
 
 def load(arena, ws, source, *, stream=None):
@@ -430,25 +470,22 @@ def load(arena, ws, source, *, stream=None):
                         f"paths, got {type(source).__name__}")
     items.sort()
     runs = _runs(items) if paths is not None else items
-    write, sync = _writer(arena, ws, stream)
-    maps = {}
+    sink, files = _Sink(arena, ws, stream), {}
     try:
         for dst, key, src, n in runs:
             if n == 0:
                 continue
             if paths is not None:
-                m = maps.get(key)
-                if m is None:
-                    with open(key, "rb") as f:
-                        m = maps[key] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-                with memoryview(m) as mv:
-                    write(dst, mv[src:src + n])
+                f = files.get(key)
+                if f is None:
+                    f = files[key] = open(key, "rb")
+                sink.read(dst, f, src, n, key)
             else:
-                write(dst, keep[key])
-        sync()
+                sink.write(dst, keep[key])
+        sink.done()
     finally:
-        for m in maps.values():
-            m.close()
+        for f in files.values():
+            f.close()
     return LoadStats(len(ws.params), sum(p.nbytes for p in ws.params),
                      sum(1 for r in runs if r[3]))
 
@@ -461,8 +498,7 @@ def _bytes_of(value, p, where):
             _shape_arg(shape, f"{where}: tensor {p.name!r}")
     else:
         data = value
-        top = type(value).__module__.partition(".")[0]
-        if top == "numpy" and type(value).__name__ == "ndarray":
+        if _array_kind(value) == "numpy":
             dtype, shape = _described(value, f"{where}: tensor {p.name!r}")
         else:
             raise TypeError(f"{where}: tensor {p.name!r} must be a numpy array or a (dtype, "
