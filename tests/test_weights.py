@@ -84,6 +84,7 @@ def test_a_weight_set_of_arrays_reads_their_types_and_shapes():
     ([("a", ("float32", (1,)))], TypeError, "params must be a mapping"),
     ({1: ("float32", (1,))}, TypeError, "name must be a str"),
     ({"": ("float32", (1,))}, ValueError, "name is empty"),
+    ({"a": ("float32", [1]), "b": ("bfloat16", (2, 3))}, None, None),
     ({"a": ("float33", (1,))}, ValueError, "float33"),
     ({"a": ("float32", (2, -1))}, ValueError, r"shape\[1\] must be >= 0"),
     ({"a": ("float32", (2, 1.0))}, TypeError, r"shape\[1\] must be an int"),
@@ -92,8 +93,23 @@ def test_a_weight_set_of_arrays_reads_their_types_and_shapes():
     ({"a": object()}, TypeError, "'a'.*a .dtype, shape. pair"),
 ])
 def test_a_weight_set_refuses_what_it_does_not_understand(params, err, match):
+    if err is None:                     # the same described directly: the same set
+        assert WeightSet([(n, d, s) for n, (d, s) in params.items()]) == weight_set(params)
+        return
     with pytest.raises(err, match=match):
         weight_set(params)
+
+
+@pytest.mark.parametrize("described, err, match", [
+    ([("a", "float32", (1,)), ("a", "float32", (2,))], ValueError, "'a' is named twice"),
+    ([("a", "float32")], TypeError, r"\(name, dtype, shape\)"),
+    ([(b"a", "float32", (1,))], TypeError, "name must be a str"),
+    ([("a", "floaty", (1,))], ValueError, "'a'.*floaty"),
+    ([("a", "float32", (1, -1))], ValueError, r"shape\[1\]"),
+])
+def test_a_weight_set_made_directly_checks_what_it_is_given(described, err, match):
+    with pytest.raises(err, match=match):
+        WeightSet(described)
 
 
 @pytest.mark.parametrize("align", [0, 128, 300, 2**31])

@@ -148,9 +148,10 @@ class WeightSet:
 
     Parameters
     ----------
-    described : sequence of (str, str, tuple of int)
-        Each parameter's name, canonical element type and shape, checked
-        (`weight_set` checks and converts them).
+    described : iterable of (str, dtype, tuple of int)
+        Each parameter's name, element type and shape (checked: a name is a
+        non-empty str given once, a dtype as `metrale.resolve_dtype` takes
+        it, a shape a tuple or list of ints >= 0).
     align, buffer, tag
         As `weight_set`'s.
 
@@ -173,9 +174,21 @@ class WeightSet:
     __slots__ = ("params", "buffer", "tag", "align", "nbytes", "buffers", "_index")
 
     def __init__(self, described, *, align=DEFAULT_ALIGN, buffer="weights", tag="weights"):
-        # described: [(name, dtype, shape)] checked by weight_set
+        align = _align_arg(align)
         params, index, off = [], {}, 0
-        for name, dtype, shape in described:
+        for item in described:
+            if not (isinstance(item, tuple) and len(item) == 3):
+                raise TypeError("WeightSet: each parameter is a (name, dtype, shape) tuple")
+            name, dtype, shape = item
+            where = f"WeightSet: parameter {name!r}"
+            if not isinstance(name, str):
+                raise TypeError(f"WeightSet: a parameter's name must be a str, got "
+                                f"{type(name).__name__}")
+            if not name:
+                raise ValueError("WeightSet: a parameter's name is empty")
+            if name in index:
+                raise ValueError(f"{where} is named twice")
+            dtype, shape = _dtype_arg(dtype, where), _shape_arg(shape, where)
             n = numel(shape) * ITEMSIZE[dtype]
             index[name] = len(params)
             params.append(Param(name, dtype, shape, off, n))
@@ -259,7 +272,6 @@ def weight_set(params, *, align=DEFAULT_ALIGN, buffer="weights", tag="weights"):
         name is empty, or a file is not a well-formed safetensors file or
         index (naming the tensor or file).
     """
-    align = _align_arg(align)
     paths = source_paths(params, "weight_set")
     described = []
     if paths is not None:
@@ -270,8 +282,6 @@ def weight_set(params, *, align=DEFAULT_ALIGN, buffer="weights", tag="weights"):
             if not isinstance(name, str):
                 raise TypeError(f"weight_set: a parameter's name must be a str, got "
                                 f"{type(name).__name__}")
-            if not name:
-                raise ValueError("weight_set: a parameter's name is empty")
             dtype, shape = _described(value, f"weight_set: parameter {name!r}")
             described.append((name, dtype, shape))
     else:
