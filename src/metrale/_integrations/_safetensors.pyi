@@ -4,7 +4,8 @@ from typing import Final, Union
 
 from metrale._base._record import Record
 
-__all__: list[str]
+__all__ = ["SAFETENSORS_DTYPES", "MAX_HEADER", "INDEX_SUFFIX", "SafetensorsEntry",
+           "read_safetensors", "numel", "source_paths", "entries_of"]
 
 SAFETENSORS_DTYPES: Final[dict[str, str]]
 MAX_HEADER: Final[int]

@@ -13,7 +13,9 @@ from metrale._integrations._safetensors import (INDEX_SUFFIX as INDEX_SUFFIX,
                                                 SafetensorsEntry as SafetensorsEntry,
                                                 _Path, read_safetensors as read_safetensors)
 
-__all__: list[str]
+__all__ = ["Param", "WeightSet", "LoadStats", "SafetensorsEntry", "SAFETENSORS_DTYPES",
+           "MAX_HEADER", "INDEX_SUFFIX", "DEFAULT_ALIGN", "weight_set", "read_safetensors",
+           "weight_arena", "load"]
 
 DEFAULT_ALIGN: Final[int]
 
