@@ -36,7 +36,7 @@ def record(path):
             model = cls._from_config(cfg, torch_dtype=dtype)
     params = [[n, str(p.dtype).removeprefix("torch."), list(p.shape)]
               for n, p in model.named_parameters()]
-    named = {n for n, _ in params}
+    named = {n for n, _d, _s in params}
     tied = [n for n in model.state_dict() if n not in named and
             n in dict(model.named_parameters(remove_duplicate=False))]
     return {"config": os.path.basename(path), "class": arch,
