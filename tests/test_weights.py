@@ -328,3 +328,11 @@ def test_load_refuses_a_file_cut_short_since_its_header_was_read(tmp_path, monke
     with weight_arena(ws, HostBackend()) as arena:
         with pytest.raises(MetraleError, match="ended before its tensors' bytes"):
             load(arena, ws, path)
+
+
+def test_a_tensor_in_two_files_is_refused(tmp_path):
+    t = [("a", "F32", (2,), b"\0" * 8)]
+    f1 = write_safetensors(tmp_path / "one.safetensors", t)
+    f2 = write_safetensors(tmp_path / "two.safetensors", t)
+    with pytest.raises(ValueError, match="tensor 'a' is in both .*one.safetensors and .*two"):
+        weight_set([f1, f2])

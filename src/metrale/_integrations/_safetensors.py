@@ -149,10 +149,11 @@ def read_safetensors(path):
 
 
 def _files(source, where):
-    """The safetensors files a path names: itself, or the files of an index."""
+    """The safetensors files a path names, and the index's weight_map: the
+    file itself and None, or an index's files (by name) and its map."""
     path = _path_arg(source, where)
     if not path.endswith(INDEX_SUFFIX):
-        return [path]
+        return [path], None
     with open(path, "rb") as f:
         try:
             index = json.loads(f.read().decode("utf-8"))
@@ -161,42 +162,27 @@ def _files(source, where):
     wm = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
         raise ValueError(f"{path}: an index holds a weight_map of tensor names to file names")
-    files, seen = [], set()
     for v in wm.values():
-        if v not in seen:
-            if os.path.basename(v) != v:
-                raise ValueError(f"{path}: weight_map names a file outside its folder: {v!r}")
-            seen.add(v)
-            files.append(v)
+        if os.path.basename(v) != v:
+            raise ValueError(f"{path}: weight_map names a file outside its folder: {v!r}")
     folder = os.path.dirname(path)
-    # the index's tensors must be exactly the files' (checked by the caller)
-    return [os.path.join(folder, v) for v in sorted(files)], wm
+    return [os.path.join(folder, v) for v in sorted(set(wm.values()))], wm
 
 
-def _safetensors_entries(source, where):
-    got = _files(source, where)
-    files, wm = (got, None) if isinstance(got, list) else got
-    entries, seen = [], {}
-    for path in files:
-        for e in read_safetensors(path):
-            if e.name in seen:
-                raise ValueError(f"{where}: tensor {e.name!r} is in both {seen[e.name]} and "
-                                 f"{path}")
-            seen[e.name] = path
-            entries.append((path, e))
-    if wm is not None:
-        for name, file in wm.items():
-            if name not in seen:
-                raise ValueError(f"{where}: the index names tensor {name!r} in {file}, which "
-                                 "lacks it")
-            if os.path.basename(seen[name]) != file:
-                raise ValueError(f"{where}: the index names tensor {name!r} in {file}, it is "
-                                 f"in {os.path.basename(seen[name])}")
-        for name in seen:
-            if name not in wm:
-                raise ValueError(f"{where}: tensor {name!r} of {seen[name]} is not in the "
-                                 "index")
-    return entries
+def _check_index(where, wm, found):
+    """An index's map against the files' tensors ({name: path}): the same names,
+    each in the file the index says."""
+    for name, file in wm.items():
+        if name not in found:
+            raise ValueError(f"{where}: the index names tensor {name!r} in {file}, which "
+                             "lacks it")
+        if os.path.basename(found[name]) != file:
+            raise ValueError(f"{where}: the index names tensor {name!r} in {file}, it is "
+                             f"in {os.path.basename(found[name])}")
+    for name in found:
+        if name not in wm:
+            raise ValueError(f"{where}: tensor {name!r} of {found[name]} is not in the "
+                             "index")
 
 
 def _is_source_path(source):
@@ -239,10 +225,15 @@ def entries_of(paths, where):
     """
     out, seen = [], {}
     for p in paths:
-        for path, e in _safetensors_entries(p, where):
-            if e.name in seen:
-                raise ValueError(f"{where}: tensor {e.name!r} is in both {seen[e.name]} and "
-                                 f"{path}")
-            seen[e.name] = path
-            out.append((path, e))
+        files, wm = _files(p, where)
+        found = {}
+        for path in files:
+            for e in read_safetensors(path):
+                if e.name in seen:
+                    raise ValueError(f"{where}: tensor {e.name!r} is in both {seen[e.name]} "
+                                     f"and {path}")
+                seen[e.name] = found[e.name] = path
+                out.append((path, e))
+        if wm is not None:
+            _check_index(where, wm, found)
     return out

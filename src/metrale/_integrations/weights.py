@@ -278,10 +278,7 @@ def weight_set(params, *, align=DEFAULT_ALIGN, buffer="weights", tag="weights"):
         for _path, e in entries_of(paths, "weight_set"):
             described.append((e.name, e.dtype, e.shape))
     elif isinstance(params, Mapping):
-        for name, value in params.items():
-            if not isinstance(name, str):
-                raise TypeError(f"weight_set: a parameter's name must be a str, got "
-                                f"{type(name).__name__}")
+        for name, value in params.items():     # the names: checked by WeightSet
             dtype, shape = _described(value, f"weight_set: parameter {name!r}")
             described.append((name, dtype, shape))
     else:
@@ -329,9 +326,9 @@ def _check_arena(arena, ws, where):
         raise TypeError(f"{where}: ws must be a WeightSet, got {type(ws).__name__}")
     if not isinstance(arena, BufferArena):
         raise TypeError(f"{where}: arena must be a BufferArena, got {type(arena).__name__}")
-    spec = ws.buffers[ws.buffer]
-    if ws.buffer not in arena.sizes().buffers.names or \
-            arena.sizes().buffers[ws.buffer] != spec or arena.nbytes(ws.buffer) < ws.nbytes:
+    have = arena.sizes().buffers
+    if ws.buffer not in have.names or have[ws.buffer] != ws.buffers[ws.buffer] or \
+            arena.nbytes(ws.buffer) < ws.nbytes:
         raise MetraleError(f"{where}: the arena holds no buffer {ws.buffer!r} of this weight "
                            f"set's {ws.nbytes:,} bytes (make it with weight_arena(ws, gpu))")
 
@@ -479,7 +476,7 @@ def load(arena, ws, source, *, stream=None):
         raise TypeError(f"{where}: source must be a mapping of names to tensors or safetensors "
                         f"paths, got {type(source).__name__}")
     items.sort()
-    runs = _runs(items) if paths is not None else items
+    runs = _runs(items)         # a state dict's tensors: each its own source, no run merges
     sink, files = _Sink(arena, ws, stream), {}
     try:
         for dst, key, src, n in runs:
@@ -502,14 +499,14 @@ def load(arena, ws, source, *, stream=None):
 
 def _bytes_of(value, p, where):
     """The bytes of one tensor of a state dict, checked against its parameter."""
+    at = f"{where}: tensor {p.name!r}"
     if isinstance(value, tuple) and len(value) == 3:
         dtype, shape, data = value
-        dtype, shape = _dtype_arg(dtype, f"{where}: tensor {p.name!r}"), \
-            _shape_arg(shape, f"{where}: tensor {p.name!r}")
+        dtype, shape = _dtype_arg(dtype, at), _shape_arg(shape, at)
     else:
         data = value
         if _array_kind(value) == "numpy":
-            dtype, shape = _described(value, f"{where}: tensor {p.name!r}")
+            dtype, shape = _described(value, at)
         else:
             raise TypeError(f"{where}: tensor {p.name!r} must be a numpy array or a (dtype, "
                             f"shape, data) triple, got {type(value).__name__}")
