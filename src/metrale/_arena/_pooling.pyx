@@ -111,8 +111,8 @@ def close_pool(ArenaState self):
     err = a._pool.close()
     if a._pool.closed:
         a._pool = None
-        if a._sleep_state is not None:      # no pool: its class no longer sleeps
-            a._sleep_state.asleep &= ~(<uint64_t>1 << TORCH_CLASS)
+        if a._sleep_state is not None:
+            a._sleep_state.forget_class(TORCH_CLASS)
     if err is not None:
         raise err
     return None

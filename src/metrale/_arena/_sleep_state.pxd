@@ -79,6 +79,9 @@ cdef class SleepState:
     # The classes asleep now that a sleep or a wake ended; each one that
     # woke counted in its epoch.
     cdef void settle_classes(self, uint64_t now) noexcept
+    # A class that is gone (a closed pool) no longer sleeps; it did not wake,
+    # so its epoch stays.
+    cdef void forget_class(self, int cls) noexcept
 
 
 # `classes`: each buffer's class (an index into BufferSet.classes, < 63).

@@ -167,6 +167,9 @@ cdef class SleepState:
                 self.epoch[k] += 1
         self.asleep = now
 
+    cdef void forget_class(self, int cls) noexcept:
+        self.asleep &= ~(<uint64_t>1 << cls)
+
     cdef bint holds(self):
         cdef Offload o
         for o in self.offloads:
