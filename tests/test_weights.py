@@ -58,7 +58,7 @@ def test_a_weight_set_of_pairs_lays_each_parameter_out_aligned_in_order():
     p = ws["model.layers.0.self_attn.q_proj.bias"]
     assert p == Param("model.layers.0.self_attn.q_proj.bias", "float32", (3,), 33536, 12)
     (spec,) = ws.buffers
-    assert (spec.name, spec.tag, spec.wake, spec.align) == ("weights", "weights", "keep", 256)
+    assert (spec.name, spec.tag, spec.wake, spec.align) == ("weights", "weights", "offload", 256)
     assert "model.norm.weight" in ws and "model.norm" not in ws
     with pytest.raises(KeyError, match="model.norm"):
         ws["model.norm"]
@@ -294,6 +294,40 @@ def test_the_weights_sleep_and_wake_with_their_bytes():
         arena.wake()
         assert _arena_bytes(arena, ws) == before
         assert arena.summary().classes[0].name == "weights"
+
+
+def test_a_view_of_offloaded_weights_stays_readable_while_they_sleep():
+    # what a module bound to the weights (metrale.torch.bind) relies on
+    ws = weight_set(SHAPES)
+    sd = {n: (d, s, _data(n, d, s, seed=4)) for n, (d, s) in SHAPES.items()}
+    with weight_arena(ws, HostBackend()) as arena:
+        load(arena, ws, sd)
+        before = _arena_bytes(arena, ws)
+        view = arena.view(ws.buffer, "uint8")
+        arena.sleep()
+        assert arena.is_sleeping()
+        assert bytes(_host_bytes(view.ptr, ws.nbytes)) == before   # host memory, same address
+        arena.wake()
+        assert _arena_bytes(arena, ws) == before
+        del view
+
+
+def test_kept_weights_refuse_a_sleep_while_a_view_is_alive():
+    ws = weight_set(SHAPES, wake="keep")
+    assert ws.wake == "keep" and ws.buffers["weights"].wake == "keep"
+    assert ws != weight_set(SHAPES)
+    with weight_arena(ws, HostBackend()) as arena:
+        view = arena.view(ws.buffer, "uint8")
+        with pytest.raises(BufferError, match="alive"):
+            arena.sleep()
+        del view
+        arena.sleep()
+        arena.wake()
+
+
+def test_a_weight_set_refuses_a_wake_contract_it_does_not_know():
+    with pytest.raises(ValueError, match="wake"):
+        weight_set(SHAPES, wake="sometimes")
 
 
 def test_load_refuses_an_arena_of_another_set():

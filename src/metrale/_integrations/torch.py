@@ -17,6 +17,8 @@ Optional (``pip install 'metrale[torch]'``): importing it imports torch;
 - `graph`: a ``torch.cuda.CUDAGraph`` whose ``replay()`` first checks a
   guard over the classes it uses (``BufferArena.guard``): a replay over a
   class still asleep raises MetraleError instead of faulting the device.
+- `bind`: a module's parameters made tensors of a weight arena
+  (metrale.weights), without a copy: the module runs on the arena's memory.
 - `install_workspaces`: declared buffers as torch's cuBLAS workspace and
   Triton's scratch allocator, so their memory is inside the slab (and so
   what a CUDA graph captures); `Workspaces.remove` takes them back.
@@ -33,11 +35,12 @@ except ImportError as e:        # the extra names what to install
 
 from .._arena import _pool
 from .._base.errors import MetraleError
+from . import weights as _weights
 from ._torch_workspaces import Workspaces, install_workspaces, rearm_cublas
 from ._torch_workspaces import _device_of
 
-__all__ = ["GuardedGraph", "Workspaces", "close_pool", "graph", "install_workspaces", "pool",
-           "tensor", "tensors", "use_pool"]
+__all__ = ["GuardedGraph", "Workspaces", "bind", "close_pool", "graph", "install_workspaces",
+           "pool", "tensor", "tensors", "use_pool"]
 
 # The element types DLPack may not carry into torch (its FP8 codes are
 # DLPack 1.1's) -> the unsigned integers of their width they are exported as,
@@ -295,3 +298,86 @@ def graph(arena, uses=(), keep_graph=False):
     if isinstance(uses, str):
         uses = (uses,)
     return GuardedGraph(arena.guard(*tuple(uses)), keep_graph)
+
+
+def bind(module, arena, ws, *, copy=False):
+    """Make every parameter of `module` a tensor of the weight arena, without a copy.
+
+    Each parameter (``module.named_parameters()``, a tied one once) becomes
+    a ``torch.nn.Parameter`` over its bytes in the arena's weights buffer,
+    at the set's offset, with its dtype and shape: the module then runs on
+    the arena's memory, and `metrale.weights.load` (or a refit) writing the
+    buffer is what the module computes with.  A tied parameter stays tied
+    (every module that holds it gets the same new one).
+
+    The tensors hold one view of the buffer: while the module (or a
+    parameter) is alive the arena's `release` refuses, and so does a sleep
+    that would drop or unmap the weights; the default contract
+    (``"offload"``) sleeps with them kept readable at their addresses.
+
+    Parameters
+    ----------
+    module : torch.nn.Module
+        Built for the set (on the meta device, or anywhere with `copy`).
+    arena : BufferArena
+        Made by `metrale.weights.weight_arena` for `ws`, awake.
+    ws : metrale.weights.WeightSet
+        Its parameters: exactly the module's names, dtypes and shapes.
+    copy : bool, optional
+        First copy each parameter's current values into the arena (a module
+        with weights, e.g. randomly initialized); a parameter on the meta
+        device is refused.  False (the default): the arena's bytes are kept
+        as they are.
+
+    Returns
+    -------
+    torch.nn.Module
+        `module`, bound.
+
+    Raises
+    ------
+    TypeError
+        An argument is not of its type.
+    ValueError
+        The module's parameters are not the set's (missing, extra, or of
+        another dtype or shape: each named), or `copy` meets a parameter
+        with no data: the module is unchanged.
+    MetraleError
+        The arena does not hold the set, sleeps, or is released.
+    """
+    where = "bind"
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(f"{where}: module must be a torch.nn.Module, got "
+                        f"{type(module).__name__}")
+    if type(copy) is not bool:
+        raise TypeError(f"{where}: copy must be a bool, got {type(copy).__name__}")
+    _weights._check_arena(arena, ws, where)
+    if arena.is_sleeping():
+        raise MetraleError(f"{where}: the weight arena sleeps: wake it first")
+    named = list(module.named_parameters())
+    _weights._check_names(where, ws, [n for n, _p in named])
+    for name, p in named:
+        dtype = _weights._dtype_arg(p.dtype, f"{where}: parameter {name!r}")
+        want = ws[name]
+        if (dtype, tuple(p.shape)) != (want.dtype, want.shape):
+            _weights._mismatch(where, name, dtype, tuple(p.shape), want)
+        if copy and p.is_meta:
+            raise ValueError(f"{where}: parameter {name!r} is on the meta device: it has no "
+                             "values to copy (bind with copy=False, then load)")
+    whole = tensor(arena, ws.buffer, "uint8")   # the one view the parameters share
+    made = {}
+    for name, p in named:
+        want = ws[name]
+        t = whole[want.offset:want.offset + want.nbytes].view(p.dtype).view(p.shape)
+        if copy:
+            with torch.no_grad():
+                t.copy_(p)
+        made[id(p)] = torch.nn.Parameter(t, requires_grad=p.requires_grad)
+    if copy and whole.is_cuda:
+        torch.cuda.synchronize(whole.device)   # the old parameters may go once swapped
+    # every check and copy is done: now the swap, which cannot fail
+    for sub in module.modules():
+        for key, p in sub._parameters.items():
+            if p is not None and id(p) in made:
+                sub._parameters[key] = made[id(p)]
+    return module

@@ -7,9 +7,10 @@ from metrale._arena._buffer_arena import BufferArena
 from metrale._arena._guard import Guard
 from metrale._integrations._torch_workspaces import Workspaces as Workspaces
 from metrale._integrations._torch_workspaces import install_workspaces as install_workspaces
+from metrale._integrations.weights import WeightSet
 
-__all__ = ["GuardedGraph", "Workspaces", "close_pool", "graph", "install_workspaces", "pool",
-           "tensor", "tensors", "use_pool"]
+__all__ = ["GuardedGraph", "Workspaces", "bind", "close_pool", "graph", "install_workspaces",
+           "pool", "tensor", "tensors", "use_pool"]
 
 def tensor(arena: BufferArena, name: str, dtype: Any = None, shape: Any = None) -> Any: ...
 def tensors(arena: BufferArena, *names: str) -> tuple[Any, ...]: ...
@@ -28,3 +29,4 @@ class GuardedGraph:
     def pool(self) -> Any: ...
 
 def graph(arena: BufferArena, uses: str | Iterable[str] = (), keep_graph: bool = False) -> GuardedGraph: ...
+def bind(module: Any, arena: BufferArena, ws: WeightSet, *, copy: bool = False) -> Any: ...

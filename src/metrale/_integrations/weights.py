@@ -5,11 +5,16 @@ shape)`` pairs or to numpy arrays / torch tensors, or safetensors files, or a
 safetensors index) into a `WeightSet`: every parameter with its checkpoint
 name, exact shape and element type, at an offset aligned for GEMMs, in the
 mapping's order (a file's tensors in the order of their bytes), all in one
-buffer of class ``"weights"`` with wake contract ``"keep"``.  One buffer, not
+buffer of class ``"weights"`` with wake contract ``"offload"``.  One buffer, not
 one per parameter: a buffer set holds at most 256 buffers (the C core's
 tables), where a 1.7B Qwen3 has 311 tensors and a DeepSeek-V3 tens of
 thousands; the class is what sleeps, wakes and is guarded
 (docs/stable-addresses.md), and the parameters are the set's own table.
+Offload, not keep: a sleep moves the bytes to pinned host memory mapped at
+their own addresses (made by the first sleep, reused by every later one), so
+a module whose parameters are the arena's tensors (`metrale.torch.bind`)
+stays valid while the weights sleep; a kept buffer's views would refuse the
+sleep.
 
 `weight_arena` makes a reserved arena for it; `load` copies a state dict or
 safetensors files in, after checking every name, shape and element type
@@ -128,6 +133,12 @@ def _array_kind(value):
     return None
 
 
+def _is_module(value):
+    """A torch module, torch already imported (it is not imported here)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.nn.Module)
+
+
 def _described(value, where):
     """(dtype, shape) of a parameter's description: a pair, or a numpy array
     or torch tensor."""
@@ -152,7 +163,7 @@ class WeightSet:
         Each parameter's name, element type and shape (checked: a name is a
         non-empty str given once, a dtype as `metrale.resolve_dtype` takes
         it, a shape a tuple or list of ints >= 0).
-    align, buffer, tag
+    align, buffer, tag, wake
         As `weight_set`'s.
 
     Attributes
@@ -163,17 +174,20 @@ class WeightSet:
         The buffer that holds them (``"weights"`` unless named otherwise).
     tag : str
         The buffer's class.
+    wake : str
+        The buffer's wake contract.
     align : int
         Every parameter's offset is a multiple of it.
     nbytes : int
         The buffer's size: the last parameter's end, rounded up to `align`.
     buffers : metrale.BufferSet
-        The set of that one buffer (wake contract ``"keep"``), for an arena.
+        The set of that one buffer, for an arena.
     """
 
-    __slots__ = ("params", "buffer", "tag", "align", "nbytes", "buffers", "_index")
+    __slots__ = ("params", "buffer", "tag", "wake", "align", "nbytes", "buffers", "_index")
 
-    def __init__(self, described, *, align=DEFAULT_ALIGN, buffer="weights", tag="weights"):
+    def __init__(self, described, *, align=DEFAULT_ALIGN, buffer="weights", tag="weights",
+                 wake="offload"):
         align = _align_arg(align)
         params, index, off = [], {}, 0
         for item in described:
@@ -195,10 +209,11 @@ class WeightSet:
             off += -(-n // align) * align
         self.params = tuple(params)
         self._index = index
-        self.buffer, self.tag, self.align = buffer, tag, align
         self.nbytes = max(off, align)           # a buffer is never empty
+        # the name, class and contract: checked by BufferSpec
         self.buffers = BufferSet([BufferSpec(buffer, None, size=self.nbytes, align=align,
-                                             wake="keep", tag=tag)])
+                                             wake=wake, tag=tag)])
+        self.buffer, self.tag, self.wake, self.align = buffer, tag, wake, align
 
     def __len__(self):
         return len(self.params)
@@ -223,11 +238,11 @@ class WeightSet:
     def __eq__(self, other):
         if type(other) is not WeightSet:
             return NotImplemented
-        return (self.params, self.buffer, self.tag, self.align) == \
-            (other.params, other.buffer, other.tag, other.align)
+        return (self.params, self.buffer, self.tag, self.wake, self.align) == \
+            (other.params, other.buffer, other.tag, other.wake, other.align)
 
     def __hash__(self):
-        return hash((self.params, self.buffer, self.tag, self.align))
+        return hash((self.params, self.buffer, self.tag, self.wake, self.align))
 
     def __repr__(self):
         return (f"WeightSet({len(self.params)} params, {self.nbytes:,} bytes in "
@@ -237,15 +252,19 @@ class WeightSet:
 # -- the set -----------------------------------------------------------------------------
 
 
-def weight_set(params, *, align=DEFAULT_ALIGN, buffer="weights", tag="weights"):
+def weight_set(params, *, align=DEFAULT_ALIGN, buffer="weights", tag="weights",
+               wake="offload"):
     """A model's parameters as a `WeightSet`.
 
     Parameters
     ----------
-    params : mapping, path or list of paths
+    params : mapping, torch module, path or list of paths
         A mapping of parameter names to ``(dtype, shape)`` pairs, numpy
         arrays or torch tensors (a state dict: only their element types and
-        shapes are read), in the order the set keeps; or safetensors files
+        shapes are read), in the order the set keeps (`hf_params` gives one
+        for a Hugging Face config); a ``torch.nn.Module``, its
+        ``named_parameters()`` (a tied parameter once, under its first name;
+        a module built on the meta device has no weights to read); or safetensors files
         (a path, a list of paths, or a ``*.safetensors.index.json`` of a
         sharded checkpoint): their tensors, file by file, each file's in the
         order of their bytes, so that a load copies runs of them at once.
@@ -257,6 +276,13 @@ def weight_set(params, *, align=DEFAULT_ALIGN, buffer="weights", tag="weights"):
     tag : str
         Its class (``"weights"``: what `arena.sleep(tags=)`, `wake` and
         guards name).
+    wake : str
+        Its wake contract: ``"offload"`` (the default: asleep, its bytes in
+        pinned host memory mapped at their own addresses, so parameters bound
+        to it stay valid; the host memory is made once and reused), ``"keep"``
+        (a pinned host copy; refused by a sleep while views are alive), or a
+        contract that drops them (``"undefined"``: weights loaded again after
+        every wake).
 
     Returns
     -------
@@ -269,9 +295,12 @@ def weight_set(params, *, align=DEFAULT_ALIGN, buffer="weights", tag="weights"):
         parameter is not described by a pair, an array or a tensor.
     ValueError
         `params` is empty, an element type or shape is not understood, a
-        name is empty, or a file is not a well-formed safetensors file or
-        index (naming the tensor or file).
+        name is empty, a file is not a well-formed safetensors file or
+        index (naming the tensor or file), or `BufferSpec` refuses `buffer`,
+        `tag` or `wake`.
     """
+    if _is_module(params):
+        params = dict(params.named_parameters())
     paths = source_paths(params, "weight_set")
     described = []
     if paths is not None:
@@ -282,11 +311,11 @@ def weight_set(params, *, align=DEFAULT_ALIGN, buffer="weights", tag="weights"):
             dtype, shape = _described(value, f"weight_set: parameter {name!r}")
             described.append((name, dtype, shape))
     else:
-        raise TypeError(f"weight_set: params must be a mapping of names to parameters or "
-                        f"safetensors paths, got {type(params).__name__}")
+        raise TypeError(f"weight_set: params must be a mapping of names to parameters, a torch "
+                        f"module or safetensors paths, got {type(params).__name__}")
     if not described:
         raise ValueError("weight_set: params holds no parameter")
-    return WeightSet(described, align=align, buffer=buffer, tag=tag)
+    return WeightSet(described, align=align, buffer=buffer, tag=tag, wake=wake)
 
 
 def weight_arena(ws, gpu, *, config=None):
