@@ -37,7 +37,7 @@ import transformers
 import metrale
 import metrale.torch as mt
 from metrale import REFERENCE, BufferArena, BufferSpec, ModelConfig
-from metrale.weights import weight_arena, weight_set
+from metrale.weights import hf_params, weight_arena, weight_set
 
 FAILED = []
 
@@ -116,13 +116,8 @@ def main(argv=None):
     raw, model = build_model(args.config)
     ws = weight_set(model)
     row(model=os.path.basename(args.config), params=len(ws), weight_bytes=ws.nbytes)
-    try:
-        from metrale.weights import hf_params
-    except ImportError:
-        hf_params = None
-    if hf_params is not None:
-        check(weight_set(hf_params(raw)) == ws,
-              "metrale's parameter list of the config is transformers' model's")
+    check(weight_set(hf_params(raw)) == ws,
+          "metrale's parameter list of the config is transformers' model's")
 
     gpu = metrale.CudaBackend(0)
     wa = weight_arena(ws, gpu)
@@ -134,7 +129,8 @@ def main(argv=None):
           "every parameter is in the weight arena")
 
     cfg = ModelConfig.from_hf_config(raw)
-    buffers = REFERENCE.with_([BufferSpec("cublas_workspace", size=32 << 20)])
+    # offloaded asleep: the installed workspace stays a valid pointer (it is pinned)
+    buffers = REFERENCE.with_([BufferSpec("cublas_workspace", size=32 << 20, wake="offload")])
     aa = BufferArena.new(cfg, 256, 2048, 16, 8, gpu, buffers=buffers,
                          reserve=(256, 2048, 16, 8))
     mp = mt.pool(aa, 8 << 30)
@@ -153,10 +149,21 @@ def main(argv=None):
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g, pool=mp.id, stream=s):
             logits = model(input_ids=ids, use_cache=False).logits
-    g.replay()
-    torch.cuda.synchronize()
-    ref = logits.cpu()
-    check(torch.equal(ref, eager), "the graph's logits are the eager forward's, byte for byte")
+        g.replay()
+        torch.cuda.synchronize()
+        ref = logits.cpu()
+        # the anchor: the same capture in torch's own pool
+        g_torch = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g_torch, stream=s):
+            logits_torch = model(input_ids=ids, use_cache=False).logits
+        g_torch.replay()
+        torch.cuda.synchronize()
+        anchor = logits_torch.cpu()
+        del g_torch, logits_torch
+    row(graph_vs_eager_max_abs=float((ref.float() - eager.float()).abs().max()),
+        graph_vs_eager_equal=bool(torch.equal(ref, eager)))
+    check(torch.equal(ref, anchor), "the graph in the arena's pool gives torch's own pool's "
+          "graph's logits, byte for byte")
     check(wsp.cublas_active(), "cuBLAS's workspace is the declared buffer")
     stats = aa.memory_stats()
     row(pool_mib=mib(stats["pool_committed_bytes"]), pool_segments=stats["pool_segments"])

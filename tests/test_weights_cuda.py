@@ -25,8 +25,8 @@ def test_a_checkpoint_loads_onto_the_device_and_sleeps_with_its_bytes(gpu, tmp_p
         arena.wake()
         assert gpu.download(arena.ptr("weights"), ws.nbytes) == got
         # through the reused buffer in pieces (1,000 bytes: none a run's length)
-        import metrale._integrations.weights as w
-        monkeypatch.setattr(w, "_CHUNK", 1000)
+        import metrale._integrations._weight_copies as copies
+        monkeypatch.setattr(copies, "CHUNK", 1000)
         gpu.upload(arena.ptr("weights"), bytes(ws.nbytes))
         load(arena, ws, path)
         assert gpu.download(arena.ptr("weights"), ws.nbytes) == got

@@ -7,7 +7,6 @@ then loaded, refusals that leave the module as it was, and the bound module
 across a sleep of its weights.  On the GPU, with transformers' Qwen3:
 tests/test_weights_cuda.py."""
 
-import numpy as np
 import pytest
 
 from metrale import HostBackend, MetraleError
@@ -75,15 +74,14 @@ def test_a_bound_module_runs_on_the_arenas_memory_with_its_own_values():
         with torch.no_grad():
             assert torch.equal(model(IDS), want)
         # the module computes with what the buffer holds: write it, see it
-        view = np.frombuffer(arena.view(ws.buffer, "uint8"), np.uint8)
-        off = ws["down.weight"].offset
-        view[off:off + ws["down.weight"].nbytes] = 0
+        whole = mt.tensor(arena, ws.buffer, "uint8")
+        p = ws["down.weight"]
+        whole[p.offset:p.offset + p.nbytes] = 0
+        del whole
         assert torch.count_nonzero(model.down.weight) == 0
         with pytest.raises(BufferError):       # the parameters pin the buffer
             arena.release()
-        del model, view
-        import gc
-        gc.collect()
+        del model
 
 
 def test_a_module_built_on_the_meta_device_is_bound_then_loaded():

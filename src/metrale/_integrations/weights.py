@@ -28,10 +28,11 @@ host memory (or through one reused buffer to the device), not mapped: a file
 cut short under a map would fault the process.
 """
 
-import ctypes
 import sys
 from collections.abc import Mapping
 
+from ._hf_params import SUPPORTED_MODEL_TYPES, hf_params
+from ._weight_copies import Sink, runs_of
 from ._safetensors import (INDEX_SUFFIX, MAX_HEADER, SAFETENSORS_DTYPES, SafetensorsEntry,
                            entries_of, numel, read_safetensors, source_paths)
 from .._arena._buffer_arena import BufferArena
@@ -45,11 +46,9 @@ from .._sizing.sizes import BufferSizes
 
 __all__ = ["Param", "WeightSet", "LoadStats", "SafetensorsEntry", "SAFETENSORS_DTYPES",
            "MAX_HEADER", "INDEX_SUFFIX", "DEFAULT_ALIGN", "weight_set", "read_safetensors",
-           "weight_arena", "load"]
+           "weight_arena", "load", "hf_params", "SUPPORTED_MODEL_TYPES"]
 
 DEFAULT_ALIGN = 256
-# A device arena's load reads a file's bytes in pieces of at most this much.
-_CHUNK = 64 << 20
 _MAX_ALIGN = 1 << 30
 
 
@@ -382,66 +381,6 @@ def _check_names(where, ws, names):
                          + "; ".join(parts))
 
 
-def _runs(items):
-    """[(dest offset, source key, source offset, nbytes)] merged where both
-    sides continue back to back (same source key)."""
-    out = []
-    for dst, key, src, n in items:
-        if out:
-            d, k, s, m = out[-1]
-            if k == key and d + m == dst and s + m == src:
-                out[-1] = (d, k, s, m + n)
-                continue
-        out.append((dst, key, src, n))
-    return out
-
-
-class _Sink:
-    """The weights buffer, written at offsets.  It holds a view of the buffer,
-    which pins the arena's memory: no release or sleep frees it under a copy."""
-
-    def __init__(self, arena, ws, stream):
-        self.gpu, self.stream = arena.backend(), stream
-        self.view = arena.view(ws.buffer, "uint8")
-        self.upload = getattr(type(self.gpu), "upload", None)   # device memory: its copy
-        # host memory: a bounds-checked slice of exactly the buffer's bytes
-        self.whole = None if self.upload is not None else memoryview(
-            (ctypes.c_uint8 * self.view.nbytes).from_address(self.view.ptr)).cast("B")
-        self.buf = None
-
-    def write(self, off, data):
-        if self.whole is not None:
-            self.whole[off:off + len(data)] = data
-        else:
-            self.upload(self.gpu, self.view.ptr + off, data, self.stream)
-
-    def read(self, off, f, src, n, path):
-        """n bytes of file f from src, to offset off: read straight into host
-        memory, or through one reused buffer of at most _CHUNK bytes to the
-        device (the backend's upload waits for each piece).  Read, not mapped:
-        a file cut short under a map would fault the process."""
-        f.seek(src)
-        while n:
-            if self.whole is not None:
-                k, got = n, f.readinto(self.whole[off:off + n])
-            else:
-                if self.buf is None:
-                    self.buf = memoryview(bytearray(_CHUNK))
-                k = min(n, _CHUNK)
-                got = f.readinto(self.buf[:k])
-                if got == k:
-                    self.write(off, self.buf[:k])
-            if got != k:
-                raise MetraleError(f"load: {path} ended before its tensors' bytes: it changed "
-                                   "since its header was read (the weights are partly "
-                                   "written: load them again)")
-            off, src, n = off + k, src + k, n - k
-
-    def done(self):
-        if self.whole is None:
-            self.gpu.synchronize(self.stream)
-
-
 def load(arena, ws, source, *, stream=None):
     """Copy a model's weights into its weight arena.
 
@@ -505,8 +444,8 @@ def load(arena, ws, source, *, stream=None):
         raise TypeError(f"{where}: source must be a mapping of names to tensors or safetensors "
                         f"paths, got {type(source).__name__}")
     items.sort()
-    runs = _runs(items)         # a state dict's tensors: each its own source, no run merges
-    sink, files = _Sink(arena, ws, stream), {}
+    runs = runs_of(items)         # a state dict's tensors: each its own source, no run merges
+    sink, files = Sink(arena, ws, stream), {}
     try:
         for dst, key, src, n in runs:
             if n == 0:

@@ -7,6 +7,8 @@ from metrale._base._common import DTypeLike, StreamLike
 from metrale._base._record import Record
 from metrale._sizing.buffers import BufferSet
 from metrale._sizing.config import ModelConfig
+from metrale._integrations._hf_params import (SUPPORTED_MODEL_TYPES as SUPPORTED_MODEL_TYPES,
+                                               hf_params as hf_params)
 from metrale._integrations._safetensors import (INDEX_SUFFIX as INDEX_SUFFIX,
                                                 MAX_HEADER as MAX_HEADER,
                                                 SAFETENSORS_DTYPES as SAFETENSORS_DTYPES,
@@ -15,7 +17,7 @@ from metrale._integrations._safetensors import (INDEX_SUFFIX as INDEX_SUFFIX,
 
 __all__ = ["Param", "WeightSet", "LoadStats", "SafetensorsEntry", "SAFETENSORS_DTYPES",
            "MAX_HEADER", "INDEX_SUFFIX", "DEFAULT_ALIGN", "weight_set", "read_safetensors",
-           "weight_arena", "load"]
+           "weight_arena", "load", "hf_params", "SUPPORTED_MODEL_TYPES"]
 
 DEFAULT_ALIGN: Final[int]
 

@@ -1,0 +1,16 @@
+from typing import BinaryIO, Final
+
+from metrale._arena._buffer_arena import BufferArena
+from metrale._integrations.weights import WeightSet
+
+__all__ = ["CHUNK", "Sink", "runs_of"]
+
+CHUNK: Final[int]
+
+def runs_of(items: list[tuple[int, object, int, int]]) -> list[tuple[int, object, int, int]]: ...
+
+class Sink:
+    def __init__(self, arena: BufferArena, ws: WeightSet, stream: object) -> None: ...
+    def write(self, off: int, data: memoryview) -> None: ...
+    def read(self, off: int, f: BinaryIO, src: int, n: int, path: str) -> None: ...
+    def done(self) -> None: ...
