@@ -165,6 +165,7 @@ def test_every_concept_of_the_table_is_a_class_of_its_pxd():
         "ArenaBuffers": "a read-only mapping over the arena, owning nothing",
         "BufferArena": "the final class: nothing else cimports it",
         "Guarded": "a callable behind a Guard, made by Guard.wrap: nothing else cimports it",
+        "MemoryExport": "an open export_memory, made by it: nothing else cimports it",
         "Part": "one class's chunks of a Reservation: an Owner it makes for a sleep or a wake",
     }
     for p in _ARENA.glob("*.pyx*"):

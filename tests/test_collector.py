@@ -2,6 +2,8 @@
 cyclic collector gives back everything they owned (memory, reservations,
 handles, descriptors), whatever order it clears them in."""
 
+import os
+
 from helpers import Cycle, _reserved, new
 
 
@@ -214,6 +216,28 @@ def _cycle_cases():
         gc.collect()
         return vm_counts(gpu) == (0, 0, 0)
 
+    def export_case():
+        # An open export in a cycle with its arena: the export ends (the hold
+        # let go, its descriptors closed), then the arena goes and its memory.
+        import gc
+        from helpers import vm_counts
+        from metrale.weights import weight_arena, weight_set
+        gpu = HostBackend()
+        ws = weight_set({"w": ("float32", (1000,))})
+        arena = weight_arena(ws, gpu)
+        ex = arena.export_memory("weights")
+        fds = ex.fds()
+        _collect(ex=ex, arena=arena)
+        del ex, arena
+        gc.collect()
+        closed = []
+        for fd in fds:
+            try:
+                os.fstat(fd)
+            except OSError:
+                closed.append(fd)
+        return vm_counts(gpu) == (0, 0, 0) and closed == fds
+
     def scratch_case():
         m = ScratchSpaceManager(4096, 2)
         s = m.get_scratch()
@@ -250,6 +274,7 @@ def _cycle_cases():
         "_Plan": "owns nothing: a parameter block of addresses and a list of tuples",
         "ArenaBuffers": "owns nothing; holds its arena, which holds nothing of it back",
         "Pool": pool_case, "Guard": guard_case, "Guarded": guarded_case,
+        "MemoryExport": export_case,
         "ScratchSpaceManager": scratch_case, "ScratchSpace": scratch_case,
         "_TableRef": scratch_case, "_Region": scratch_case, "_Lease": scratch_case,
     }

@@ -324,7 +324,7 @@ def test_release_inside_a_reshape_on_the_same_thread_is_refused(reshape):
     seen = []
 
     def hook():
-        with pytest.raises(MetraleError, match="inside a resize, sleep or wake"):
+        with pytest.raises(MetraleError, match="inside a resize, sleep, wake or export"):
             arena.release()
         seen.append(reshape)
 

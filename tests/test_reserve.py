@@ -417,7 +417,7 @@ def test_resize_waits_for_operations_and_refuses_new_ones():
                     a.zero_all_rows(tokens=3)
                     a.zero_all()
                 except MetraleError as e:
-                    if "sleeping (or being resized)" not in str(e):
+                    if "sleeping (or being resized" not in str(e):
                         errors.append(e)
                 time.sleep(0)           # let the reshaping thread have the GIL
 

@@ -12,4 +12,4 @@ cdef tuple limits_of(object sizes, object max_batch_tokens, object max_batch_siz
 # Set a new arena's state and make its memory; on failure nothing is left.
 cdef int construct(ArenaState self, object config, object sizes, object max_batch_tokens,
                    object max_batch_size, object gpu, object reserve_sizes, object debug,
-                   object group) except -1
+                   object group, bint exportable) except -1

@@ -87,7 +87,7 @@ cdef tuple limits_of(object sizes, object max_batch_tokens, object max_batch_siz
 
 cdef int construct(ArenaState self, object config, object sizes, object max_batch_tokens,
                    object max_batch_size, object gpu, object reserve_sizes, object debug,
-                   object group) except -1:
+                   object group, bint exportable) except -1:
     """Set a new arena's state and make its memory (`limits_of` checked the
     arguments); on failure nothing is left."""
     cdef uintptr_t base = 0
@@ -104,7 +104,7 @@ cdef int construct(ArenaState self, object config, object sizes, object max_batc
     if group is not None:           # a shared arena reserves `sizes`
         build_shared(self, sizes, top, group)
     elif reserve_sizes is not None:
-        build(self, sizes, reserve_sizes, False)
+        build(self, sizes, reserve_sizes, exportable)
     if self._reservation is not None:
         link(self)
         return 0

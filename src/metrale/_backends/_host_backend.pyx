@@ -49,13 +49,18 @@ cdef int _decommit(uintptr_t p, size_t n) except -1:
     return 0
 
 
-cdef int _filled_over(uintptr_t p, size_t n, uintptr_t src) except -1:
-    """New private pages holding the n bytes at `src`, moved over [p, p + n)
-    in one mremap: a reader there sees the old pages or the new, never none."""
+cdef int _filled_over(uintptr_t p, size_t n, uintptr_t src, int fd=-1, size_t at=0) except -1:
+    """New pages holding the n bytes at `src`, moved over [p, p + n) in one
+    mremap: a reader there sees the old pages or the new, never none.  Private
+    pages, or those of memfd `fd` from offset `at` (a shareable handle's, which
+    its importers map too)."""
     cdef void *q
     cdef void *r
     with nogil:
-        q = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
+        if fd >= 0:
+            q = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, at)
+        else:
+            q = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
     if q == MAP_FAILED:
         raise OutOfMemoryError(f"host commit of {n} bytes at {p:#x} refused (errno {errno})")
     with nogil:
@@ -138,6 +143,7 @@ Host memory, synchronous: everything the arena does, with no GPU.
         self._memfds = {}
         self._host_spans = []
         self._host_at = {}
+        self._shared_at = {}
 
     def __dealloc__(self):
         # Descriptors of handles nobody released (an arena's teardown that
@@ -284,6 +290,8 @@ Host memory, synchronous: everything the arena does, with no GPU.
                 q = mmap(<void *>p, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0)
         if q == MAP_FAILED:
             raise OutOfMemoryError(f"host commit of {n} bytes at {p:#x} refused (errno {errno})")
+        if fd >= 0:
+            self._shared_at[p] = (fd, n)
         self._host_spans = _less(self._host_spans, p, p + n)
         self._live[p] = n
         self.mapped_bytes += n
@@ -294,6 +302,7 @@ Host memory, synchronous: everything the arena does, with no GPU.
         for lo, hi in _parts(self._host_spans, p, p + n, False):
             _decommit(lo, hi - lo)
         self._live.pop(p, None)
+        self._shared_at.pop(p, None)
         self.mapped_bytes -= n
         return 0
 
@@ -325,14 +334,23 @@ Host memory, synchronous: everything the arena does, with no GPU.
         return True
 
     cdef int map_filled(self, uintptr_t p, size_t n, uint64_t handle, uintptr_t src) except -1:
-        _filled_over(p, n, src)
+        cdef int fd = self._memfds.get(handle, -1)
+        _filled_over(p, n, src, fd, 0)
+        if fd >= 0:
+            self._shared_at[p] = (fd, n)
         self._host_spans = _less(self._host_spans, p, p + n)
         self._live[p] = n
         self.mapped_bytes += n
         return 0
 
     cdef int refill(self, uintptr_t p, size_t n, uintptr_t src) except -1:
-        _filled_over(p, n, src)
+        cdef int fd = -1
+        cdef size_t at = 0
+        for a, (f, m) in self._shared_at.items():     # a shareable chunk: its own pages
+            if a <= p < a + m:
+                fd, at = f, p - a
+                break
+        _filled_over(p, n, src, fd, at)
         self._host_spans = _less(self._host_spans, p, p + n)
         return 0
 

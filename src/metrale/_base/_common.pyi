@@ -1,7 +1,7 @@
 from typing import Any, Final, Protocol, SupportsIndex, Union
 
 __all__ = [
-    'check_index', 'seconds_arg', 'MAX_SECONDS', 'resolve_dtype', 'DTYPE_NAMES', 'U64_MAX',
+    'check_index', 'seconds_arg', 'stream_handle', 'MAX_SECONDS', 'resolve_dtype', 'DTYPE_NAMES', 'U64_MAX',
 ]
 
 class _CudaStreamProtocol(Protocol):
@@ -30,4 +30,5 @@ DTYPE_NAMES: tuple[str, ...]
 
 def check_index(value: SupportsIndex, name: str, minimum: int = ..., maximum: int = ...) -> int: ...
 def seconds_arg(value: float, name: str) -> float: ...
+def stream_handle(stream: StreamLike) -> int: ...
 def resolve_dtype(dtype: DTypeLike) -> str: ...

@@ -276,6 +276,23 @@ cdef tuple dtype_info(object dtype):
     return (name,) + _DTYPES[name]
 
 
+def stream_handle(stream):
+    """The handle of a stream argument, as the arena's methods read it.
+
+    Parameters
+    ----------
+    stream : int, None or stream object
+        An int handle, None (0: the legacy default stream), an object of the
+        CUDA stream protocol, or one with an int `cuda_stream` (torch) or
+        `ptr` (CuPy).
+
+    Returns
+    -------
+    int
+    """
+    return as_stream(stream)
+
+
 def resolve_dtype(dtype):
     """The canonical name of an element type argument.
 

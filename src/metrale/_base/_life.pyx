@@ -93,7 +93,8 @@ cdef int raise_life(int rc, str subject, str what, str exported="views") except 
     if rc == MT_LIFE_RELEASED:
         raise MetraleError(f"{where}{subject} {has} been released")
     if rc == MT_LIFE_PAUSED:
-        raise MetraleError(f"{where}{subject} is sleeping (or being resized): wake it first")
+        raise MetraleError(f"{where}{subject} is sleeping (or being resized or exported): "
+                           "wake it first")
     if rc == MT_LIFE_EXPORTED:
         raise BufferError(f"{where}{subject} still {has} live views ({exported}); nothing changed "
                           "and nothing was freed: drop those views and every array made from "
@@ -103,11 +104,13 @@ cdef int raise_life(int rc, str subject, str what, str exported="views") except 
                            f"finalizer) while operations on {subject} are running; nothing "
                            "changed: call it after they return")
     if rc == MT_LIFE_SELF:
-        raise MetraleError(f"{where}called from inside a resize, sleep or wake of {subject} on "
-                           "this thread (user code run by an argument or a finalizer); nothing "
-                           "changed: call it after that returns")
+        raise MetraleError(f"{where}called from inside a resize, sleep, wake or export of "
+                           f"{subject} on this thread (user code run by an argument or a "
+                           "finalizer, or an export_memory not ended); nothing changed: call "
+                           "it after that returns")
     if rc == MT_LIFE_BUSY:
-        raise MetraleError(f"{where}another resize, sleep or wake of {subject} is running")
+        raise MetraleError(f"{where}another resize, sleep, wake or export (export_memory) of "
+                           f"{subject} is running")
     if rc == MT_LIFE_CLOSING:
         raise MetraleError(f"{where}a release of {subject} is pending (it was refused while "
                            "views were alive): no new view can be made")

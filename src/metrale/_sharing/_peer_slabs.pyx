@@ -9,7 +9,7 @@ cimport cython
 from libc.stdint cimport uint64_t, uintptr_t
 
 from metrale._backends._backend cimport Backend
-from metrale._base._common cimport mt_py_finalizing
+from metrale._base._common cimport as_stream, mt_py_finalizing
 from metrale._backends._mapping cimport free_reservation, release_orphans, unmap_chunks
 from metrale._base._peer_core cimport mt_signal
 
@@ -218,6 +218,49 @@ The peers' slabs mapped into this process, each in its own reservation.
         first = first or err
         if first is not None:
             raise first
+        return None
+
+    def copy_in(self, key, size_t offset, uintptr_t src, size_t nbytes, stream=None):
+        """Copy `nbytes` from `src` (this process's memory) into `key`'s
+        mapped memory at `offset` from its base, on `stream` (not waited for:
+        `detach` and `close` wait for the device).
+
+        Parameters
+        ----------
+        key : int or tuple
+            The entry, as `map_peer` made it.
+        offset : int
+            From the entry's base; ``[offset, offset + nbytes)`` must lie in
+            its mapped chunks.
+        src : int
+            The source's address: device memory, or host memory the device
+            reads (the caller vouches for its `nbytes`).
+        nbytes : int
+        stream : stream, optional
+            As the arena's methods take it (None: the legacy default stream).
+
+        Raises
+        ------
+        ValueError
+            `key` is not mapped, or the range is not all mapped.
+        """
+        cdef uintptr_t s = as_stream(stream)       # converted before anything is read
+        entry = self._slabs.get(key)
+        if entry is None or not entry[3]:
+            raise ValueError(f"copy_in: {key!r} is not mapped")
+        if nbytes == 0:
+            return None
+        if offset + nbytes < offset:
+            raise ValueError("copy_in: offset + nbytes overflows")
+        at = offset
+        for off, n, _h in sorted(entry[3]):
+            if off <= at < off + n:
+                at = off + n
+                if at >= offset + nbytes:
+                    break
+        if at < offset + nbytes:
+            raise ValueError(f"copy_in: [{offset}, +{nbytes}) of {key!r} is not all mapped")
+        self._gpu.copy(<uintptr_t>entry[0] + offset, src, nbytes, s)
         return None
 
     def own_signal(self):
