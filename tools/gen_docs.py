@@ -571,7 +571,7 @@ _MODULE_PAGES = {
     "cli": "cli.md", "config": "hf-config.md", "cuda": "backends.md", "debug": "debug.md",
     "decode_meta": "step-inputs.md", "errors": "#conventions", "fitting": "fit.md",
     "formulas": "buffer-sets.md", "levers": "levers.md", "moe": "buffers.md",
-    "minimal": "quickstart.md", "picture": "cli.md", "reference": "buffers.md",
+    "minimal": "quickstart.md", "picture": "cli.md", "reference": "buffers.md", "refit": "rl.md",
     "sizes": "buffers.md",
     "target": "levers.md", "testing": "backends.md", "torch": "torch.md",
     "tp": "tensor-parallel.md", "weights": "weights.md",

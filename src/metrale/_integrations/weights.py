@@ -317,7 +317,7 @@ def weight_set(params, *, align=DEFAULT_ALIGN, buffer="weights", tag="weights",
     return WeightSet(described, align=align, buffer=buffer, tag=tag, wake=wake)
 
 
-def weight_arena(ws, gpu, *, config=None):
+def weight_arena(ws, gpu, *, config=None, exportable=True):
     """A reserved arena holding a `WeightSet`'s buffer (and nothing else).
 
     Parameters
@@ -328,6 +328,9 @@ def weight_arena(ws, gpu, *, config=None):
     config : ModelConfig, optional
         The model's config, shown by the arena's summary; sizes nothing (every
         parameter's size is in the set).
+    exportable : bool, optional
+        Its memory made of chunks exportable as file descriptors, so that a
+        trainer writes the weights in place (`metrale.refit`, docs/rl.md).
 
     Returns
     -------
@@ -343,7 +346,7 @@ def weight_arena(ws, gpu, *, config=None):
         raise TypeError(f"weight_arena: config must be a ModelConfig, got "
                         f"{type(config).__name__}")
     sizes = BufferSizes.from_config(config, 1, 1, 1, 1, buffers=ws.buffers, env={})
-    return BufferArena.from_sizes(sizes, gpu, reserve_sizes=sizes)
+    return BufferArena.from_sizes(sizes, gpu, reserve_sizes=sizes, exportable=exportable)
 
 
 # -- load --------------------------------------------------------------------------------

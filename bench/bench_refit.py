@@ -1,0 +1,345 @@
+"""A trainer process refits an engine's Qwen3 in place through one export (issue 52).
+
+On the lent GPU, the engine (this process) holds a transformers
+Qwen3ForCausalLM (tests/data/hf/qwen3-8b.json unless --config; bf16) whose
+parameters are a weight arena's tensors (metrale.weights, metrale.torch.bind),
+its forward a CUDA graph in an activation arena's pool (bench_weights.py's
+setup).  A trainer process (torch and metrale.refit's client, no arena) holds
+the new weights as its own tensors, made on the device from a seed, so that
+the engine can make the same bytes for its oracle.  Each figure with its
+anchors measured in the same run:
+
+- the refit (`WeightImport.sync`: the offer, the descriptors mapped, one copy
+  per tensor, the device waited for, unmapped, committed), median of --runs,
+  against one device-to-device copy of the same bytes in the trainer (CUDA
+  events), the same per-tensor copies into the trainer's own memory, torch IPC
+  per parameter (`reduce_tensor` of each, rebuilt and copied in by the engine;
+  the first sync of new storages and the later ones), and one flat bucket
+  through torch IPC (packed, sent, copied out per parameter);
+- after the refit the engine's graph, unchanged, against a fresh model (torch's
+  own memory, the new weights made from the seed, its graph in torch's pool):
+  logits byte for byte;
+- an RL loop of --cycles (generate, sleep deep, the trainer writes its next
+  weights, wake, refit, generate): each cycle's logits against the fresh model
+  of that cycle's weights, device memory asleep (NVML by pid) against the
+  context, and host RSS, across the cycles.
+
+    python bench/bench_refit.py [--config tests/data/hf/qwen3-8b.json] [--runs 5] [--cycles 20]
+
+Prints one JSON line per figure; exits 1 when a check fails.
+"""
+
+import argparse
+import gc
+import multiprocessing
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_weights import build_model, check, events_ms, mib, nvml_used, row, rss, FAILED  # noqa: E402
+
+import metrale  # noqa: E402
+import metrale.torch as mt  # noqa: E402
+from metrale import REFERENCE, BufferArena, BufferSpec, ModelConfig  # noqa: E402
+from metrale.refit import WeightExport, WeightImport  # noqa: E402
+from metrale.weights import weight_arena, weight_set  # noqa: E402
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+
+
+def make_state(params, seed, out=None):
+    """The weights of `seed` on the device: a matrix N(0, 0.02), a vector 1 +
+    N(0, 0.02); the same bytes in every process (torch's Philox on this GPU)."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    state = {} if out is None else out
+    for name, dtype, shape in params:
+        x = torch.randn(shape, generator=g, device="cuda", dtype=torch.float32).mul_(0.02)
+        if len(shape) == 1:
+            x.add_(1.0)
+        if out is None:
+            state[name] = x.to(_DTYPES[dtype])
+        else:
+            state[name].copy_(x)
+        del x
+    return state
+
+
+# -- the trainer process -------------------------------------------------------------------
+
+
+def trainer(path, params, offsets, nbytes, runs, cycles, conn):
+    """Refits on the engine's call; anchors measured here; see the module's docstring."""
+    from torch.multiprocessing.reductions import reduce_tensor
+    try:
+        gpu = metrale.CudaBackend(0)
+        state = make_state(params, 1000)
+        imp = WeightImport(path, gpu, timeout=600)
+        stream = torch.cuda.current_stream().cuda_stream
+        out = {}
+        # the refit, timed from here (the engine's offer already waiting)
+        t_map = []
+        orig_map = imp._map
+
+        def timed_map(*a):
+            t = time.perf_counter()
+            orig_map(*a)
+            t_map.append((time.perf_counter() - t) * 1e3)
+        imp._map = timed_map
+        refit_ms = []
+        for i in range(runs):
+            assert conn.recv() == "offered"
+            time.sleep(0.05)
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            stats = imp.sync(state, stream=stream)
+            refit_ms.append((time.perf_counter() - t) * 1e3)
+        out.update(refit_ms=refit_ms, map_ms=t_map, copies=stats.copies)
+        # anchors: one device-to-device copy of the same bytes; the same per-tensor copies
+        src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+        dst = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+        out["d2d_ms"] = events_ms(lambda: dst.copy_(src), runs)
+        src = None
+        torch.cuda.empty_cache()
+        views = [(dst[off:off + state[n].nbytes], state[n].view(-1).view(torch.uint8))
+                 for n, off in offsets]
+
+        def per_tensor():
+            for d, s in views:
+                d.copy_(s)
+        out["local_copies_ms"] = events_ms(per_tensor, runs)
+        # torch IPC, per parameter: the first sync of these storages, then the later ones
+        ipc_ms = []
+        for i in range(runs):
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            conn.send(("ipc", t, [(n, reduce_tensor(state[n])) for n, _o in offsets]))
+            assert conn.recv() == "copied"
+            ipc_ms.append((time.perf_counter() - t) * 1e3)
+        out["ipc_per_param_ms"] = ipc_ms
+        # one flat bucket through torch IPC: packed here, copied out by the engine
+        bucket_ms = []
+        for i in range(runs):
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            per_tensor()
+            torch.cuda.synchronize()
+            conn.send(("bucket", t, reduce_tensor(dst)))
+            assert conn.recv() == "copied"
+            bucket_ms.append((time.perf_counter() - t) * 1e3)
+        out["ipc_bucket_ms"] = bucket_ms
+        views = dst = None
+        torch.cuda.empty_cache()
+        conn.send(("anchors", out))
+        # the RL loop: write the next weights while the engine sleeps, refit after its wake
+        for c in range(cycles):
+            assert conn.recv() == ("asleep", c)
+            make_state(params, 2000 + c, out=state)        # the trainer's step
+            torch.cuda.synchronize()
+            conn.send(("written", c))
+            imp.sync(state, stream=stream)
+        imp.close()
+        conn.send(("done", None))
+    except BaseException as e:
+        import traceback
+        conn.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+
+
+# -- the engine ------------------------------------------------------------------------------
+
+
+def place(model, state):
+    """Make `state`'s tensors the parameters of `model` (a tied one once), in
+    every submodule: a model loaded with them, in torch's own memory."""
+    owner = {id(p): n for n, p in model.named_parameters()}
+    for mod in model.modules():
+        for k, p in list(mod._parameters.items()):
+            if p is not None:
+                mod._parameters[k] = torch.nn.Parameter(state[owner[id(p)]],
+                                                        requires_grad=False)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--config", default="tests/data/hf/qwen3-8b.json")
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--cycles", type=int, default=20)
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--seq", type=int, default=16)
+    args = ap.parse_args(argv)
+
+    torch.zeros(1, device="cuda")
+    torch.cuda.synchronize()
+    context = nvml_used()
+    row(device=torch.cuda.get_device_name(0), torch=torch.__version__, context_mib=mib(context))
+    raw, model = build_model(args.config)
+    ws = weight_set(model)
+    params = [(p.name, p.dtype, list(p.shape)) for p in ws]
+    row(model=os.path.basename(args.config), params=len(ws), weight_bytes=ws.nbytes)
+    gpu = metrale.CudaBackend(0)
+    wa = weight_arena(ws, gpu)
+    mt.bind(model, wa, ws, copy=True)
+    gc.collect()
+    torch.cuda.empty_cache()
+
+    cfg = ModelConfig.from_hf_config(raw)
+    buffers = REFERENCE.with_([BufferSpec("cublas_workspace", size=32 << 20, wake="offload")])
+    aa = BufferArena.new(cfg, 256, 2048, 16, 8, gpu, buffers=buffers, reserve=(256, 2048, 16, 8))
+    mp = mt.pool(aa, 8 << 30)
+    s = torch.cuda.Stream()
+    wsp = mt.install_workspaces(aa, cublas="cublas_workspace", stream=s)
+    gen = torch.Generator(device="cpu").manual_seed(1)
+    ids_host = torch.randint(0, raw["vocab_size"], (args.batch, args.seq), generator=gen)
+    with mt.use_pool(aa):
+        ids = ids_host.to("cuda")
+    with torch.no_grad(), torch.cuda.stream(s):
+        for _ in range(2):
+            model(input_ids=ids, use_cache=False)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=mp.id, stream=s):
+            logits = model(input_ids=ids, use_cache=False).logits
+    torch.cuda.synchronize()
+
+    # the oracle: the same architecture in torch's own memory, its parameters on meta until
+    # a check places a cycle's weights in it
+    with torch.device("meta"):
+        import transformers
+        fresh = transformers.Qwen3ForCausalLM._from_config(model.config, dtype=torch.bfloat16)
+    fresh = fresh.eval()
+    for name, buf in model.named_buffers():          # rotary tables: not weights
+        mod_name, _, key = name.rpartition(".")
+        fresh.get_submodule(mod_name)._buffers[key] = buf.clone()
+
+    def generate():
+        with torch.cuda.stream(s):
+            ids.copy_(ids_host)
+            g.replay()
+        torch.cuda.synchronize()
+        return logits.cpu()
+
+    def oracle(seed):
+        """The fresh model with the weights of `seed`: its graph's logits."""
+        state = make_state(params, seed)
+        place(fresh, state)
+        with torch.no_grad(), torch.cuda.stream(s):
+            x = ids_host.to("cuda")
+            fresh(input_ids=x, use_cache=False)
+            torch.cuda.synchronize()
+            go = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(go, stream=s):
+                lo = fresh(input_ids=x, use_cache=False).logits
+            go.replay()
+        torch.cuda.synchronize()
+        out = lo.cpu()
+        del go, lo, x, state
+        place(fresh, {n: torch.empty(sh, dtype=_DTYPES[d], device="meta")
+                      for n, d, sh in params})
+        gc.collect()
+        torch.cuda.empty_cache()
+        return out
+
+    offsets = [(p.name, p.offset) for p in ws]
+    ctx = multiprocessing.get_context("spawn")
+    here, there = ctx.Pipe()
+    path = os.path.join(tempfile.mkdtemp(), "weights.sock")
+    ex = WeightExport(wa, ws, path)
+    p = ctx.Process(target=trainer, args=(path, params, offsets, ws.nbytes, args.runs,
+                                          args.cycles, there))
+    p.start()
+    by_name = None
+    try:
+        for i in range(args.runs):
+            here.send("offered")
+            epoch = ex.sync(timeout=600)
+        # torch IPC anchors: the engine's side (rebuild, copy into the bound parameters)
+        by_name = dict(model.named_parameters())
+        for kind in ("ipc", "bucket"):
+            for i in range(args.runs):
+                msg = here.recv()
+                if msg[0] == "error":
+                    raise RuntimeError(msg[1])
+                _k, _t, payload = msg
+                with torch.no_grad():
+                    if kind == "ipc":
+                        for n, (fn, fa) in payload:
+                            by_name[n].copy_(fn(*fa))
+                    else:
+                        bucket = payload[0](*payload[1])
+                        for n, off in offsets:
+                            t = by_name[n]
+                            t.view(-1).view(torch.uint8).copy_(bucket[off:off + t.nbytes])
+                torch.cuda.synchronize()
+                payload = bucket = None
+                gc.collect()
+                torch.cuda.ipc_collect()
+                here.send("copied")
+        msg = here.recv()
+        if msg[0] == "error":
+            raise RuntimeError(msg[1])
+        a = msg[1]
+        med = {k: statistics.median(v) for k, v in a.items() if isinstance(v, list)}
+        row(refit_ms=[round(x, 2) for x in a["refit_ms"]], map_ms=[round(x, 2) for x in a["map_ms"]],
+            d2d_ms=[round(x, 2) for x in a["d2d_ms"]],
+            local_copies_ms=[round(x, 2) for x in a["local_copies_ms"]],
+            ipc_per_param_ms=[round(x, 2) for x in a["ipc_per_param_ms"]],
+            ipc_bucket_ms=[round(x, 2) for x in a["ipc_bucket_ms"]], copies=a["copies"])
+        row(refit_over_d2d=round(med["refit_ms"] / med["d2d_ms"], 3),
+            refit_over_local_copies=round(med["refit_ms"] / med["local_copies_ms"], 3),
+            ipc_per_param_over_refit=round(med["ipc_per_param_ms"] / med["refit_ms"], 2),
+            ipc_first_over_refit=round(a["ipc_per_param_ms"][0] / med["refit_ms"], 2),
+            ipc_bucket_over_refit=round(med["ipc_bucket_ms"] / med["refit_ms"], 2),
+            epoch=epoch)
+        check(med["refit_ms"] <= 1.2 * med["d2d_ms"],
+              "a refit of every weight within 1.2x a device-to-device copy of their bytes")
+        # the IPC anchors wrote the trainer's seed-1000 weights too: the graph, unchanged
+        check(torch.equal(generate(), oracle(1000)), "after the refit the engine's graph gives "
+              "a fresh model's logits with the new weights, byte for byte")
+
+        # the RL loop
+        mems, rsss, ok = [], [], []
+        for c in range(args.cycles):
+            wa.sleep()
+            aa.sleep()
+            torch.cuda.empty_cache()
+            mems.append(nvml_used())
+            rsss.append(rss())
+            here.send(("asleep", c))
+            msg = here.recv()
+            if msg[0] == "error":
+                raise RuntimeError(msg[1])
+            wa.wake()
+            aa.wake()
+            ex.sync(timeout=600)
+            ok.append(torch.equal(generate(), oracle(2000 + c)))
+        msg = here.recv()
+        if msg[0] == "error":
+            raise RuntimeError(msg[1])
+        row(cycles=args.cycles, cycles_equal=sum(ok), asleep_mib=[mib(x) for x in mems],
+            above_context_mib=[mib(x - context) for x in mems], rss_mib=[mib(x) for x in rsss])
+        check(all(ok), "every cycle's logits are a fresh model's with that cycle's weights")
+        check(max(mems) - context <= 64 << 20, "asleep: the context plus at most 64 MiB")
+        check(max(mems) - min(mems) <= 2 << 20, "device memory asleep flat across cycles")
+        check(max(rsss) - min(rsss) <= 64 << 20, "host RSS flat across cycles (64 MiB)")
+    finally:
+        p.join(60)
+        if p.is_alive():
+            p.kill()
+        ex.close()
+    g = logits = ids = mp = None
+    wsp.remove()
+    mt.close_pool(aa)
+    aa.release()
+    del model, by_name
+    gc.collect()
+    wa.release()
+    row(failed=FAILED)
+    return 1 if FAILED else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

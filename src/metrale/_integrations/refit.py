@@ -1,0 +1,490 @@
+"""A trainer writes an engine's weights in place, through one export (docs/rl.md).
+
+The engine's side, `WeightExport`, listens on a Unix socket beside its weight
+arena; each `sync` lends the weights' memory to the trainer for one refit: the
+arena held (``BufferArena.export_memory``), its physical chunks sent as file
+descriptors, then the trainer's commit awaited, which ends the hold and counts
+one more in the weights' epoch.  The trainer's side, `WeightImport`, needs no
+arena: it maps the descriptors in a reservation of its own (the same addresses
+at every sync), checks its tensors against the weight set (every name, element
+type and shape, before a byte moves), copies each run of them that lies back
+to back in one source and in the arena, waits for the device, unmaps, and
+commits.  No IPC handle per tensor, one descriptor per physical chunk.
+
+A stream socket carries length-prefixed JSON frames, the descriptors after
+the offer that names them (in batches within the kernel's limit); a peer of
+another user is refused.  The trainer unmaps before it commits: once
+`WeightExport.sync` returns, nothing outside the engine holds the weights'
+memory, so a sleep gives it back.
+"""
+
+import json
+import os
+import socket
+import struct
+import time
+
+from ._weight_copies import runs_of
+from .weights import (LoadStats, WeightSet, _array_kind, _check_arena, _check_names,
+                      _described, _mismatch)
+from .._backends._backend import Backend
+from .._base._common import stream_handle
+from .._base.errors import MetraleError
+from .._sharing._peer_slabs import PeerSlabs
+
+__all__ = ["WeightExport", "WeightImport", "DEFAULT_TIMEOUT"]
+
+DEFAULT_TIMEOUT = 60.0
+_KEY = "weights"            # the trainer's PeerSlabs entry
+_MAX_FRAME = 1 << 30
+_FDS_PER_MESSAGE = 250      # below the kernel's SCM_MAX_FD (253)
+_LEN = struct.Struct("<Q")
+
+
+def _timeout_arg(timeout, where):
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(f"{where}: timeout must be a number of seconds, got "
+                        f"{type(timeout).__name__}")
+    if not timeout > 0 or timeout == float("inf"):
+        raise ValueError(f"{where}: timeout must be > 0 and finite, got {timeout!r}")
+    return float(timeout)
+
+
+def _path_arg(path, where):
+    try:
+        path = os.fspath(path)
+    except TypeError:
+        raise TypeError(f"{where}: path must be a str or os.PathLike, got "
+                        f"{type(path).__name__}") from None
+    if not isinstance(path, str) or not path:
+        raise TypeError(f"{where}: path must be a non-empty str path")
+    return path
+
+
+def _left(deadline):
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("timed out")
+    return left
+
+
+def _send(sock, obj):
+    raw = json.dumps(obj).encode()
+    sock.sendall(_LEN.pack(len(raw)) + raw)
+
+
+def _recv_exact(sock, n, deadline):
+    buf = bytearray()
+    while len(buf) < n:
+        sock.settimeout(_left(deadline))
+        got = sock.recv(min(n - len(buf), 1 << 20))
+        if not got:
+            raise ConnectionError("the other side closed the connection")
+        buf += got
+    return bytes(buf)
+
+
+def _recv(sock, deadline):
+    (n,) = _LEN.unpack(_recv_exact(sock, _LEN.size, deadline))
+    if n > _MAX_FRAME:
+        raise ConnectionError(f"a frame of {n:,} bytes: not this protocol")
+    try:
+        obj = json.loads(_recv_exact(sock, n, deadline))
+    except ValueError as e:
+        raise ConnectionError(f"a frame that is not JSON: {e}") from None
+    if not isinstance(obj, dict) or not isinstance(obj.get("kind"), str):
+        raise ConnectionError("a frame with no kind: not this protocol")
+    return obj
+
+
+def _send_fds(sock, fds):
+    for i in range(0, len(fds), _FDS_PER_MESSAGE):
+        socket.send_fds(sock, [b"F"], fds[i:i + _FDS_PER_MESSAGE])
+
+
+def _recv_fds(sock, n, deadline):
+    """`n` descriptors; those received are closed if any step fails."""
+    fds = []
+    try:
+        while len(fds) < n:
+            sock.settimeout(_left(deadline))
+            want = min(n - len(fds), _FDS_PER_MESSAGE)
+            msg, got, flags, _addr = socket.recv_fds(sock, 1, want)
+            fds += got
+            if msg != b"F" or len(got) != want or flags & socket.MSG_CTRUNC:
+                raise ConnectionError(f"expected {want} descriptors, got {len(got)}")
+    except BaseException:
+        _close_all(fds)
+        raise
+    return fds
+
+
+def _close_all(fds):
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def _peer_uid(sock):
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)[1]
+
+
+class WeightExport:
+    """The engine's side: its weight arena lent to a trainer, one refit at a time.
+
+    Parameters
+    ----------
+    arena : BufferArena
+        The weight arena (`weight_arena`, exportable).
+    ws : WeightSet
+        Its weight set.
+    path : str or os.PathLike
+        Where the Unix socket is made (it must not exist; it is removed by
+        `close`), readable by this user only.
+
+    Raises
+    ------
+    TypeError
+        A bad argument (named).
+    MetraleError
+        The arena does not hold `ws`.
+    OSError
+        The socket cannot be made at `path`.
+    """
+
+    def __init__(self, arena, ws, path):
+        _check_arena(arena, ws, "WeightExport")
+        path = _path_arg(path, "WeightExport")
+        self.arena, self.ws, self.path = arena, ws, path
+        self._conn = None
+        srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            old = os.umask(0o177)
+            try:
+                srv.bind(path)
+            finally:
+                os.umask(old)
+            srv.listen(1)
+        except BaseException:
+            srv.close()
+            raise
+        self._srv = srv
+
+    def sync(self, *, timeout=DEFAULT_TIMEOUT):
+        """Lend the weights to the trainer for one refit and wait for its commit.
+
+        The first call waits for the trainer to connect.  While it runs the
+        weight arena is held (`BufferArena.export_memory`): a sleep, a wake or
+        a release from another thread is refused.  The engine's graphs keep
+        their pointers: they read the new weights at their next replay.
+
+        Parameters
+        ----------
+        timeout : float, optional
+            Seconds to wait for the trainer (to connect, and to commit).
+
+        Returns
+        -------
+        int
+            The weights' epoch after the refit (``Guard.epochs``).
+
+        Raises
+        ------
+        MetraleError
+            No trainer connected in time, the connection failed, or the trainer
+            aborted the refit or did not commit in time: once the descriptors
+            were sent the weights may be partly written (their epoch counts
+            one more all the same); the message says which.  The connection
+            is dropped, and the next `sync` waits for a trainer again.
+        """
+        where = "WeightExport.sync"
+        deadline = time.monotonic() + _timeout_arg(timeout, where)
+        if self._srv is None:
+            raise MetraleError(f"{where}: the export is closed")
+        if self._conn is None:
+            self._accept(deadline, where)
+        ex = self.arena.export_memory(self.ws.tag)
+        sent = False
+        try:
+            ws = self.ws
+            offer = {"kind": "offer", "epoch": ex.epoch, "chunks": [list(c) for c in ex.chunks],
+                     "span": max(o + n for o, n in ex.chunks),
+                     "offset": ex.offsets[ws.buffer], "nbytes": ws.nbytes,
+                     "params": [[p.name, p.dtype, list(p.shape)] for p in ws],
+                     "align": ws.align, "buffer": ws.buffer, "tag": ws.tag, "wake": ws.wake}
+            self._conn.settimeout(_left(deadline))
+            _send(self._conn, offer)
+            sent = True
+            _send_fds(self._conn, ex.fds())
+            ex.close_fds()
+            reply = _recv(self._conn, deadline)
+        except (OSError, ConnectionError) as e:
+            self._drop()
+            epoch = ex.end(sent)
+            what = "did not commit in time" if isinstance(e, TimeoutError) else \
+                f"connection failed ({type(e).__name__}: {e})"
+            raise MetraleError(f"{where}: the trainer {what}" +
+                               (f"; the weights may be partly written (epoch {epoch})"
+                                if sent else "; nothing was sent")) from e
+        except BaseException:
+            ex.end(sent)
+            raise
+        epoch = ex.end(True)
+        if reply["kind"] != "commit":
+            self._drop()
+            raise MetraleError(f"{where}: the trainer aborted the refit "
+                               f"({reply.get('error', reply['kind'])}); the weights may be "
+                               f"partly written (epoch {epoch})")
+        return epoch
+
+    def _accept(self, deadline, where):
+        while True:
+            try:
+                self._srv.settimeout(_left(deadline))
+                conn, _ = self._srv.accept()
+            except TimeoutError:
+                raise MetraleError(f"{where}: no trainer connected to {self.path} in time") \
+                    from None
+            if _peer_uid(conn) != os.getuid():
+                conn.close()            # another user's process: not ours to lend to
+                continue
+            conn.setblocking(True)
+            self._conn = conn
+            return
+
+    def _drop(self):
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def close(self):
+        """Close the connection and the socket, and remove its path (idempotent)."""
+        self._drop()
+        if self._srv is not None:
+            self._srv.close()
+            self._srv = None
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class WeightImport:
+    """The trainer's side: an engine's weights, written in place by name.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The engine's `WeightExport` socket (waited for until `timeout`).
+    gpu : Backend
+        The same device as the engine's (``CudaBackend(i)``; ``HostBackend``
+        for an engine on the host backend).
+    timeout : float, optional
+        Seconds to wait for the socket.
+
+    Attributes
+    ----------
+    ws : WeightSet or None
+        The engine's weight set, from its first offer.
+    epoch : int or None
+        The weights' epoch that the last offer named (the refit makes it one
+        more).
+    """
+
+    def __init__(self, path, gpu, *, timeout=DEFAULT_TIMEOUT):
+        where = "WeightImport"
+        path = _path_arg(path, where)
+        if not isinstance(gpu, Backend):
+            raise TypeError(f"{where}: gpu must be a backend (CudaBackend or HostBackend), got "
+                            f"{type(gpu).__name__}")
+        deadline = time.monotonic() + _timeout_arg(timeout, where)
+        self.gpu, self.path, self.ws, self.epoch = gpu, path, None, None
+        self._slabs, self._chunks, self._span = PeerSlabs(gpu), None, 0
+        self._conn = None
+        while True:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+            try:
+                s.settimeout(_left(deadline))
+                s.connect(path)
+                break
+            except (FileNotFoundError, ConnectionRefusedError):
+                s.close()
+                time.sleep(min(0.01, max(0.0, deadline - time.monotonic())))
+            except TimeoutError:
+                s.close()
+                raise MetraleError(f"{where}: no engine listens at {path}") from None
+            except BaseException:
+                s.close()
+                raise
+        s.setblocking(True)
+        self._conn = s
+
+    def sync(self, state, *, stream=None, timeout=DEFAULT_TIMEOUT):
+        """Write every weight of the engine from `state`, then commit.
+
+        Waits for the engine's offer (its `WeightExport.sync`), checks `state`
+        against the weight set (every name, element type and shape: a missing,
+        extra or mismatched tensor is refused, naming it, before anything is
+        mapped or written), maps the engine's memory (the same addresses at
+        every sync), copies each run of tensors that lie back to back both in
+        one source storage and in the arena, waits for the device, unmaps,
+        and commits.
+
+        Parameters
+        ----------
+        state : mapping
+            Names to torch tensors (on this device, contiguous) or, on the
+            host backend, numpy arrays (C-contiguous).
+        stream : stream, optional
+            The stream the copies go on (an int handle, a torch or CuPy stream,
+            an object of the CUDA stream protocol; None: the legacy default
+            stream).
+        timeout : float, optional
+            Seconds to wait for the engine's offer.
+
+        Returns
+        -------
+        LoadStats
+
+        Raises
+        ------
+        TypeError, ValueError
+            `state` is not the weight set's (named): the engine is told the
+            refit aborted; nothing was written.
+        MetraleError
+            The engine went away, or a copy or the unmap failed (the engine
+            is told; the weights may be partly written).
+        """
+        where = "WeightImport.sync"
+        deadline = time.monotonic() + _timeout_arg(timeout, where)
+        stream = stream_handle(stream)          # converted before anything is received
+        if self._conn is None:
+            raise MetraleError(f"{where}: the import is closed")
+        try:
+            offer = _recv(self._conn, deadline)
+            if offer["kind"] != "offer":
+                raise ConnectionError(f"expected an offer, got {offer['kind']!r}")
+            fds = _recv_fds(self._conn, len(offer["chunks"]), deadline)
+        except (OSError, ConnectionError) as e:
+            self.close()
+            raise MetraleError(f"{where}: no offer from the engine ({type(e).__name__}: "
+                               f"{e})") from e
+        try:
+            try:
+                ws = self._weight_set(offer)
+                items = self._items(ws, state, offer["offset"], where)
+                chunks = [tuple(c) for c in offer["chunks"]]
+                self._map(chunks, offer["span"], fds)
+            finally:
+                _close_all(fds)
+            runs = runs_of(items)
+            for dst, _key, src, n in runs:
+                self._slabs.copy_in(_KEY, dst, src, n, stream)
+            self._slabs.detach()            # waits for the device, then unmaps
+        except BaseException as e:
+            try:
+                self._slabs.detach()
+            except Exception:
+                pass
+            try:
+                _send(self._conn, {"kind": "abort", "error": f"{type(e).__name__}: {e}"})
+            except OSError:
+                pass
+            raise
+        _send(self._conn, {"kind": "commit", "bytes": sum(r[3] for r in runs),
+                           "copies": len(runs)})
+        self.epoch = offer["epoch"]
+        return LoadStats(len(ws.params), sum(p.nbytes for p in ws.params), len(runs))
+
+    def _weight_set(self, offer):
+        ws = WeightSet([(n, d, tuple(s)) for n, d, s in offer["params"]], align=offer["align"],
+                       buffer=offer["buffer"], tag=offer["tag"], wake=offer["wake"])
+        if ws.nbytes != offer["nbytes"]:
+            raise MetraleError("WeightImport: the engine's weight set does not lay out as "
+                               "this metrale lays it out (another version?)")
+        self.ws = ws
+        return ws
+
+    def _items(self, ws, state, base, where):
+        """[(offset from the import's base, source storage, source address,
+        bytes)] sorted, every tensor checked first."""
+        if not hasattr(state, "keys") or not hasattr(state, "__getitem__"):
+            raise TypeError(f"{where}: state must be a mapping of names to tensors, got "
+                            f"{type(state).__name__}")
+        names = list(state.keys())
+        if not all(isinstance(n, str) for n in names):
+            raise TypeError(f"{where}: a tensor's name must be a str")
+        _check_names(where, ws, names)
+        host = self.gpu.device_type == 1          # DLPack's kDLCPU: the host backend
+        items = []
+        for name in names:
+            p, v = ws[name], state[name]
+            at = f"{where}: tensor {name!r}"
+            kind = _array_kind(v)
+            if kind is None:
+                raise TypeError(f"{at} must be a torch tensor or a numpy array, got "
+                                f"{type(v).__name__}")
+            dtype, shape = _described(v, at)
+            if (dtype, shape) != (p.dtype, p.shape):
+                _mismatch(where, name, dtype, shape, p)
+            if kind == "torch":
+                if not v.is_contiguous():
+                    raise ValueError(f"{at} is not contiguous")
+                if host != (v.device.type == "cpu") or (
+                        not host and v.device.index != self.gpu.device_id):
+                    raise ValueError(f"{at} is on {v.device}, the engine's weights on "
+                                     f"{'the host' if host else f'cuda:{self.gpu.device_id}'}")
+                ptr, key = v.data_ptr(), v.untyped_storage().data_ptr()
+            else:
+                if not host:
+                    raise ValueError(f"{at} is a numpy array: the engine's weights are on "
+                                     "the GPU (give a torch tensor on it)")
+                if not v.flags.c_contiguous:
+                    raise ValueError(f"{at} is not C-contiguous")
+                root = v
+                while getattr(root, "base", None) is not None:
+                    root = root.base
+                ptr, key = v.ctypes.data, id(root)
+            items.append((base + p.offset, key, ptr, p.nbytes))
+        items.sort()
+        return items
+
+    def _map(self, chunks, span, fds):
+        if self._chunks is not None and (chunks, span) == (self._chunks, self._span):
+            self._slabs.remap_peer(_KEY, chunks, fds)       # the same addresses as before
+            return
+        if self._chunks is not None:        # the engine's memory was cut otherwise: anew
+            self._slabs.close()
+            self._slabs, self._chunks = PeerSlabs(self.gpu), None
+        self._slabs.map_peer(_KEY, span, chunks, fds)
+        self._chunks, self._span = chunks, span
+
+    def close(self):
+        """Unmap everything and close the connection (idempotent)."""
+        try:
+            self._slabs.close()
+        finally:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
