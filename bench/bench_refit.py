@@ -41,11 +41,11 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_weights import build_model, check, events_ms, mib, nvml_used, row, rss, FAILED  # noqa: E402
+from bench_weights import (FAILED, activation_arena, build_model, check, events_ms,  # noqa: E402
+                           input_ids, mib, nvml_used, row, rss)
 
 import metrale  # noqa: E402
 import metrale.torch as mt  # noqa: E402
-from metrale import REFERENCE, BufferArena, BufferSpec, ModelConfig  # noqa: E402
 from metrale.refit import WeightExport, WeightImport  # noqa: E402
 from metrale.weights import weight_arena, weight_set  # noqa: E402
 
@@ -186,16 +186,8 @@ def main(argv=None):
     gc.collect()
     torch.cuda.empty_cache()
 
-    cfg = ModelConfig.from_hf_config(raw)
-    buffers = REFERENCE.with_([BufferSpec("cublas_workspace", size=32 << 20, wake="offload")])
-    aa = BufferArena.new(cfg, 256, 2048, 16, 8, gpu, buffers=buffers, reserve=(256, 2048, 16, 8))
-    mp = mt.pool(aa, 8 << 30)
-    s = torch.cuda.Stream()
-    wsp = mt.install_workspaces(aa, cublas="cublas_workspace", stream=s)
-    gen = torch.Generator(device="cpu").manual_seed(1)
-    ids_host = torch.randint(0, raw["vocab_size"], (args.batch, args.seq), generator=gen)
-    with mt.use_pool(aa):
-        ids = ids_host.to("cuda")
+    aa, mp, s, wsp = activation_arena(raw, gpu)
+    ids_host, ids = input_ids(raw, aa, args.batch, args.seq)
     with torch.no_grad(), torch.cuda.stream(s):
         for _ in range(2):
             model(input_ids=ids, use_cache=False)

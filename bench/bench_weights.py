@@ -86,6 +86,30 @@ def build_model(path):
     return raw, model.eval()
 
 
+def activation_arena(raw, gpu):
+    """The engine's activation arena: REFERENCE's buffers for the model and
+    cuBLAS's workspace (offloaded asleep: the installed workspace stays a
+    valid pointer), its pool for torch, and a stream whose cuBLAS handle has
+    that workspace.  Returns (arena, pool, stream, workspaces)."""
+    cfg = ModelConfig.from_hf_config(raw)
+    buffers = REFERENCE.with_([BufferSpec("cublas_workspace", size=32 << 20, wake="offload")])
+    aa = BufferArena.new(cfg, 256, 2048, 16, 8, gpu, buffers=buffers,
+                         reserve=(256, 2048, 16, 8))
+    mp = mt.pool(aa, 8 << 30)
+    s = torch.cuda.Stream()
+    wsp = mt.install_workspaces(aa, cublas="cublas_workspace", stream=s)
+    return aa, mp, s, wsp
+
+
+def input_ids(raw, aa, batch, seq):
+    """A batch of token ids from a fixed seed: on the host, and in the arena's pool."""
+    gen = torch.Generator(device="cpu").manual_seed(1)
+    ids_host = torch.randint(0, raw["vocab_size"], (batch, seq), generator=gen)
+    with mt.use_pool(aa):
+        ids = ids_host.to("cuda")
+    return ids_host, ids
+
+
 def events_ms(fn, runs):
     out = []
     for _ in range(runs):
@@ -128,18 +152,8 @@ def main(argv=None):
     check(all(base <= p.data_ptr() < base + ws.nbytes for p in model.parameters()),
           "every parameter is in the weight arena")
 
-    cfg = ModelConfig.from_hf_config(raw)
-    # offloaded asleep: the installed workspace stays a valid pointer (it is pinned)
-    buffers = REFERENCE.with_([BufferSpec("cublas_workspace", size=32 << 20, wake="offload")])
-    aa = BufferArena.new(cfg, 256, 2048, 16, 8, gpu, buffers=buffers,
-                         reserve=(256, 2048, 16, 8))
-    mp = mt.pool(aa, 8 << 30)
-    s = torch.cuda.Stream()
-    wsp = mt.install_workspaces(aa, cublas="cublas_workspace", stream=s)
-    gen = torch.Generator(device="cpu").manual_seed(1)
-    ids_host = torch.randint(0, raw["vocab_size"], (args.batch, args.seq), generator=gen)
-    with mt.use_pool(aa):
-        ids = ids_host.to("cuda")
+    aa, mp, s, wsp = activation_arena(raw, gpu)
+    ids_host, ids = input_ids(raw, aa, args.batch, args.seq)
     with torch.no_grad():
         with torch.cuda.stream(s):
             for _ in range(2):
