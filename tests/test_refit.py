@@ -170,9 +170,9 @@ def test_a_state_that_is_not_the_weight_set_is_refused_and_nothing_written(
     t.join()
     assert isinstance(out["error"], MetraleError) and "aborted" in str(out["error"])
     assert str(e.value) in str(out["error"])        # the engine is told why
+    assert "nothing was written" in str(out["error"])
     assert _arena_bytes(arena, ws) == before
-    # the descriptors were sent: counted as written
-    assert arena.guard("weights").epochs["weights"] == epoch + 1
+    assert arena.guard("weights").epochs["weights"] == epoch     # nothing written: not counted
     # the engine dropped the connection; a new trainer goes on
     imp.close()
     imp = WeightImport(ex.path, HostBackend())
@@ -320,3 +320,51 @@ def test_shareable_memory_keeps_its_pages_across_an_offload():
                     k = max(0, min(n, nb - off))
                     assert m[:k] == bytes([0x30 + round_]) * k, (round_, off)
             ex.end(False)
+
+
+@pytest.mark.parametrize("op,nth,written", [("import", 1, False), ("map", 1, False),
+                                            ("copy", 2, True)])
+def test_a_trainer_fault_is_told_and_leaves_nothing_mapped(engine, op, nth, written):
+    from metrale.testing import FaultyBackend
+    arena, ws, ex = engine
+    before = _arena_bytes(arena, ws)
+    epoch = arena.guard("weights").epochs["weights"]
+    gpu = FaultyBackend()
+    imp = WeightImport(ex.path, gpu)
+    gpu.inject_fault(op, nth)
+    state = _state(4)
+    t, out = _in_thread(lambda: ex.sync(timeout=30))
+    with pytest.raises((MetraleError, OSError)):
+        imp.sync(state)
+    t.join()
+    msg = str(out["error"])
+    assert "aborted" in msg and "injected" in msg.lower()
+    assert ("may be partly written" in msg) == written
+    assert arena.guard("weights").epochs["weights"] == epoch + written
+    got = _arena_bytes(arena, ws)
+    if written:         # the first tensor in the arena's order was copied, the rest not
+        assert got["embed"] == state["embed"].tobytes()
+        assert all(got[n] == before[n] for n in ("norm", "proj", "head"))
+    else:
+        assert got == before
+    assert gpu.mapped_bytes == 0        # the trainer unmapped what it had mapped
+    imp.close()
+    arena.sleep()                       # the engine's arena is let go
+    arena.wake()
+
+
+def test_an_engine_fault_sends_nothing_and_lets_the_arena_go(tmp_path):
+    from metrale.testing import FaultyBackend
+    ws = weight_set(SHAPES)
+    gpu = FaultyBackend()
+    with weight_arena(ws, gpu) as arena, WeightExport(arena, ws, tmp_path / "s") as ex:
+        imp = WeightImport(ex.path, HostBackend())
+        gpu.inject_fault("export", 1)
+        t, out = _in_thread(lambda: imp.sync(_state(0), timeout=2))
+        with pytest.raises(MetraleError, match="INJECTED"):
+            ex.sync(timeout=30)
+        arena.sleep()
+        arena.wake()
+        t.join()
+        assert isinstance(out["error"], MetraleError)    # no offer came
+        imp.close()

@@ -195,9 +195,9 @@ class WeightExport:
         ------
         MetraleError
             No trainer connected in time, the connection failed, or the trainer
-            aborted the refit or did not commit in time: once the descriptors
-            were sent the weights may be partly written (their epoch counts
-            one more all the same); the message says which.  The connection
+            aborted the refit or did not commit in time: unless the trainer
+            aborted before its first copy, the weights may be partly written
+            (their epoch counts one more all the same); the message says which.  The connection
             is dropped, and the next `sync` waits for a trainer again.
         """
         where = "WeightExport.sync"
@@ -232,12 +232,15 @@ class WeightExport:
         except BaseException:
             ex.end(sent)
             raise
-        epoch = ex.end(True)
+        # an abort before the first copy wrote nothing: the epoch stays
+        written = reply["kind"] == "commit" or reply.get("written") is not False
+        epoch = ex.end(written)
         if reply["kind"] != "commit":
             self._drop()
             raise MetraleError(f"{where}: the trainer aborted the refit "
-                               f"({reply.get('error', reply['kind'])}); the weights may be "
-                               f"partly written (epoch {epoch})")
+                               f"({reply.get('error', reply['kind'])}); " +
+                               (f"the weights may be partly written (epoch {epoch})" if written
+                                else "nothing was written"))
         return epoch
 
     def _accept(self, deadline, where):
@@ -384,6 +387,7 @@ class WeightImport:
             self.close()
             raise MetraleError(f"{where}: no offer from the engine ({type(e).__name__}: "
                                f"{e})") from e
+        written = False
         try:
             try:
                 ws = self._weight_set(offer)
@@ -393,6 +397,7 @@ class WeightImport:
             finally:
                 _close_all(fds)
             runs = runs_of(items)
+            written = True
             for dst, _key, src, n in runs:
                 self._slabs.copy_in(_KEY, dst, src, n, stream)
             self._slabs.detach()            # waits for the device, then unmaps
@@ -402,7 +407,8 @@ class WeightImport:
             except Exception:
                 pass
             try:
-                _send(self._conn, {"kind": "abort", "error": f"{type(e).__name__}: {e}"})
+                _send(self._conn, {"kind": "abort", "error": f"{type(e).__name__}: {e}",
+                                   "written": written})
             except OSError:
                 pass
             raise
