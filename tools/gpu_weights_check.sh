@@ -15,9 +15,9 @@ TAIL=${TAIL:-30}
 nvidia-smi >"$OUT/nvidia-smi.log" 2>&1
 export METRALE_REQUIRE_GPU=1
 T=(timeout -k 10)
-step tests "${T[@]}" 180 "$PY" -m pytest -q -p no:cacheprovider -rs tests/test_weights*.py \
+step tests "${T[@]}" 120 "$PY" -m pytest -q -p no:cacheprovider -rs tests/test_weights*.py \
     tests/test_refit*.py tests/test_torch.py tests/test_doc_blocks.py
-step bench_refit "${T[@]}" 240 "$PY" bench/bench_refit.py --config "${1:-tests/data/hf/qwen3-8b.json}" --runs 5 --cycles 20
-step bench_weights "${T[@]}" 150 "$PY" bench/bench_weights.py --config "${1:-tests/data/hf/qwen3-8b.json}" --runs 5
+step bench_refit "${T[@]}" 200 "$PY" bench/bench_refit.py --config "${1:-tests/data/hf/qwen3-8b.json}" --runs 5 --cycles 20
+step bench_weights "${T[@]}" 110 "$PY" bench/bench_weights.py --config "${1:-tests/data/hf/qwen3-8b.json}" --runs 5
 rm -rf "$site"
 exit $status
