@@ -2,8 +2,6 @@ from typing import final
 
 from metrale._arena._arena_state import ArenaState
 
-__all__ = ["export_memory", "MemoryExport"]
-
 def export_memory(self: ArenaState, tag: str) -> MemoryExport: ...
 
 @final

@@ -16,7 +16,7 @@ from libc.stdint cimport uint64_t, uintptr_t
 from collections.abc import Mapping
 
 
-__all__ = ["check_index", "seconds_arg", "MAX_SECONDS", "resolve_dtype", "DTYPE_NAMES", "U64_MAX"]
+__all__ = ["check_index", "seconds_arg", "stream_handle", "MAX_SECONDS", "resolve_dtype", "DTYPE_NAMES", "U64_MAX"]
 
 U64_MAX = 0xFFFFFFFFFFFFFFFF
 
