@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# On a GPU machine, within one short lent call: build metrale, run the refit's
+# and the weights' GPU tests, then bench/bench_refit.py (a trainer process
+# refits a transformers Qwen3 through one export, the RL loop) and
+# bench/bench_weights.py (the deep sleep); logs in $OUT.  Wheels in .whl/ are
+# installed first (meson-python).
+#   bash tools/gpu_refit_check.sh [CONFIG]
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu-refit-out}
+TAIL=${TAIL:-30}
+. tools/gpu_common.sh
+export METRALE_REQUIRE_GPU=1
+T=(timeout -k 10)
+step tests "${T[@]}" 90 "$PY" -m pytest -q -p no:cacheprovider -rs tests/test_refit_cuda.py \
+    tests/test_weights_cuda.py
+step bench_refit "${T[@]}" 170 "$PY" bench/bench_refit.py --config "${1:-tests/data/hf/qwen3-8b.json}" --runs 5 --cycles 20
+step bench_weights "${T[@]}" 100 "$PY" bench/bench_weights.py --config "${1:-tests/data/hf/qwen3-8b.json}" --runs 3
+rm -rf "$site"
+exit $status
