@@ -12,9 +12,9 @@ TAIL=${TAIL:-30}
 . tools/gpu_common.sh
 export METRALE_REQUIRE_GPU=1
 T=(timeout -k 10)
-step tests "${T[@]}" 90 "$PY" -m pytest -q -p no:cacheprovider -rs tests/test_refit_cuda.py \
+step bench_refit "${T[@]}" ${REFIT_S:-170} "$PY" bench/bench_refit.py --config "${1:-tests/data/hf/qwen3-8b.json}" --runs 5 --cycles 20
+step tests "${T[@]}" 60 "$PY" -m pytest -q -p no:cacheprovider -rs tests/test_refit_cuda.py \
     tests/test_weights_cuda.py
-step bench_refit "${T[@]}" 170 "$PY" bench/bench_refit.py --config "${1:-tests/data/hf/qwen3-8b.json}" --runs 5 --cycles 20
-step bench_weights "${T[@]}" 100 "$PY" bench/bench_weights.py --config "${1:-tests/data/hf/qwen3-8b.json}" --runs 3
+step bench_weights "${T[@]}" ${WEIGHTS_S:-100} "$PY" bench/bench_weights.py --config "${1:-tests/data/hf/qwen3-8b.json}" --runs 3
 rm -rf "$site"
 exit $status
