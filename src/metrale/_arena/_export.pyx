@@ -10,7 +10,7 @@ the ones mapped; views stay valid, as nothing moves.  Its end counts one more
 in the class's epoch (``Guard.epochs``) when the memory may have been written:
 what was computed from the old bytes can tell.  BufferArena binds
 `export_memory` from here; the socket protocol over it is
-metrale/_integrations/_refit.py.
+metrale/_integrations/refit.py.
 """
 
 cimport cython

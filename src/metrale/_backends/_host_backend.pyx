@@ -348,6 +348,9 @@ Host memory, synchronous: everything the arena does, with no GPU.
         cdef size_t at = 0
         for a, (f, m) in self._shared_at.items():     # a shareable chunk: its own pages
             if a <= p < a + m:
+                if p + n > a + m:       # past the memfd's end: its pages would fault
+                    raise MetraleError(f"refill of [{p:#x}, +{n}) crosses the end of the "
+                                       f"shareable chunk at {a:#x} ({m} bytes)")
                 fd, at = f, p - a
                 break
         _filled_over(p, n, src, fd, at)
