@@ -197,8 +197,11 @@ class WeightExport:
             No trainer connected in time, the connection failed, or the trainer
             aborted the refit or did not commit in time: unless the trainer
             aborted before its first copy, the weights may be partly written
-            (their epoch counts one more all the same); the message says which.  The connection
-            is dropped, and the next `sync` waits for a trainer again.
+            (their epoch counts one more all the same); the message says
+            which.  The connection is dropped, and the next `sync` waits for a
+            trainer again.  A trainer that is late, not dead, may still be
+            writing until it sees the connection gone: refit again before
+            trusting the weights.
         """
         where = "WeightExport.sync"
         deadline = time.monotonic() + _timeout_arg(timeout, where)
