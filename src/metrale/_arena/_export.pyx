@@ -175,12 +175,10 @@ cdef class MemoryExport:
         if not self.open:
             return
         self.open = False
-        for fd in self._fds:
-            try:
-                os.close(fd)
-            except BaseException:
-                pass
-        self._fds = []
+        try:
+            self.close_fds()
+        except BaseException:
+            pass
         if written:
             self.a._sleep_state.epoch[self.k] += 1
         mt_life_reshape_end(self.a._life, sleeping(self.a))

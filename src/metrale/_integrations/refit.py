@@ -24,11 +24,12 @@ import socket
 import struct
 import time
 
+from ._safetensors import _path_arg as _fspath_arg
 from ._weight_copies import runs_of
 from .weights import (LoadStats, WeightSet, _array_kind, _check_arena, _check_names,
                       _described, _mismatch)
 from .._backends._backend import Backend
-from .._base._common import stream_handle
+from .._base._common import seconds_arg, stream_handle
 from .._base.errors import MetraleError
 from .._sharing._peer_slabs import PeerSlabs
 
@@ -41,23 +42,12 @@ _FDS_PER_MESSAGE = 250      # below the kernel's SCM_MAX_FD (253)
 _LEN = struct.Struct("<Q")
 
 
-def _timeout_arg(timeout, where):
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise TypeError(f"{where}: timeout must be a number of seconds, got "
-                        f"{type(timeout).__name__}")
-    if not timeout > 0 or timeout == float("inf"):
-        raise ValueError(f"{where}: timeout must be > 0 and finite, got {timeout!r}")
-    return float(timeout)
-
-
 def _path_arg(path, where):
-    try:
-        path = os.fspath(path)
-    except TypeError:
-        raise TypeError(f"{where}: path must be a str or os.PathLike, got "
-                        f"{type(path).__name__}") from None
-    if not isinstance(path, str) or not path:
-        raise TypeError(f"{where}: path must be a non-empty str path")
+    path = _fspath_arg(path, where)
+    if not isinstance(path, str):
+        raise TypeError(f"{where}: a socket's path must be a str, got {type(path).__name__}")
+    if not path:
+        raise ValueError(f"{where}: the socket's path is empty")
     return path
 
 
@@ -204,7 +194,7 @@ class WeightExport:
             trusting the weights.
         """
         where = "WeightExport.sync"
-        deadline = time.monotonic() + _timeout_arg(timeout, where)
+        deadline = time.monotonic() + seconds_arg(timeout, f"{where}: timeout")
         if self._srv is None:
             raise MetraleError(f"{where}: the export is closed")
         if self._conn is None:
@@ -318,7 +308,7 @@ class WeightImport:
         if not isinstance(gpu, Backend):
             raise TypeError(f"{where}: gpu must be a backend (CudaBackend or HostBackend), got "
                             f"{type(gpu).__name__}")
-        deadline = time.monotonic() + _timeout_arg(timeout, where)
+        deadline = time.monotonic() + seconds_arg(timeout, f"{where}: timeout")
         self.gpu, self.path, self.ws, self.epoch = gpu, path, None, None
         self._slabs, self._chunks, self._span = PeerSlabs(gpu), None, 0
         self._conn = None
@@ -377,7 +367,7 @@ class WeightImport:
             is told; the weights may be partly written).
         """
         where = "WeightImport.sync"
-        deadline = time.monotonic() + _timeout_arg(timeout, where)
+        deadline = time.monotonic() + seconds_arg(timeout, f"{where}: timeout")
         stream = stream_handle(stream)          # converted before anything is received
         if self._conn is None:
             raise MetraleError(f"{where}: the import is closed")
