@@ -263,8 +263,9 @@ def main(argv=None):
                     else:
                         bucket = payload[0](*payload[1])
                         for n, off in offsets:
-                            t = by_name[n]
-                            t.view(-1).view(torch.uint8).copy_(bucket[off:off + t.nbytes])
+                            w = by_name[n]
+                            w.view(-1).view(torch.uint8).copy_(bucket[off:off + w.nbytes])
+                        w = None            # a view of the weights: it would pin the arena
                 torch.cuda.synchronize()
                 payload = bucket = None
                 gc.collect()

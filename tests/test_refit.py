@@ -368,3 +368,33 @@ def test_an_engine_fault_sends_nothing_and_lets_the_arena_go(tmp_path):
         t.join()
         assert isinstance(out["error"], MetraleError)    # no offer came
         imp.close()
+
+
+def test_copy_in_checks_every_run_before_the_first_copy():
+    """PeerSlabs.copy_in, the refit's copies: a run that leaves the mapped
+    chunks (here into the hole between two) is refused, naming it, and the
+    runs before it are not copied either."""
+    from metrale._sharing._peer_slabs import PeerSlabs
+    page = mmap.PAGESIZE
+    fds = [os.memfd_create("chunk") for _ in range(2)]
+    src = np.arange(page, dtype=np.uint8)
+    slabs = PeerSlabs(HostBackend())
+    try:
+        for fd in fds:
+            os.ftruncate(fd, page)
+        slabs.map_peer("w", 3 * page, [(0, page), (2 * page, page)], fds)
+        with pytest.raises(ValueError, match=r"runs\[1\].*not all mapped"):
+            slabs.copy_in("w", [(0, src.ctypes.data, page), (page, src.ctypes.data, 8)])
+        with pytest.raises(ValueError, match=r"runs\[1\].*not all mapped"):
+            slabs.copy_in("w", [(2 * page, src.ctypes.data, 8),
+                                (2 * page + 8, src.ctypes.data, page)])
+        assert os.pread(fds[0], page, 0) == bytes(page)
+        assert os.pread(fds[1], page, 0) == bytes(page)
+        slabs.copy_in("w", [(8, src.ctypes.data, 16), (2 * page, src.ctypes.data + 16, 32)])
+        slabs.detach()
+        assert os.pread(fds[0], 24, 0) == bytes(8) + src[:16].tobytes()
+        assert os.pread(fds[1], 32, 0) == src[16:48].tobytes()
+    finally:
+        slabs.close()
+        for fd in fds:
+            os.close(fd)

@@ -310,6 +310,7 @@ class WeightImport:
                             f"{type(gpu).__name__}")
         deadline = time.monotonic() + seconds_arg(timeout, f"{where}: timeout")
         self.gpu, self.path, self.ws, self.epoch = gpu, path, None, None
+        self._offered = None
         self._slabs, self._chunks, self._span = PeerSlabs(gpu), None, 0
         self._conn = None
         while True:
@@ -391,8 +392,7 @@ class WeightImport:
                 _close_all(fds)
             runs = runs_of(items)
             written = True
-            for dst, _key, src, n in runs:
-                self._slabs.copy_in(_KEY, dst, src, n, stream)
+            self._slabs.copy_in(_KEY, [(dst, src, n) for dst, _key, src, n in runs], stream)
             self._slabs.detach()            # waits for the device, then unmaps
         except BaseException as e:
             try:
@@ -411,12 +411,15 @@ class WeightImport:
         return LoadStats(len(ws.params), sum(p.nbytes for p in ws.params), len(runs))
 
     def _weight_set(self, offer):
+        key = [offer[k] for k in ("params", "align", "buffer", "tag", "wake", "nbytes")]
+        if key == self._offered:        # the same table as the last sync's: its layout
+            return self.ws
         ws = WeightSet([(n, d, tuple(s)) for n, d, s in offer["params"]], align=offer["align"],
                        buffer=offer["buffer"], tag=offer["tag"], wake=offer["wake"])
         if ws.nbytes != offer["nbytes"]:
             raise MetraleError("WeightImport: the engine's weight set does not lay out as "
                                "this metrale lays it out (another version?)")
-        self.ws = ws
+        self.ws, self._offered = ws, key
         return ws
 
     def _items(self, ws, state, base, where):

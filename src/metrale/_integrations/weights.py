@@ -370,7 +370,8 @@ def _mismatch(where, name, dtype, shape, p):
 
 
 def _check_names(where, ws, names):
-    missing = [p.name for p in ws.params if p.name not in names]
+    have = set(names)       # a model's hundreds of names: not a list's scan for each
+    missing = [p.name for p in ws.params if p.name not in have]
     extra = [n for n in names if n not in ws]
     if missing or extra:
         parts = []

@@ -220,47 +220,57 @@ The peers' slabs mapped into this process, each in its own reservation.
             raise first
         return None
 
-    def copy_in(self, key, size_t offset, uintptr_t src, size_t nbytes, stream=None):
-        """Copy `nbytes` from `src` (this process's memory) into `key`'s
-        mapped memory at `offset` from its base, on `stream` (not waited for:
-        `detach` and `close` wait for the device).
+    def copy_in(self, key, list runs, stream=None):
+        """Copy each run from this process's memory into `key`'s mapped
+        memory, on `stream` (not waited for: `detach` and `close` wait for the
+        device).  Every run is checked before the first copy is made.
 
         Parameters
         ----------
         key : int or tuple
             The entry, as `map_peer` made it.
-        offset : int
-            From the entry's base; ``[offset, offset + nbytes)`` must lie in
-            its mapped chunks.
-        src : int
-            The source's address: device memory, or host memory the device
-            reads (the caller vouches for its `nbytes`).
-        nbytes : int
+        runs : list of (int, int, int)
+            ``(offset, src, nbytes)``: `offset` from the entry's base, where
+            ``[offset, offset + nbytes)`` must lie in its mapped chunks; `src`
+            the source's address (device memory, or host memory the device
+            reads: the caller vouches for its `nbytes`).
         stream : stream, optional
             As the arena's methods take it (None: the legacy default stream).
 
         Raises
         ------
         ValueError
-            `key` is not mapped, or the range is not all mapped.
+            `key` is not mapped, or a run is not all mapped (nothing copied).
         """
         cdef uintptr_t s = as_stream(stream)       # converted before anything is read
+        cdef size_t i, m = len(runs), at, off, n
         entry = self._slabs.get(key)
         if entry is None or not entry[3]:
             raise ValueError(f"copy_in: {key!r} is not mapped")
-        if nbytes == 0:
-            return None
-        if offset + nbytes < offset:
-            raise ValueError("copy_in: offset + nbytes overflows")
-        at = offset
-        for off, n, _h in sorted(entry[3]):
-            if off <= at < off + n:
-                at = off + n
-                if at >= offset + nbytes:
-                    break
-        if at < offset + nbytes:
-            raise ValueError(f"copy_in: [{offset}, +{nbytes}) of {key!r} is not all mapped")
-        self._gpu.copy(<uintptr_t>entry[0] + offset, src, nbytes, s)
+        cdef uintptr_t base = entry[0]
+        mapped = sorted((o, c) for o, c, _h in entry[3])
+        cdef list checked = []
+        for i in range(m):
+            run = runs[i]
+            if type(run) is not tuple or len(run) != 3:
+                raise ValueError(f"copy_in: runs[{i}] must be an (offset, src, nbytes) tuple")
+            o, src, nb = run
+            off, n = o, nb
+            if off + n < off:
+                raise ValueError(f"copy_in: runs[{i}]: offset + nbytes overflows")
+            at = off
+            for co, cn in mapped:
+                if co <= at < co + cn:
+                    at = co + cn
+                    if at >= off + n:
+                        break
+            if n and at < off + n:
+                raise ValueError(f"copy_in: runs[{i}]: [{off}, +{n}) of {key!r} is not all "
+                                 "mapped")
+            checked.append((base + off, <uintptr_t>src, n))
+        for dst, src, n in checked:
+            if n:
+                self._gpu.copy(dst, src, n, s)
         return None
 
     def own_signal(self):
