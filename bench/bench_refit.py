@@ -41,8 +41,8 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_weights import (FAILED, activation_arena, build_model, check, events_ms,  # noqa: E402
-                           input_ids, mib, nvml_used, row, rss)
+from bench_weights import (FAILED, activation_arena, build_model, check, committed,  # noqa: E402
+                           events_ms, floor, input_ids, mib, nvml_used, row, rss)
 
 import metrale  # noqa: E402
 import metrale.torch as mt  # noqa: E402
@@ -79,7 +79,8 @@ def trainer(path, params, offsets, nbytes, runs, cycles, conn):
         gpu = metrale.CudaBackend(0)
         state = make_state(params, 1000)
         imp = WeightImport(path, gpu, timeout=600)
-        stream = torch.cuda.current_stream().cuda_stream
+        side = torch.cuda.Stream()      # the refit's copies beside the trainer's work
+        stream = side.cuda_stream
         out = {}
         # the refit, timed from here (the engine's offer already waiting)
         t_map = []
@@ -294,13 +295,14 @@ def main(argv=None):
               "a fresh model's logits with the new weights, byte for byte")
 
         # the RL loop
-        mems, rsss, ok = [], [], []
+        mems, rsss, ok, held = [], [], [], []
         for c in range(args.cycles):
             wa.sleep()
             aa.sleep()
             torch.cuda.empty_cache()
             mems.append(nvml_used())
             rsss.append(rss())
+            held.append(committed(wa, aa))
             here.send(("asleep", c))
             msg = here.recv()
             if msg[0] == "error":
@@ -313,7 +315,8 @@ def main(argv=None):
         if msg[0] == "error":
             raise RuntimeError(msg[1])
         row(cycles=args.cycles, cycles_equal=sum(ok), asleep_mib=[mib(x) for x in mems],
-            above_context_mib=[mib(x - context) for x in mems], rss_mib=[mib(x) for x in rsss])
+            above_context_mib=[mib(x - context) for x in mems], rss_mib=[mib(x) for x in rsss],
+            arenas_asleep_mib=[mib(x) for x in held])
         check(all(ok), "every cycle's logits are a fresh model's with that cycle's weights")
         check(max(mems) - context <= 64 << 20, "asleep: the context plus at most 64 MiB")
         check(max(mems) - min(mems) <= 2 << 20, "device memory asleep flat across cycles")
@@ -330,6 +333,11 @@ def main(argv=None):
     del model, by_name
     gc.collect()
     wa.release()
+    end = floor()
+    row(floor_mib=mib(end), floor_above_context_mib=mib(end - context),
+        asleep_above_floor_mib=mib(max(mems) - end))
+    check(max(mems) - end <= 64 << 20, "asleep: at most 64 MiB above the floor (the context "
+          "with the code of the kernels this run loaded)")
     row(failed=FAILED)
     return 1 if FAILED else 0
 

@@ -69,6 +69,23 @@ def rss():
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def floor():
+    """The process's device memory once every buffer is given back: the CUDA
+    context with the code of every kernel the run loaded (lazy loading), which
+    no allocator holds and none can give back."""
+    gc.collect()
+    torch.cuda.synchronize()
+    torch._C._cuda_clearCublasWorkspaces()
+    torch.cuda.empty_cache()
+    return nvml_used()
+
+
+def committed(*arenas):
+    """Device bytes the arenas hold (their pools' included)."""
+    return sum(a.memory_stats()["committed_bytes"] + a.memory_stats().get("pool_committed_bytes", 0)
+               for a in arenas)
+
+
 def mib(n):
     return None if n is None else round(n / 2**20, 1)
 
@@ -204,7 +221,8 @@ def main(argv=None):
     asleep = nvml_used()
     row(awake_mib=mib(awake), asleep_mib=mib(asleep), context_mib=mib(context),
         above_context_mib=mib(asleep - context), sleep_ms=round(asleep_s * 1e3, 2),
-        torch_reserved=torch.cuda.memory_reserved())
+        arenas_asleep_mib=mib(committed(wa, aa)),
+        torch_allocated_mib=mib(torch.cuda.memory_allocated()))
     check(asleep - context <= 64 << 20, "asleep: the context plus at most 64 MiB")
     t = time.perf_counter()
     wa.wake()
@@ -256,6 +274,11 @@ def main(argv=None):
     del model
     gc.collect()
     wa.release()
+    end = floor()
+    row(floor_mib=mib(end), floor_above_context_mib=mib(end - context),
+        asleep_above_floor_mib=mib(asleep - end))
+    check(asleep - end <= 64 << 20, "asleep: at most 64 MiB above the floor (the context "
+          "with the code of the kernels this run loaded)")
     row(failed=FAILED)
     return 1 if FAILED else 0
 

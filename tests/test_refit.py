@@ -372,8 +372,8 @@ def test_an_engine_fault_sends_nothing_and_lets_the_arena_go(tmp_path):
 
 def test_copy_in_checks_every_run_before_the_first_copy():
     """PeerSlabs.copy_in, the refit's copies: a run that leaves the mapped
-    chunks (here into the hole between two) is refused, naming it, and the
-    runs before it are not copied either."""
+    chunks (here into the hole between two), or overlaps the one before it, is
+    refused, naming it, and the runs before it are not copied either."""
     from metrale._sharing._peer_slabs import PeerSlabs
     page = mmap.PAGESIZE
     fds = [os.memfd_create("chunk") for _ in range(2)]
@@ -388,6 +388,8 @@ def test_copy_in_checks_every_run_before_the_first_copy():
         with pytest.raises(ValueError, match=r"runs\[1\].*not all mapped"):
             slabs.copy_in("w", [(2 * page, src.ctypes.data, 8),
                                 (2 * page + 8, src.ctypes.data, page)])
+        with pytest.raises(ValueError, match=r"runs\[1\] starts at 8, before the end"):
+            slabs.copy_in("w", [(0, src.ctypes.data, 16), (8, src.ctypes.data, 16)])
         assert os.pread(fds[0], page, 0) == bytes(page)
         assert os.pread(fds[1], page, 0) == bytes(page)
         slabs.copy_in("w", [(8, src.ctypes.data, 16), (2 * page, src.ctypes.data + 16, 32)])

@@ -1,7 +1,8 @@
 """metrale.refit on the lent GPU: a trainer process (torch and metrale's client,
 no arena) writes a CUDA weight arena in place, across sleeps and wakes that
 replace its chunks; the device's bytes read back against the trainer's
-tensors, regenerated here from their seeds."""
+tensors, regenerated here from their seeds; the copies on the legacy stream
+and on another."""
 
 import multiprocessing
 
@@ -29,9 +30,12 @@ def _trainer(path, seeds, conn):
         import torch
         from metrale import CudaBackend
         imp = WeightImport(path, CudaBackend(0))
-        for seed in seeds:
-            stats = imp.sync(_state(torch, seed),
-                             stream=torch.cuda.current_stream().cuda_stream)
+        side = torch.cuda.Stream()
+        for i, seed in enumerate(seeds):
+            state = _state(torch, seed)
+            stream = torch.cuda.current_stream() if i == 0 else side
+            stream.wait_stream(torch.cuda.current_stream())
+            stats = imp.sync(state, stream=stream.cuda_stream)
         imp.close()
         conn.send(("done", stats.copies))
     except BaseException as e:

@@ -447,9 +447,9 @@ class WeightImport:
             if kind == "torch":
                 if not v.is_contiguous():
                     raise ValueError(f"{at} is not contiguous")
-                if host != (v.device.type == "cpu") or (
-                        not host and v.device.index != self.gpu.device_id):
-                    raise ValueError(f"{at} is on {v.device}, the engine's weights on "
+                dev = v.device
+                if host != (dev.type == "cpu") or (not host and dev.index != self.gpu.device_id):
+                    raise ValueError(f"{at} is on {dev}, the engine's weights on "
                                      f"{'the host' if host else f'cuda:{self.gpu.device_id}'}")
                 ptr, key = v.data_ptr(), v.untyped_storage().data_ptr()
             else:

@@ -230,7 +230,8 @@ The peers' slabs mapped into this process, each in its own reservation.
         key : int or tuple
             The entry, as `map_peer` made it.
         runs : list of (int, int, int)
-            ``(offset, src, nbytes)``: `offset` from the entry's base, where
+            ``(offset, src, nbytes)`` by offset, none overlapping another:
+            `offset` from the entry's base, where
             ``[offset, offset + nbytes)`` must lie in its mapped chunks; `src`
             the source's address (device memory, or host memory the device
             reads: the caller vouches for its `nbytes`).
@@ -243,7 +244,7 @@ The peers' slabs mapped into this process, each in its own reservation.
             `key` is not mapped, or a run is not all mapped (nothing copied).
         """
         cdef uintptr_t s = as_stream(stream)       # converted before anything is read
-        cdef size_t i, m = len(runs), at, off, n
+        cdef size_t i, m = len(runs), at, off, n, end = 0
         entry = self._slabs.get(key)
         if entry is None or not entry[3]:
             raise ValueError(f"copy_in: {key!r} is not mapped")
@@ -258,6 +259,10 @@ The peers' slabs mapped into this process, each in its own reservation.
             off, n = o, nb
             if off + n < off:
                 raise ValueError(f"copy_in: runs[{i}]: offset + nbytes overflows")
+            if off < end:       # two runs over the same bytes: the caller's error
+                raise ValueError(f"copy_in: runs[{i}] starts at {off}, before the end of the "
+                                 f"run before it ({end}): runs go by offset, none overlapping")
+            end = off + n
             at = off
             for co, cn in mapped:
                 if co <= at < co + cn:
@@ -267,10 +272,10 @@ The peers' slabs mapped into this process, each in its own reservation.
             if n and at < off + n:
                 raise ValueError(f"copy_in: runs[{i}]: [{off}, +{n}) of {key!r} is not all "
                                  "mapped")
-            checked.append((base + off, <uintptr_t>src, n))
-        for dst, src, n in checked:
             if n:
-                self._gpu.copy(dst, src, n, s)
+                checked.append((base + off, <uintptr_t>src, n))
+        for dst, src, n in checked:
+            self._gpu.copy(dst, src, n, s)
         return None
 
     def own_signal(self):
