@@ -388,6 +388,10 @@ def test_copy_in_checks_every_run_before_the_first_copy():
         with pytest.raises(ValueError, match=r"runs\[1\].*not all mapped"):
             slabs.copy_in("w", [(2 * page, src.ctypes.data, 8),
                                 (2 * page + 8, src.ctypes.data, page)])
+        with pytest.raises(TypeError, match=r"runs\[1\] must hold three ints"):
+            slabs.copy_in("w", [(0, src.ctypes.data, 16), (16, src.ctypes.data, 8.0)])
+        with pytest.raises(ValueError, match=r"runs\[0\] holds a negative"):
+            slabs.copy_in("w", [(-8, src.ctypes.data, 16)])
         with pytest.raises(ValueError, match=r"runs\[1\] starts at 8, before the end"):
             slabs.copy_in("w", [(0, src.ctypes.data, 16), (8, src.ctypes.data, 16)])
         assert os.pread(fds[0], page, 0) == bytes(page)

@@ -240,8 +240,9 @@ The peers' slabs mapped into this process, each in its own reservation.
 
         Raises
         ------
-        ValueError
-            `key` is not mapped, or a run is not all mapped (nothing copied).
+        TypeError, ValueError
+            `key` is not mapped, or a run is not three ints, overlaps the one
+            before it or is not all mapped (nothing copied).
         """
         cdef uintptr_t s = as_stream(stream)       # converted before anything is read
         cdef size_t i, m = len(runs), at, off, n, end = 0
@@ -256,6 +257,10 @@ The peers' slabs mapped into this process, each in its own reservation.
             if type(run) is not tuple or len(run) != 3:
                 raise ValueError(f"copy_in: runs[{i}] must be an (offset, src, nbytes) tuple")
             o, src, nb = run
+            if type(o) is not int or type(src) is not int or type(nb) is not int:
+                raise TypeError(f"copy_in: runs[{i}] must hold three ints")
+            if o < 0 or src < 0 or nb < 0:
+                raise ValueError(f"copy_in: runs[{i}] holds a negative number")
             off, n = o, nb
             if off + n < off:
                 raise ValueError(f"copy_in: runs[{i}]: offset + nbytes overflows")
