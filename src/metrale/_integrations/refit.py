@@ -18,12 +18,12 @@ another user is refused.  The trainer unmaps before it commits: once
 memory, so a sleep gives it back.
 """
 
-import json
+import contextlib
 import os
 import socket
-import struct
 import time
 
+from . import _refit_wire as wire
 from ._safetensors import _path_arg as _fspath_arg
 from ._weight_copies import runs_of
 from .weights import (LoadStats, WeightSet, _array_kind, _check_arena, _check_names,
@@ -33,15 +33,10 @@ from .._base._common import seconds_arg, stream_handle
 from .._base.errors import MetraleError
 from .._sharing._peer_slabs import PeerSlabs
 
-__all__ = ["WeightExport", "WeightImport", "DEFAULT_TIMEOUT"]
+__all__ = ["WeightExport", "WeightImport", "MappedWeights", "DEFAULT_TIMEOUT"]
 
 DEFAULT_TIMEOUT = 60.0
 _KEY = "weights"            # the trainer's PeerSlabs entry
-_MAX_FRAME = 1 << 30
-_FDS_PER_MESSAGE = 250      # below the kernel's SCM_MAX_FD (253)
-_LEN = struct.Struct("<Q")
-
-
 def _path_arg(path, where):
     path = _fspath_arg(path, where)
     if not isinstance(path, str):
@@ -49,77 +44,6 @@ def _path_arg(path, where):
     if not path:
         raise ValueError(f"{where}: the socket's path is empty")
     return path
-
-
-def _left(deadline):
-    left = deadline - time.monotonic()
-    if left <= 0:
-        raise TimeoutError("timed out")
-    return left
-
-
-def _send(sock, obj):
-    raw = json.dumps(obj).encode()
-    sock.sendall(_LEN.pack(len(raw)) + raw)
-
-
-def _recv_exact(sock, n, deadline):
-    buf = bytearray()
-    while len(buf) < n:
-        sock.settimeout(_left(deadline))
-        got = sock.recv(min(n - len(buf), 1 << 20))
-        if not got:
-            raise ConnectionError("the other side closed the connection")
-        buf += got
-    return bytes(buf)
-
-
-def _recv(sock, deadline):
-    (n,) = _LEN.unpack(_recv_exact(sock, _LEN.size, deadline))
-    if n > _MAX_FRAME:
-        raise ConnectionError(f"a frame of {n:,} bytes: not this protocol")
-    try:
-        obj = json.loads(_recv_exact(sock, n, deadline))
-    except ValueError as e:
-        raise ConnectionError(f"a frame that is not JSON: {e}") from None
-    if not isinstance(obj, dict) or not isinstance(obj.get("kind"), str):
-        raise ConnectionError("a frame with no kind: not this protocol")
-    return obj
-
-
-def _send_fds(sock, fds):
-    for i in range(0, len(fds), _FDS_PER_MESSAGE):
-        socket.send_fds(sock, [b"F"], fds[i:i + _FDS_PER_MESSAGE])
-
-
-def _recv_fds(sock, n, deadline):
-    """`n` descriptors; those received are closed if any step fails."""
-    fds = []
-    try:
-        while len(fds) < n:
-            sock.settimeout(_left(deadline))
-            want = min(n - len(fds), _FDS_PER_MESSAGE)
-            msg, got, flags, _addr = socket.recv_fds(sock, 1, want)
-            fds += got
-            if msg != b"F" or len(got) != want or flags & socket.MSG_CTRUNC:
-                raise ConnectionError(f"expected {want} descriptors, got {len(got)}")
-    except BaseException:
-        _close_all(fds)
-        raise
-    return fds
-
-
-def _close_all(fds):
-    for fd in fds:
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-
-
-def _peer_uid(sock):
-    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return struct.unpack("3i", creds)[1]
 
 
 class WeightExport:
@@ -208,12 +132,12 @@ class WeightExport:
                      "offset": ex.offsets[ws.buffer], "nbytes": ws.nbytes,
                      "params": [[p.name, p.dtype, list(p.shape)] for p in ws],
                      "align": ws.align, "buffer": ws.buffer, "tag": ws.tag, "wake": ws.wake}
-            self._conn.settimeout(_left(deadline))
-            _send(self._conn, offer)
+            self._conn.settimeout(wire.left(deadline))
+            wire.send(self._conn, offer)
             sent = True
-            _send_fds(self._conn, ex.fds())
+            wire.send_fds(self._conn, ex.fds())
             ex.close_fds()
-            reply = _recv(self._conn, deadline)
+            reply = wire.recv(self._conn, deadline)
         except (OSError, ConnectionError) as e:
             self._drop()
             epoch = ex.end(sent)
@@ -239,12 +163,12 @@ class WeightExport:
     def _accept(self, deadline, where):
         while True:
             try:
-                self._srv.settimeout(_left(deadline))
+                self._srv.settimeout(wire.left(deadline))
                 conn, _ = self._srv.accept()
             except TimeoutError:
                 raise MetraleError(f"{where}: no trainer connected to {self.path} in time") \
                     from None
-            if _peer_uid(conn) != os.getuid():
+            if wire.peer_uid(conn) != os.getuid():
                 conn.close()            # another user's process: not ours to lend to
                 continue
             conn.setblocking(True)
@@ -280,6 +204,53 @@ class WeightExport:
             pass
 
 
+class MappedWeights:
+    """The engine's weights mapped in the trainer for one refit
+    (`WeightImport.mapped` makes it), valid inside its ``with`` block only.
+
+    Parameters
+    ----------
+    ws : WeightSet
+        The engine's weight set.
+    base : int
+        The weights buffer's address in this process.
+
+    Attributes
+    ----------
+    ws : WeightSet
+        The engine's weight set: each parameter's offset, dtype and shape.
+    """
+
+    __slots__ = ("ws", "_base", "_open")
+
+    def __init__(self, ws, base):
+        self.ws, self._base, self._open = ws, base, True
+
+    def ptr(self, name=None):
+        """The device address of a parameter in this process.
+
+        Parameters
+        ----------
+        name : str, optional
+            The parameter (None: the weights buffer, ``ws.nbytes`` bytes).
+
+        Returns
+        -------
+        int
+
+        Raises
+        ------
+        KeyError
+            `name` is not in the weight set.
+        MetraleError
+            The block has ended: the memory is unmapped.
+        """
+        if not self._open:
+            raise MetraleError("MappedWeights.ptr: the refit is over and the engine's weights "
+                               "are unmapped here")
+        return self._base if name is None else self._base + self.ws[name].offset
+
+
 class WeightImport:
     """The trainer's side: an engine's weights, written in place by name.
 
@@ -311,12 +282,12 @@ class WeightImport:
         deadline = time.monotonic() + seconds_arg(timeout, f"{where}: timeout")
         self.gpu, self.path, self.ws, self.epoch = gpu, path, None, None
         self._offered = None
-        self._slabs, self._chunks, self._span = PeerSlabs(gpu), None, 0
+        self._slabs, self._chunks, self._span, self._base = PeerSlabs(gpu), None, 0, 0
         self._conn = None
         while True:
             s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
             try:
-                s.settimeout(_left(deadline))
+                s.settimeout(wire.left(deadline))
                 s.connect(path)
                 break
             except (FileNotFoundError, ConnectionRefusedError):
@@ -370,45 +341,101 @@ class WeightImport:
         where = "WeightImport.sync"
         deadline = time.monotonic() + seconds_arg(timeout, f"{where}: timeout")
         stream = stream_handle(stream)          # converted before anything is received
-        if self._conn is None:
-            raise MetraleError(f"{where}: the import is closed")
-        try:
-            offer = _recv(self._conn, deadline)
-            if offer["kind"] != "offer":
-                raise ConnectionError(f"expected an offer, got {offer['kind']!r}")
-            fds = _recv_fds(self._conn, len(offer["chunks"]), deadline)
-        except (OSError, ConnectionError) as e:
-            self.close()
-            raise MetraleError(f"{where}: no offer from the engine ({type(e).__name__}: "
-                               f"{e})") from e
+        offer, fds = self._offer(where, deadline)
         written = False
         try:
             try:
                 ws = self._weight_set(offer)
                 items = self._items(ws, state, offer["offset"], where)
-                chunks = [tuple(c) for c in offer["chunks"]]
-                self._map(chunks, offer["span"], fds)
+                self._map([tuple(c) for c in offer["chunks"]], offer["span"], fds)
             finally:
-                _close_all(fds)
+                wire.close_all(fds)
             runs = runs_of(items)
             written = True
             self._slabs.copy_in(_KEY, [(dst, src, n) for dst, _key, src, n in runs], stream)
             self._slabs.detach()            # waits for the device, then unmaps
         except BaseException as e:
-            try:
-                self._slabs.detach()
-            except Exception:
-                pass
-            try:
-                _send(self._conn, {"kind": "abort", "error": f"{type(e).__name__}: {e}",
-                                   "written": written})
-            except OSError:
-                pass
+            self._abort(e, written)
             raise
-        _send(self._conn, {"kind": "commit", "bytes": sum(r[3] for r in runs),
-                           "copies": len(runs)})
-        self.epoch = offer["epoch"]
+        self._commit(offer, sum(r[3] for r in runs), len(runs))
         return LoadStats(len(ws.params), sum(p.nbytes for p in ws.params), len(runs))
+
+    @contextlib.contextmanager
+    def mapped(self, *, timeout=DEFAULT_TIMEOUT):
+        """The engine's weights mapped here for one refit by the trainer's own
+        kernels: ``with imp.mapped() as w:`` launch them on ``w.ptr(name)``.
+
+        Waits for the engine's offer and maps its memory (the same addresses
+        at every refit).  At the end of the block waits for the device (every
+        stream), unmaps, and commits; if the block raises, the engine is told
+        the refit aborted and that the weights may be partly written.
+
+        Parameters
+        ----------
+        timeout : float, optional
+            Seconds to wait for the engine's offer.
+
+        Yields
+        ------
+        MappedWeights
+            The weights' addresses, valid inside the block only: a kernel
+            that keeps one past it faults (the memory is unmapped).
+
+        Raises
+        ------
+        MetraleError
+            No offer came (the engine went away), or the unmap failed.
+        """
+        where = "WeightImport.mapped"
+        deadline = time.monotonic() + seconds_arg(timeout, f"{where}: timeout")
+        offer, fds = self._offer(where, deadline)
+        written = False
+        try:
+            try:
+                ws = self._weight_set(offer)
+                self._map([tuple(c) for c in offer["chunks"]], offer["span"], fds)
+            finally:
+                wire.close_all(fds)
+            w = MappedWeights(ws, self._base + offer["offset"])
+            written = True
+            try:
+                yield w
+            finally:
+                w._open = False
+            self._slabs.detach()
+        except BaseException as e:
+            self._abort(e, written)
+            raise
+        self._commit(offer, ws.nbytes, 0)
+
+    def _offer(self, where, deadline):
+        """The engine's offer and its descriptors; the import closed if none came."""
+        if self._conn is None:
+            raise MetraleError(f"{where}: the import is closed")
+        try:
+            offer = wire.recv(self._conn, deadline)
+            if offer["kind"] != "offer":
+                raise ConnectionError(f"expected an offer, got {offer['kind']!r}")
+            return offer, wire.recv_fds(self._conn, len(offer["chunks"]), deadline)
+        except (OSError, ConnectionError) as e:
+            self.close()
+            raise MetraleError(f"{where}: no offer from the engine ({type(e).__name__}: "
+                               f"{e})") from e
+
+    def _abort(self, e, written):
+        try:
+            self._slabs.detach()
+        except Exception:
+            pass
+        try:
+            wire.send(self._conn, {"kind": "abort", "error": f"{type(e).__name__}: {e}",
+                               "written": written})
+        except OSError:
+            pass
+
+    def _commit(self, offer, nbytes, copies):
+        wire.send(self._conn, {"kind": "commit", "bytes": nbytes, "copies": copies})
+        self.epoch = offer["epoch"]
 
     def _weight_set(self, offer):
         key = [offer[k] for k in ("params", "align", "buffer", "tag", "wake", "nbytes")]
@@ -473,7 +500,7 @@ class WeightImport:
         if self._chunks is not None:        # the engine's memory was cut otherwise: anew
             self._slabs.close()
             self._slabs, self._chunks = PeerSlabs(self.gpu), None
-        self._slabs.map_peer(_KEY, span, chunks, fds)
+        self._base = self._slabs.map_peer(_KEY, span, chunks, fds)
         self._chunks, self._span = chunks, span
 
     def close(self):

@@ -1,5 +1,6 @@
 import os
 from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from typing import Any, Final, Union
 
 from metrale._arena._buffer_arena import BufferArena
@@ -7,7 +8,7 @@ from metrale._backends._backend import Backend
 from metrale._base._common import StreamLike
 from metrale._integrations.weights import LoadStats, WeightSet
 
-__all__ = ["WeightExport", "WeightImport", "DEFAULT_TIMEOUT"]
+__all__ = ["WeightExport", "WeightImport", "MappedWeights", "DEFAULT_TIMEOUT"]
 
 DEFAULT_TIMEOUT: Final[float]
 
@@ -24,6 +25,11 @@ class WeightExport:
     def __exit__(self, *exc: object) -> None: ...
     def __del__(self) -> None: ...
 
+class MappedWeights:
+    ws: WeightSet
+    def __init__(self, ws: WeightSet, base: int) -> None: ...
+    def ptr(self, name: str | None = None) -> int: ...
+
 class WeightImport:
     gpu: Backend
     path: str
@@ -32,6 +38,7 @@ class WeightImport:
     def __init__(self, path: _Path, gpu: Backend, *, timeout: float = ...) -> None: ...
     def sync(self, state: Mapping[str, Any], *, stream: StreamLike = None,
              timeout: float = ...) -> LoadStats: ...
+    def mapped(self, *, timeout: float = ...) -> AbstractContextManager[MappedWeights]: ...
     def close(self) -> None: ...
     def __enter__(self) -> WeightImport: ...
     def __exit__(self, *exc: object) -> None: ...
