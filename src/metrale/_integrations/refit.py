@@ -37,6 +37,8 @@ __all__ = ["WeightExport", "WeightImport", "MappedWeights", "DEFAULT_TIMEOUT"]
 
 DEFAULT_TIMEOUT = 60.0
 _KEY = "weights"            # the trainer's PeerSlabs entry
+
+
 def _path_arg(path, where):
     path = _fspath_arg(path, where)
     if not isinstance(path, str):
