@@ -392,6 +392,8 @@ def test_copy_in_checks_every_run_before_the_first_copy():
             slabs.copy_in("w", [(0, src.ctypes.data, 16), (16, src.ctypes.data, 8.0)])
         with pytest.raises(ValueError, match=r"runs\[0\] holds a negative"):
             slabs.copy_in("w", [(-8, src.ctypes.data, 16)])
+        with pytest.raises(ValueError, match=r"runs\[0\] holds a number of more than 64"):
+            slabs.copy_in("w", [(0, src.ctypes.data, 2**64)])
         with pytest.raises(ValueError, match=r"runs\[1\] starts at 8, before the end"):
             slabs.copy_in("w", [(0, src.ctypes.data, 16), (8, src.ctypes.data, 16)])
         assert os.pread(fds[0], page, 0) == bytes(page)

@@ -346,12 +346,7 @@ class WeightImport:
         offer, fds = self._offer(where, deadline)
         written = False
         try:
-            try:
-                ws = self._weight_set(offer)
-                items = self._items(ws, state, offer["offset"], where)
-                self._map([tuple(c) for c in offer["chunks"]], offer["span"], fds)
-            finally:
-                wire.close_all(fds)
+            ws, items = self._take(offer, fds, state, where)
             runs = runs_of(items)
             written = True
             self._slabs.copy_in(_KEY, [(dst, src, n) for dst, _key, src, n in runs], stream)
@@ -393,11 +388,7 @@ class WeightImport:
         offer, fds = self._offer(where, deadline)
         written = False
         try:
-            try:
-                ws = self._weight_set(offer)
-                self._map([tuple(c) for c in offer["chunks"]], offer["span"], fds)
-            finally:
-                wire.close_all(fds)
+            ws, _items = self._take(offer, fds)
             w = MappedWeights(ws, self._base + offer["offset"])
             written = True
             try:
@@ -424,6 +415,18 @@ class WeightImport:
             raise MetraleError(f"{where}: no offer from the engine ({type(e).__name__}: "
                                f"{e})") from e
 
+    def _take(self, offer, fds, state=None, where=None):
+        """The offer's weight set and, for a `state`, its items (checked, as
+        `_items` gives them; None without), then the engine's memory mapped;
+        the descriptors closed whatever happens."""
+        try:
+            ws = self._weight_set(offer)
+            items = None if state is None else self._items(ws, state, offer["offset"], where)
+            self._map([tuple(c) for c in offer["chunks"]], offer["span"], fds)
+        finally:
+            wire.close_all(fds)
+        return ws, items
+
     def _abort(self, e, written):
         try:
             self._slabs.detach()
@@ -431,7 +434,7 @@ class WeightImport:
             pass
         try:
             wire.send(self._conn, {"kind": "abort", "error": f"{type(e).__name__}: {e}",
-                               "written": written})
+                                   "written": written})
         except OSError:
             pass
 
