@@ -15,7 +15,7 @@ from metrale._base._peer_core cimport mt_signal
 
 import os
 
-from metrale._base._common import U64_MAX
+from metrale._base._common import U64_MAX as _U64_MAX
 from metrale._base.errors import MetraleError
 
 #: Bytes of a rank's signal area (kernels/peer_reduce.h), before rounding up
@@ -262,7 +262,7 @@ The peers' slabs mapped into this process, each in its own reservation.
                 raise TypeError(f"copy_in: runs[{i}] must hold three ints")
             if o < 0 or src < 0 or nb < 0:
                 raise ValueError(f"copy_in: runs[{i}] holds a negative number")
-            if o > U64_MAX or src > U64_MAX or nb > U64_MAX:
+            if o > _U64_MAX or src > _U64_MAX or nb > _U64_MAX:
                 raise ValueError(f"copy_in: runs[{i}] holds a number of more than 64 bits")
             off, n = o, nb
             if off + n < off:
