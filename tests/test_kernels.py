@@ -50,7 +50,8 @@ def test_the_parser_reads_every_entry_point(tool):
     by-value parameter each, the same in the PTX and the .cu."""
     want = {"zero_ranges": ["metrale_zero_ranges", "metrale_zero_rows_at"],
             "debug_ops": ["metrale_debug_fill", "metrale_debug_check", "metrale_debug_nonfinite",
-                          "metrale_debug_fingerprint"]}
+                          "metrale_debug_fingerprint"],
+            "copy_runs": ["metrale_copy_runs"]}
     for stem, names in want.items():
         ptx = tool.ptx_entries((SOURCE / f"{stem}.ptx").read_text())
         cu = tool.cu_kernels((SOURCE / f"{stem}.cu").read_text())
@@ -101,6 +102,19 @@ def test_the_parameter_blocks_do_not_depend_on_the_buffer_table(tool, tmp_path):
     core = src / "arena_core.h"
     core.write_text(core.read_text().replace("#define MT_MAX_BUFFERS 256", "#define MT_MAX_BUFFERS 512"))
     assert tool.check(src / "metrale" / "kernels") == []
+
+
+def test_the_copy_kernels_block_fits_the_parameter_limit(tool):
+    """metrale_copy_runs takes its MT_COPY_RUNS runs by value: three 8-byte
+    fields and a 4-byte block start each, the count and the chunks a block
+    (4 bytes each) and the sentinel start, under the 4,096 bytes of a
+    kernel's parameters every driver takes (more needs CUDA 12.1 and a Volta)."""
+    m = re.search(r"^#define MT_COPY_RUNS (\d+)$", (SOURCE / "copy_runs.h").read_text(), re.M)
+    runs = int(m.group(1))
+    size, = tool.c_sizes(["mt_copy_args"], ["copy_runs.h"], [SOURCE])
+    assert size == -(-(runs * 28 + 4 + 8) // 8) * 8 <= 4096
+    ptx = tool.ptx_entries((SOURCE / "copy_runs.ptx").read_text())
+    assert ptx == {"metrale_copy_runs": [size]}
 
 
 def test_a_missing_ptx_or_entry_point_is_reported(tool, tmp_path):

@@ -2,10 +2,13 @@
 no arena) writes a CUDA weight arena in place, across sleeps and wakes that
 replace its chunks; the device's bytes read back against the trainer's
 tensors, regenerated here from their seeds; the copies on the legacy stream
-and on another."""
+and on another; and 300 tensors of odd sizes, some from unaligned sources,
+through the kernel that copies many runs in one launch (kernels/copy_runs.cu)
+and beside it."""
 
 import multiprocessing
 
+import numpy as np
 import pytest
 
 from metrale.refit import WeightExport, WeightImport
@@ -25,14 +28,46 @@ def _state(torch, seed):
             for n, (d, s) in SHAPES.items()}
 
 
-def _trainer(path, seeds, conn):
+# Three launches of the kernel (128 runs each at most), sizes of 1 byte to
+# about 5 KB: not multiples of 16 (the tail bytes), some under 16.
+MANY = {f"t{i}": ("uint8", (1 + (i * 977) % 5003,)) for i in range(300)}
+
+
+def _many(seed, arange, take):
+    """MANY's tensors, views of one pool of bytes ((7 i + seed) mod 251): each
+    third at an unaligned offset (copied alone), the others 16-byte aligned
+    (the kernel's).  `arange(n)` makes the pool, `take(pool, lo, hi)` a view."""
+    total = sum(s[0] + 32 for _d, s in MANY.values())
+    pool = arange(total)
+    out, at = {}, 0
+    for i, (name, (_d, (k,))) in enumerate(MANY.items()):
+        at = (at + 15) & ~15
+        if i % 3 == 0:
+            at += 1 + i % 15
+        out[name] = take(pool, at, at + k)
+        at += k
+    return out
+
+
+def _many_torch(torch, seed):
+    def arange(n):
+        return ((torch.arange(n, device="cuda") * 7 + seed) % 251).to(torch.uint8)
+    return _many(seed, arange, lambda p, lo, hi: p[lo:hi])
+
+
+def _many_numpy(seed):
+    return _many(seed, lambda n: ((np.arange(n) * 7 + seed) % 251).astype(np.uint8),
+                 lambda p, lo, hi: p[lo:hi].tobytes())
+
+
+def _trainer(path, seeds, conn, many=False):
     try:
         import torch
         from metrale import CudaBackend
         imp = WeightImport(path, CudaBackend(0))
         side = torch.cuda.Stream()
         for i, seed in enumerate(seeds):
-            state = _state(torch, seed)
+            state = _many_torch(torch, seed) if many else _state(torch, seed)
             stream = torch.cuda.current_stream() if i == 0 else side
             stream.wait_stream(torch.cuda.current_stream())
             stats = imp.sync(state, stream=stream.cuda_stream)
@@ -71,3 +106,34 @@ def test_a_trainer_process_writes_the_weights_on_the_device(gpu, tmp_path):
                 p.kill()
         assert p.exitcode == 0
         assert arena.memory_stats()["imported_handles"] == 0
+
+
+def test_many_odd_runs_from_unaligned_sources_land_byte_for_byte(gpu, tmp_path):
+    """300 runs: the aligned ones in three launches of the copy kernel, every
+    third (an unaligned source) a copy of its own; each tensor's bytes, its
+    tail of length % 16 included, and nothing in the padding between them
+    (the arena's bytes there stay as the sentinel left them)."""
+    pytest.importorskip("torch")
+    ws = weight_set(MANY)
+    seeds = [5, 6]
+    ctx = multiprocessing.get_context("spawn")
+    here, there = ctx.Pipe()
+    with weight_arena(ws, gpu) as arena, WeightExport(arena, ws, tmp_path / "s") as ex:
+        gpu.upload(arena.ptr("weights"), b"\xa5" * ws.nbytes)
+        p = ctx.Process(target=_trainer, args=(ex.path, seeds, there, True))
+        p.start()
+        try:
+            for seed in seeds:
+                ex.sync(timeout=120)
+                got = gpu.download(arena.ptr("weights"), ws.nbytes)
+                want = bytearray(b"\xa5" * ws.nbytes)
+                for name, b in _many_numpy(seed).items():
+                    q = ws[name]
+                    want[q.offset:q.offset + q.nbytes] = b
+                assert got == bytes(want), seed
+            assert here.recv()[0] == "done"
+        finally:
+            p.join(60)
+            if p.is_alive():
+                p.kill()
+        assert p.exitcode == 0

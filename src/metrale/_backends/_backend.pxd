@@ -1,7 +1,7 @@
 # The backend interface the arena drives: one cdef call per device operation,
 # so no Python runs per memset, copy or free.
 from libc.stdint cimport uint64_t, uintptr_t
-from metrale._base._core cimport mt_pool_ops, mt_range, mt_rows_args
+from metrale._base._core cimport mt_copy_run, mt_pool_ops, mt_range, mt_rows_args
 from metrale._base._debug_core cimport mt_debug_args, mt_debug_result
 from metrale._base._peer_core cimport mt_reduce_args
 
@@ -103,6 +103,10 @@ cdef class Backend:
     # bytes at `src` (counted as before: the chunk never went).
     cdef int refill(self, uintptr_t p, size_t n, uintptr_t src) except -1
     cdef int copy(self, uintptr_t dst, uintptr_t src, size_t n, uintptr_t stream) except -1
+    # The n runs, in stream order, none overlapping another (checked by the
+    # caller): each a `copy` here; CUDA: one launch per MT_COPY_RUNS runs
+    # (kernels/copy_runs.cu), so many small copies cost about one.
+    cdef int copy_runs(self, const mt_copy_run *runs, Py_ssize_t n, uintptr_t stream) except -1
     # A stream of the backend's own that runs beside the default stream (CUDA:
     # a non-blocking stream made with the backend; host: 0, work runs at the
     # call), for copies that overlap a wake's zeroing.

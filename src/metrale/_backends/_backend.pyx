@@ -5,8 +5,8 @@ cimport cython
 from libc.stdint cimport int32_t, uint64_t, uintptr_t
 
 from metrale._base._common cimport as_stream, u64_arg
-from metrale._base._core cimport (MT_MAX_RANGES, MT_MAX_ROWS_ENTRIES, mt_pool_ops, mt_range, mt_rows_args,
-                                  mt_rows_count, mt_rows_segment)
+from metrale._base._core cimport (MT_MAX_RANGES, MT_MAX_ROWS_ENTRIES, mt_copy_run, mt_pool_ops, mt_range,
+                                  mt_rows_args, mt_rows_count, mt_rows_segment)
 from metrale._base._debug_core cimport mt_debug_args, mt_debug_result
 from metrale._base._peer_core cimport mt_reduce_args
 
@@ -178,6 +178,12 @@ cdef class Backend:
         raise MetraleError(f"{type(self).__name__} maps memory only where none is mapped")
     cdef int copy(self, uintptr_t dst, uintptr_t src, size_t n, uintptr_t stream) except -1:
         return _unusable(self)
+    cdef int copy_runs(self, const mt_copy_run *runs, Py_ssize_t n, uintptr_t stream) except -1:
+        cdef Py_ssize_t i
+        for i in range(n):
+            if runs[i].length:
+                self.copy(<uintptr_t>runs[i].dst, <uintptr_t>runs[i].src, <size_t>runs[i].length, stream)
+        return 0
     cdef int side_stream(self, uintptr_t *out) except -1:
         return _unusable(self)
     cdef int host_alloc(self, size_t n, void **out) except -1:

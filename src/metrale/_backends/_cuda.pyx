@@ -11,11 +11,13 @@ object in between) made with the GIL released and checked by _driver.pxd.
 
 cimport cython
 from libc.stdint cimport uint64_t, uintptr_t
+from libc.stdlib cimport free, malloc
 
 from cuda.bindings cimport cydriver
 from metrale._backends cimport _kernels
 from metrale._backends cimport _vmm
-from metrale._base._core cimport mt_pool_ops, mt_range, mt_rows_args
+from metrale._base._core cimport mt_copy_run, mt_pool_ops, mt_range, mt_rows_args
+from metrale._backends._backend cimport Backend
 from metrale._backends._cuda_device cimport CudaDevice
 from metrale._base._debug_core cimport MT_DBG_FILL, mt_debug_args, mt_debug_result
 from metrale._base._peer_core cimport MT_RED_BLOCKS, mt_reduce_args
@@ -296,6 +298,51 @@ An NVIDIA GPU through the CUDA driver.
             self._current()
             check(cydriver.cuMemcpyAsync(<cydriver.CUdeviceptr>dst, <cydriver.CUdeviceptr>src, n,
                                          <cydriver.CUstream>stream), "cuMemcpyAsync")
+        return 0
+
+    cdef int copy_runs(self, const mt_copy_run *runs, Py_ssize_t n, uintptr_t stream) except -1:
+        # The kernel takes the runs whose ends are both 16-byte aligned (a
+        # tensor's storage starts at least so; torch's caching allocator and
+        # the arenas align to 512 and 256 bytes), cuMemcpyAsync the others; a
+        # single run, or a capture before the kernel is loaded, copies alone.
+        cdef cydriver.CUstream s = <cydriver.CUstream>stream
+        cdef mt_copy_run *ok = NULL
+        cdef Py_ssize_t i, m = 0
+        cdef bint capturing = False
+        cdef int launches = 0
+        if n < 2:
+            return Backend.copy_runs(self, runs, n, stream)
+        if self._copy.mod == NULL:
+            with nogil:
+                self._current()
+                capturing = self._capturing(s)
+            if capturing:
+                return Backend.copy_runs(self, runs, n, stream)
+            with self._debug_lock:
+                with nogil:
+                    self._current()
+                _kernels.copy_load(&self._copy)
+        ok = <mt_copy_run *>malloc(<size_t>n * sizeof(mt_copy_run))
+        if ok == NULL:
+            raise MemoryError(f"copy_runs: a table of {n} runs")
+        try:
+            with nogil:
+                self._current()
+                for i in range(n):
+                    if runs[i].length == 0:
+                        continue
+                    if (runs[i].dst | runs[i].src) & 15 == 0:
+                        ok[m] = runs[i]
+                        m += 1
+                    else:
+                        check(cydriver.cuMemcpyAsync(<cydriver.CUdeviceptr>runs[i].dst,
+                                                     <cydriver.CUdeviceptr>runs[i].src,
+                                                     <size_t>runs[i].length, s), "cuMemcpyAsync")
+                if m:
+                    launches = _kernels.copy_runs(&self._copy, ok, m, s)
+        finally:
+            free(ok)
+        self.launch_count += launches
         return 0
 
     cdef int pool_ops(self, mt_pool_ops *ops) except -1:

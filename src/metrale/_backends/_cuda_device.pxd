@@ -16,6 +16,7 @@ cdef class CudaDevice(Backend):
     cdef _kernels.ZeroKernels _zero      # loaded at construction
     cdef _kernels.DebugKernels _debug    # loaded by the first debug operation
     cdef _kernels.PeerKernels _peer      # loaded when an arena is first shared
+    cdef _kernels.CopyKernels _copy      # loaded by the first copy_runs outside a capture
     cdef object _debug_lock              # serializes the calls that use _debug's results
     cdef cydriver.CUstream _side         # non-blocking: copies beside a wake's zeroing
     cdef _vmm.pool_device _pool_dev      # what the pools' operations make current

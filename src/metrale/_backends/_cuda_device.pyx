@@ -94,7 +94,7 @@ The device a CudaBackend drives: its context, its facts, its kernels.
             if self._side != NULL:
                 cydriver.cuCtxSetCurrent(self._ctx)
                 cydriver.cuStreamDestroy(self._side)
-            _kernels.unload(&self._zero, &self._debug, &self._peer)
+            _kernels.unload(&self._zero, &self._debug, &self._peer, &self._copy)
             cydriver.cuDevicePrimaryCtxRelease(self._dev)
 
     cdef int _current(self) except -1 nogil:

@@ -7,7 +7,7 @@ cimport cython
 from libc.stdint cimport uint64_t, uintptr_t
 
 from metrale._backends._cuda cimport CudaBackend
-from metrale._base._core cimport mt_pool_ops
+from metrale._base._core cimport mt_copy_run, mt_pool_ops
 from metrale._backends.testing cimport Faults
 
 
@@ -140,6 +140,10 @@ A CudaBackend whose nth next operation of a kind fails, on demand.
     cdef int copy(self, uintptr_t dst, uintptr_t src, size_t n, uintptr_t stream) except -1:
         self._armed.check("copy", "copy")
         return CudaBackend.copy(self, dst, src, n, stream)
+
+    cdef int copy_runs(self, const mt_copy_run *runs, Py_ssize_t n, uintptr_t stream) except -1:
+        self._armed.check("copy", "copy")
+        return CudaBackend.copy_runs(self, runs, n, stream)
 
     cdef int host_alloc(self, size_t n, void **out) except -1:
         self._armed.check("host_alloc", f"host copy buffer of {n} bytes")

@@ -5,7 +5,7 @@
 from libc.stdint cimport uintptr_t
 
 from cuda.bindings cimport cydriver
-from metrale._base._core cimport mt_range, mt_rows_args
+from metrale._base._core cimport mt_copy_run, mt_range, mt_rows_args
 from metrale._base._debug_core cimport mt_debug_args, mt_debug_result
 from metrale._base._peer_core cimport mt_reduce_args
 
@@ -50,6 +50,11 @@ ctypedef struct PeerKernels:
     cydriver.CUmodule mod
     cydriver.CUfunction fn[1]           # metrale_peer_reduce
 
+# kernels/copy_runs.ptx, loaded by the first copy_runs outside a capture.
+ctypedef struct CopyKernels:
+    cydriver.CUmodule mod
+    cydriver.CUfunction fn[1]           # metrale_copy_runs
+
 # CudaBackend.tune_rows_at and rows_at_tuning: the launch shape of
 # metrale_zero_rows_at, each argument checked (None keeps its value), all or
 # nothing; and the shape as the dict tune_rows_at takes.
@@ -62,8 +67,9 @@ cdef dict rows_at_tuning(const ZeroKernels *k)
 cdef int zero_load(ZeroKernels *k, cydriver.CUstream s) except -1     # s: zeroes the counters
 cdef int debug_load(DebugKernels *k) except -1
 cdef int peer_load(PeerKernels *k) except -1
+cdef int copy_load(CopyKernels *k) except -1
 # Best effort, from a finalizer.
-cdef void unload(ZeroKernels *z, DebugKernels *d, PeerKernels *p) noexcept nogil
+cdef void unload(ZeroKernels *z, DebugKernels *d, PeerKernels *p, CopyKernels *c) noexcept nogil
 
 # One launch of metrale_zero_ranges over n (2 .. MT_MAX_RANGES) ranges of the
 # slab at `base`.
@@ -92,6 +98,11 @@ cdef int debug_launch(const DebugKernels *k, int op, mt_debug_args *a,
                       cydriver.CUstream s) except -1 nogil
 cdef int debug_results(const DebugKernels *k, mt_debug_result *out, int n,
                        cydriver.CUstream s) except -1 nogil
+# The n runs (any number, each source and destination 16-byte aligned), in
+# launches of metrale_copy_runs of up to MT_COPY_RUNS runs each, on `s`
+# (copy_load first).  Returns the launches.
+cdef int copy_runs(const CopyKernels *k, const mt_copy_run *runs, Py_ssize_t n,
+                   cydriver.CUstream s) except -1 nogil
 # One launch of metrale_peer_reduce (MT_RED_BLOCKS blocks, its grid fixed:
 # every rank must lay out its barriers alike).
 cdef int peer_reduce(const PeerKernels *k, const mt_reduce_args *a, cydriver.CUstream s) except -1 nogil

@@ -1,10 +1,11 @@
 # cython: language_level=3, binding=False
 """The host side of the shipped CUDA kernels: load, lay out, launch.
 
-kernels/zero_ranges.ptx (zero_all_rows and friends) and kernels/debug_ops.ptx
-(debug arenas, docs/debug.md) take one parameter block each, passed by value
+kernels/zero_ranges.ptx (zero_all_rows and friends), kernels/debug_ops.ptx
+(debug arenas, docs/debug.md) and kernels/copy_runs.ptx (many copies in one
+launch: a refit's) take one parameter block each, passed by value
 (kernels/*.h); this module fills those blocks, lays out their grids (one rule
-for both: item i owns blocks [first[i], first[i + 1]), each `per` 16-byte
+for all: item i owns blocks [first[i], first[i + 1]), each `per` 16-byte
 chunks of it) and launches them, without the GIL, the context made current
 by the caller (CudaBackend).
 """
@@ -13,8 +14,9 @@ from libc.stdint cimport uintptr_t
 from libc.string cimport memcpy, memset
 
 from cuda.bindings cimport cydriver
-from metrale._base._core cimport (MT_MAX_RANGES, MT_MAX_ROWS_ENTRIES, mt_range, mt_rows_args,
-                                  mt_rows_launch, mt_rows_segment, mt_zero_args)
+from metrale._base._core cimport (MT_COPY_RUNS, MT_MAX_RANGES, MT_MAX_ROWS_ENTRIES, mt_copy_args,
+                                  mt_copy_run, mt_range, mt_rows_args, mt_rows_launch,
+                                  mt_rows_segment, mt_zero_args)
 from metrale._base._debug_core cimport (MT_DBG_FILL, MT_DBG_FINGERPRINT, MT_DBG_MAX_ITEMS,
                                         MT_DBG_NONFINITE, mt_debug_args, mt_debug_result)
 from metrale._base._common cimport index_arg
@@ -31,6 +33,10 @@ cdef enum:
     # (32 KiB) of one item.
     DBG_THREADS = 256
     DBG_PER = 2048
+    # metrale_copy_runs: 256 threads a block, each block 2,048 16-byte chunks
+    # (32 KiB, four loads in flight a thread) of one run.
+    COPY_THREADS = 256
+    COPY_PER = 2048
 
 cdef const char *_ZERO_NAMES[2]
 _ZERO_NAMES[:] = [b"metrale_zero_ranges", b"metrale_zero_rows_at"]
@@ -132,6 +138,39 @@ cdef int peer_reduce(const PeerKernels *k, const mt_reduce_args *a, cydriver.CUs
     return _launch(k.fn[0], _PEER_NAMES[0], MT_RED_BLOCKS, MT_RED_THREADS, s, <void *>a)
 
 
+cdef const char *_COPY_NAMES[1]
+_COPY_NAMES[:] = [b"metrale_copy_runs"]
+
+
+cdef int copy_load(CopyKernels *k) except -1:
+    if k.mod == NULL:
+        _load(b"copy_runs.ptx", _COPY_NAMES, 1, &k.mod, k.fn)
+    return 0
+
+
+cdef int copy_runs(const CopyKernels *k, const mt_copy_run *runs, Py_ssize_t n,
+                   cydriver.CUstream s) except -1 nogil:
+    cdef mt_copy_args args
+    cdef unsigned long long chunks[MT_COPY_RUNS]
+    cdef unsigned long long blocks
+    cdef Py_ssize_t at = 0
+    cdef int i, m, launches = 0
+    while at < n:
+        m = <int>(n - at if n - at < MT_COPY_RUNS else MT_COPY_RUNS)
+        memset(&args, 0, sizeof(args))
+        args.count = m
+        for i in range(m):
+            args.dst[i] = runs[at + i].dst
+            args.src[i] = runs[at + i].src
+            args.length[i] = runs[at + i].length
+            chunks[i] = runs[at + i].length // 16   # its last block also copies length % 16 bytes
+        blocks = _grid(chunks, m, COPY_PER, args.first, &args.per)
+        _launch(k.fn[0], _COPY_NAMES[0], blocks, COPY_THREADS, s, &args)
+        launches += 1
+        at += m
+    return launches
+
+
 cdef int debug_load(DebugKernels *k) except -1:
     cdef cydriver.CUmodule mod = NULL
     cdef size_t nres = MT_DBG_MAX_ITEMS * sizeof(mt_debug_result)
@@ -171,7 +210,9 @@ cdef dict rows_at_tuning(const ZeroKernels *k):
             "queue": bool(k.queue)}
 
 
-cdef void unload(ZeroKernels *z, DebugKernels *d, PeerKernels *p) noexcept nogil:
+cdef void unload(ZeroKernels *z, DebugKernels *d, PeerKernels *p, CopyKernels *c) noexcept nogil:
+    if c.mod != NULL:
+        cydriver.cuModuleUnload(c.mod)
     if z.mod != NULL:
         cydriver.cuModuleUnload(z.mod)
     if z.queues != 0:

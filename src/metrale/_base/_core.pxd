@@ -214,3 +214,21 @@ cdef extern from "metrale/kernels/zero_ranges.h" nogil:
     unsigned long long mt_rows_count(const mt_rows_args *a, long long t)
     void mt_rows_segment(const mt_rows_args *a, int i, unsigned long long t,
                          unsigned long long *start, unsigned long long *end)
+
+
+# Declarations of src/metrale/kernels/copy_runs.h: the parameter block of the
+# kernel that copies many runs in one launch (CudaBackend.copy_runs).
+cdef extern from "metrale/kernels/copy_runs.h" nogil:
+    enum:
+        MT_COPY_RUNS
+    ctypedef struct mt_copy_run:
+        unsigned long long dst
+        unsigned long long src
+        unsigned long long length
+    ctypedef struct mt_copy_args:
+        unsigned long long dst[MT_COPY_RUNS]
+        unsigned long long src[MT_COPY_RUNS]
+        unsigned long long length[MT_COPY_RUNS]
+        unsigned int first[MT_COPY_RUNS + 1]
+        unsigned int per
+        int count

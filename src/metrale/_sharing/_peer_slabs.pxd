@@ -1,6 +1,9 @@
 # The peers' slabs mapped into this process (see _peer_slabs.pyx): its fields,
 # for the arena's Peers (_arena/_peers.pxd), which holds one.
+from libc.stdint cimport uintptr_t
+
 from metrale._backends._backend cimport Backend
+from metrale._base._core cimport mt_copy_run
 
 
 cdef class PeerSlabs:
@@ -13,3 +16,5 @@ cdef class PeerSlabs:
 
     cdef int _import(self, str what, list entry, list chunks, list fds) except -1
     cdef int _unmap_rank(self, rank) except -1
+    cdef int _check_runs(self, key, uintptr_t base, list chunks, list runs, mt_copy_run *checked,
+                         Py_ssize_t *k) except -1

@@ -7,10 +7,12 @@ metrale/_sharing/_tp_exchange.py), below it and below the arena (metrale/_arena/
 
 cimport cython
 from libc.stdint cimport uint64_t, uintptr_t
+from libc.stdlib cimport free, malloc
 
 from metrale._backends._backend cimport Backend
 from metrale._base._common cimport as_stream, mt_py_finalizing
 from metrale._backends._mapping cimport free_reservation, release_orphans, unmap_chunks
+from metrale._base._core cimport mt_copy_run
 from metrale._base._peer_core cimport mt_signal
 
 import os
@@ -246,13 +248,28 @@ The peers' slabs mapped into this process, each in its own reservation.
             before it or is not all mapped (nothing copied).
         """
         cdef uintptr_t s = as_stream(stream)       # converted before anything is read
-        cdef size_t i, m = len(runs), at, off, n, end = 0
+        cdef size_t m = len(runs)
         entry = self._slabs.get(key)
         if entry is None or not entry[3]:
             raise ValueError(f"copy_in: {key!r} is not mapped")
         cdef uintptr_t base = entry[0]
-        mapped = sorted((o, c) for o, c, _h in entry[3])
-        cdef list checked = []
+        cdef mt_copy_run *checked = <mt_copy_run *>malloc(max(m, 1) * sizeof(mt_copy_run))
+        cdef Py_ssize_t k = 0
+        if checked == NULL:
+            raise MemoryError(f"copy_in: a table of {m} runs")
+        try:
+            self._check_runs(key, base, entry[3], runs, checked, &k)
+            self._gpu.copy_runs(checked, k, s)
+        finally:
+            free(checked)
+        return None
+
+    cdef int _check_runs(self, key, uintptr_t base, list chunks, list runs, mt_copy_run *checked,
+                         Py_ssize_t *k) except -1:
+        """copy_in's runs, each checked, into `checked` (its *k entries
+        those of a byte or more)."""
+        cdef size_t i, m = len(runs), at, off, n, end = 0
+        mapped = sorted((o, c) for o, c, _h in chunks)
         for i in range(m):
             run = runs[i]
             if type(run) is not tuple or len(run) != 3:
@@ -281,10 +298,11 @@ The peers' slabs mapped into this process, each in its own reservation.
                 raise ValueError(f"copy_in: runs[{i}]: [{off}, +{n}) of {key!r} is not all "
                                  "mapped")
             if n:
-                checked.append((base + off, <uintptr_t>src, n))
-        for dst, src, n in checked:
-            self._gpu.copy(dst, src, n, s)
-        return None
+                checked[k[0]].dst = base + off
+                checked[k[0]].src = src
+                checked[k[0]].length = n
+                k[0] += 1
+        return 0
 
     def own_signal(self):
         """This rank's signal area as ``(offset, bytes, handle)`` (to export
