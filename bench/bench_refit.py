@@ -82,15 +82,28 @@ def trainer(path, params, offsets, nbytes, runs, cycles, conn):
         side = torch.cuda.Stream()      # the refit's copies beside the trainer's work
         stream = side.cuda_stream
         out = {}
-        # the refit, timed from here (the engine's offer already waiting)
-        t_map = []
-        orig_map = imp._map
+        # the refit, timed from here (the engine's offer already waiting), and its phases
+        phases = {k: [] for k in ("offer", "check", "map", "enqueue", "wait_unmap")}
 
-        def timed_map(*a):
-            t = time.perf_counter()
-            orig_map(*a)
-            t_map.append((time.perf_counter() - t) * 1e3)
-        imp._map = timed_map
+        def timed(name, fn):
+            def run(*a, **k):
+                t = time.perf_counter()
+                try:
+                    return fn(*a, **k)
+                finally:
+                    phases[name].append((time.perf_counter() - t) * 1e3)
+            return run
+
+        class TimedSlabs:           # the copies' enqueue; the wait for them and the unmap
+            def __init__(self, slabs):
+                self.copy_in, self.detach = timed("enqueue", slabs.copy_in), timed("wait_unmap", slabs.detach)
+                self._slabs = slabs
+
+            def __getattr__(self, name):
+                return getattr(self._slabs, name)
+        imp._offer, imp._items, imp._map = (timed("offer", imp._offer), timed("check", imp._items),
+                                            timed("map", imp._map))
+        imp._slabs = TimedSlabs(imp._slabs)
         refit_ms = []
         for i in range(runs):
             assert conn.recv() == "offered"
@@ -99,7 +112,8 @@ def trainer(path, params, offsets, nbytes, runs, cycles, conn):
             t = time.perf_counter()
             stats = imp.sync(state, stream=stream)
             refit_ms.append((time.perf_counter() - t) * 1e3)
-        out.update(refit_ms=refit_ms, map_ms=t_map, copies=stats.copies)
+        out.update(refit_ms=refit_ms, copies=stats.copies,
+                   phases_ms={k: round(statistics.median(v[:runs]), 3) for k, v in phases.items()})
         # anchors: one device-to-device copy of the same bytes; the same per-tensor copies
         src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
         dst = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
@@ -277,7 +291,7 @@ def main(argv=None):
             raise RuntimeError(msg[1])
         a = msg[1]
         med = {k: statistics.median(v) for k, v in a.items() if isinstance(v, list)}
-        row(refit_ms=[round(x, 2) for x in a["refit_ms"]], map_ms=[round(x, 2) for x in a["map_ms"]],
+        row(refit_ms=[round(x, 2) for x in a["refit_ms"]], phases_ms=a["phases_ms"],
             d2d_ms=[round(x, 2) for x in a["d2d_ms"]],
             local_copies_ms=[round(x, 2) for x in a["local_copies_ms"]],
             ipc_per_param_ms=[round(x, 2) for x in a["ipc_per_param_ms"]],
