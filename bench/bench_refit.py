@@ -83,7 +83,8 @@ def trainer(path, params, offsets, nbytes, runs, cycles, conn):
         stream = side.cuda_stream
         out = {}
         # the refit, timed from here (the engine's offer already waiting), and its phases
-        phases = {k: [] for k in ("offer", "check", "map", "enqueue", "wait_unmap")}
+        phases = {k: [] for k in ("offer", "take", "check", "map", "enqueue", "wait_unmap",
+                                  "commit")}
 
         def timed(name, fn):
             def run(*a, **k):
@@ -103,6 +104,7 @@ def trainer(path, params, offsets, nbytes, runs, cycles, conn):
                 return getattr(self._slabs, name)
         imp._offer, imp._items, imp._map = (timed("offer", imp._offer), timed("check", imp._items),
                                             timed("map", imp._map))
+        imp._take, imp._commit = timed("take", imp._take), timed("commit", imp._commit)
         imp._slabs = TimedSlabs(imp._slabs)
         refit_ms = []
         for i in range(runs):

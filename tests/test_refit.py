@@ -468,3 +468,45 @@ def test_a_fault_before_mapped_yields_tells_nothing_was_written(engine, op):
     assert arena.guard("weights").epochs["weights"] == epoch
     assert _arena_bytes(arena, ws) == before and gpu.mapped_bytes == 0
     imp.close()
+
+
+def test_the_table_travels_in_a_connections_first_offer_only(engine):
+    """The weight set's table (hundreds of entries for a model) goes once per
+    connection: the later offers name none, and a trainer that never got one
+    refuses such an offer (nothing mapped, nothing written); a new connection
+    gets it again."""
+    import socket
+    import time
+    from metrale._integrations import _refit_wire as wire
+    arena, ws, ex = engine
+    before = _arena_bytes(arena, ws)
+    tables = []
+    for _connection in range(2):        # an abort drops the connection: each its first offer
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(ex.path)
+        t, out = _in_thread(lambda: ex.sync(timeout=30))
+        deadline = time.monotonic() + 30
+        offer = wire.recv(s, deadline)
+        wire.close_all(wire.recv_fds(s, len(offer["chunks"]), deadline))
+        tables.append(offer["params"])
+        wire.send(s, {"kind": "abort", "error": "test", "written": False})
+        t.join()
+        s.close()
+        assert "nothing was written" in str(out["error"])
+    assert tables[0] == tables[1] == [[p.name, p.dtype, list(p.shape)] for p in ws]
+    # one connection, two offers: the second names no table
+    imp = WeightImport(ex.path, HostBackend())
+    for cycle in range(2):
+        t, out = _in_thread(lambda: ex.sync(timeout=30))
+        imp.sync(_state(cycle))
+        t.join()
+    assert _arena_bytes(arena, ws) == {n: a.tobytes() for n, a in _state(1).items()}
+    imp.ws = imp._offered = None        # as if its first offer never came
+    t, out = _in_thread(lambda: ex.sync(timeout=30))
+    with pytest.raises(MetraleError, match="names no weight set"):
+        imp.sync(_state(2))
+    t.join()
+    assert "nothing was written" in str(out["error"])
+    assert _arena_bytes(arena, ws) == {n: a.tobytes() for n, a in _state(1).items()}
+    assert before != _arena_bytes(arena, ws)
+    imp.close()

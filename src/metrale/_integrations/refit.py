@@ -21,6 +21,7 @@ memory, so a sleep gives it back.
 import contextlib
 import os
 import socket
+import sys
 import time
 
 from . import _refit_wire as wire
@@ -76,6 +77,7 @@ class WeightExport:
         path = _path_arg(path, "WeightExport")
         self.arena, self.ws, self.path = arena, ws, path
         self._conn = None
+        self._table_sent = False    # the weight set's table goes in a connection's first offer
         srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         try:
             old = os.umask(0o177)
@@ -132,11 +134,12 @@ class WeightExport:
             offer = {"kind": "offer", "epoch": ex.epoch, "chunks": [list(c) for c in ex.chunks],
                      "span": max(o + n for o, n in ex.chunks),
                      "offset": ex.offsets[ws.buffer], "nbytes": ws.nbytes,
-                     "params": [[p.name, p.dtype, list(p.shape)] for p in ws],
+                     "params": None if self._table_sent else
+                     [[p.name, p.dtype, list(p.shape)] for p in ws],
                      "align": ws.align, "buffer": ws.buffer, "tag": ws.tag, "wake": ws.wake}
             self._conn.settimeout(wire.left(deadline))
             wire.send(self._conn, offer)
-            sent = True
+            sent = self._table_sent = True
             wire.send_fds(self._conn, ex.fds())
             ex.close_fds()
             reply = wire.recv(self._conn, deadline)
@@ -174,7 +177,7 @@ class WeightExport:
                 conn.close()            # another user's process: not ours to lend to
                 continue
             conn.setblocking(True)
-            self._conn = conn
+            self._conn, self._table_sent = conn, False
             return
 
     def _drop(self):
@@ -284,6 +287,7 @@ class WeightImport:
         deadline = time.monotonic() + seconds_arg(timeout, f"{where}: timeout")
         self.gpu, self.path, self.ws, self.epoch = gpu, path, None, None
         self._offered = None
+        self._dtypes = {}           # torch dtype -> the weight set's name for it, once met
         self._slabs, self._chunks, self._span, self._base = PeerSlabs(gpu), None, 0, 0
         self._conn = None
         while True:
@@ -443,8 +447,11 @@ class WeightImport:
         self.epoch = offer["epoch"]
 
     def _weight_set(self, offer):
-        key = [offer[k] for k in ("params", "align", "buffer", "tag", "wake", "nbytes")]
-        if key == self._offered:        # the same table as the last sync's: its layout
+        key = [offer[k] for k in ("align", "buffer", "tag", "wake", "nbytes")]
+        if offer["params"] is None:     # the table of this connection's first offer
+            if self.ws is None or key != self._offered:
+                raise MetraleError("WeightImport: the engine's offer names no weight set, and "
+                                   "differs from the last one that did (another version?)")
             return self.ws
         ws = WeightSet([(n, d, tuple(s)) for n, d, s in offer["params"]], align=offer["align"],
                        buffer=offer["buffer"], tag=offer["tag"], wake=offer["wake"])
@@ -456,7 +463,10 @@ class WeightImport:
 
     def _items(self, ws, state, base, where):
         """[(offset from the import's base, source storage, source address,
-        bytes)] sorted, every tensor checked first."""
+        bytes)] sorted, every tensor checked first.  A tensor of the weight
+        set's element type (met before: `_dtypes`) and shape, contiguous and
+        on this device, takes a few attribute reads; any other goes the long
+        way, which names what is wrong."""
         if not hasattr(state, "keys") or not hasattr(state, "__getitem__"):
             raise TypeError(f"{where}: state must be a mapping of names to tensors, got "
                             f"{type(state).__name__}")
@@ -465,38 +475,51 @@ class WeightImport:
             raise TypeError(f"{where}: a tensor's name must be a str")
         _check_names(where, ws, names)
         host = self.gpu.device_type == 1          # DLPack's kDLCPU: the host backend
+        device = self.gpu.device_id
+        tensor = getattr(sys.modules.get("torch"), "Tensor", None)
+        dtypes = self._dtypes
         items = []
         for name in names:
             p, v = ws[name], state[name]
-            at = f"{where}: tensor {name!r}"
-            kind = _array_kind(v)
-            if kind is None:
-                raise TypeError(f"{at} must be a torch tensor or a numpy array, got "
-                                f"{type(v).__name__}")
-            dtype, shape = _described(v, at)
-            if (dtype, shape) != (p.dtype, p.shape):
-                _mismatch(where, name, dtype, shape, p)
-            if kind == "torch":
-                if not v.is_contiguous():
-                    raise ValueError(f"{at} is not contiguous")
-                dev = v.device
-                if host != (dev.type == "cpu") or (not host and dev.index != self.gpu.device_id):
-                    raise ValueError(f"{at} is on {dev}, the engine's weights on "
-                                     f"{'the host' if host else f'cuda:{self.gpu.device_id}'}")
-                ptr, key = v.data_ptr(), v.untyped_storage().data_ptr()
+            if (not host and tensor is not None and isinstance(v, tensor)
+                    and dtypes.get(v.dtype) == p.dtype and v.shape == p.shape
+                    and v.is_cuda and v.get_device() == device and v.is_contiguous()):
+                ptr = v.data_ptr()          # its storage: where the tensor's offset starts
+                items.append((base + p.offset, ptr - v.storage_offset() * v.element_size(), ptr,
+                              p.nbytes))
             else:
-                if not host:
-                    raise ValueError(f"{at} is a numpy array: the engine's weights are on "
-                                     "the GPU (give a torch tensor on it)")
-                if not v.flags.c_contiguous:
-                    raise ValueError(f"{at} is not C-contiguous")
-                root = v
-                while getattr(root, "base", None) is not None:
-                    root = root.base
-                ptr, key = v.ctypes.data, id(root)
-            items.append((base + p.offset, key, ptr, p.nbytes))
+                items.append((base + p.offset, *self._item(where, name, p, v, host), p.nbytes))
         items.sort()
         return items
+
+    def _item(self, where, name, p, v, host):
+        """(source storage, source address) of one tensor, checked."""
+        at = f"{where}: tensor {name!r}"
+        kind = _array_kind(v)
+        if kind is None:
+            raise TypeError(f"{at} must be a torch tensor or a numpy array, got "
+                            f"{type(v).__name__}")
+        dtype, shape = _described(v, at)
+        if (dtype, shape) != (p.dtype, p.shape):
+            _mismatch(where, name, dtype, shape, p)
+        if kind == "numpy":
+            if not host:
+                raise ValueError(f"{at} is a numpy array: the engine's weights are on "
+                                 "the GPU (give a torch tensor on it)")
+            if not v.flags.c_contiguous:
+                raise ValueError(f"{at} is not C-contiguous")
+            root = v
+            while getattr(root, "base", None) is not None:
+                root = root.base
+            return id(root), v.ctypes.data
+        if not v.is_contiguous():
+            raise ValueError(f"{at} is not contiguous")
+        dev = v.device
+        if host != (dev.type == "cpu") or (not host and dev.index != self.gpu.device_id):
+            raise ValueError(f"{at} is on {dev}, the engine's weights on "
+                             f"{'the host' if host else f'cuda:{self.gpu.device_id}'}")
+        self._dtypes[v.dtype] = dtype       # checked: the short way takes it from now on
+        return v.untyped_storage().data_ptr(), v.data_ptr()
 
     def _map(self, chunks, span, fds):
         if self._chunks is not None and (chunks, span) == (self._chunks, self._span):
