@@ -46,6 +46,7 @@ from bench_weights import (FAILED, activation_arena, build_model, check, committ
 
 import metrale  # noqa: E402
 import metrale.torch as mt  # noqa: E402
+import metrale.refit as refit_module  # noqa: E402
 from metrale.refit import WeightExport, WeightImport  # noqa: E402
 from metrale.weights import weight_arena, weight_set  # noqa: E402
 
@@ -102,8 +103,8 @@ def trainer(path, params, offsets, nbytes, runs, cycles, conn):
 
             def __getattr__(self, name):
                 return getattr(self._slabs, name)
-        imp._offer, imp._items, imp._map = (timed("offer", imp._offer), timed("check", imp._items),
-                                            timed("map", imp._map))
+        imp._offer, imp._map = timed("offer", imp._offer), timed("map", imp._map)
+        refit_module.check_state = timed("check", refit_module.check_state)
         imp._take, imp._commit = timed("take", imp._take), timed("commit", imp._commit)
         imp._slabs = TimedSlabs(imp._slabs)
         refit_ms = []
@@ -115,7 +116,8 @@ def trainer(path, params, offsets, nbytes, runs, cycles, conn):
             stats = imp.sync(state, stream=stream)
             refit_ms.append((time.perf_counter() - t) * 1e3)
         out.update(refit_ms=refit_ms, copies=stats.copies,
-                   phases_ms={k: round(statistics.median(v[:runs]), 3) for k, v in phases.items()})
+                   phases_ms={k: round(statistics.median(v[:runs]), 3) for k, v in phases.items()
+                              if v})
         # anchors: one device-to-device copy of the same bytes; the same per-tensor copies
         src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
         dst = torch.empty(nbytes, dtype=torch.uint8, device="cuda")

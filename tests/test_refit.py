@@ -510,3 +510,57 @@ def test_the_table_travels_in_a_connections_first_offer_only(engine):
     assert _arena_bytes(arena, ws) == {n: a.tobytes() for n, a in _state(1).items()}
     assert before != _arena_bytes(arena, ws)
     imp.close()
+
+
+def test_remap_peer_copies_each_run_once_the_chunks_under_it_are_mapped():
+    """PeerSlabs.remap_peer with runs, the refit's path: chunks given out of
+    order are mapped by offset, and each run copied as soon as the chunks
+    under it are (a fault at the second chunk's import finds the first run
+    copied already), a run across two chunks among them; a bad run is
+    refused before anything is mapped; a fault unmaps everything."""
+    from metrale._sharing._peer_slabs import PeerSlabs
+    from metrale.testing import FaultyBackend
+    page = mmap.PAGESIZE
+    chunks = [(2 * page, page), (0, page), (page, page)]        # not by offset
+    src = (np.arange(3 * page) * 7 % 251).astype(np.uint8)
+    # in offset order: a run in chunk 0, one across chunks 0 and 1, one in chunk 2
+    runs = [(8, src.ctypes.data, 16), (page - 4, src.ctypes.data + 100, 12),
+            (2 * page + 1, src.ctypes.data + 300, page - 1)]
+    fds = [os.memfd_create("chunk") for _ in chunks]
+    by_offset = {o: fd for (o, _n), fd in zip(chunks, fds)}
+    try:
+        for fd in fds:
+            os.ftruncate(fd, page)
+        gpu = FaultyBackend()
+        slabs = PeerSlabs(gpu)
+        base = slabs.map_peer("w", 3 * page, [], [])
+        with pytest.raises(ValueError, match=r"runs\[1\].*not all mapped"):
+            slabs.remap_peer("w", chunks[1:], fds[1:], [(8, src.ctypes.data, 16),
+                                                        (page * 2 + 8, src.ctypes.data, 8)])
+        assert slabs.mapped() == (0, 0) and gpu.mapped_bytes == 0
+        assert slabs.copies_begun == 0
+        gpu.inject_fault("import", 2)
+        with pytest.raises(MetraleError, match="(?i)injected"):
+            slabs.remap_peer("w", chunks, fds, runs)
+        assert slabs.mapped() == (0, 0) and gpu.mapped_bytes == 0
+        assert slabs.copies_begun == 1
+        assert os.pread(by_offset[0], page, 0) == bytes(8) + src[:16].tobytes() + bytes(page - 24)
+        assert os.pread(by_offset[page], page, 0) == bytes(page)
+        gpu.inject_fault("copy", 2)     # run 1, after chunk 1
+        with pytest.raises(MetraleError, match="(?i)injected"):
+            slabs.remap_peer("w", chunks, fds, runs)
+        assert slabs.mapped() == (0, 0) and gpu.mapped_bytes == 0
+        assert slabs.copies_begun == 3
+        assert os.pread(by_offset[page], page, 0) == bytes(page)
+        assert slabs.remap_peer("w", chunks, fds, runs) == base
+        slabs.detach()
+        want = bytearray(3 * page)
+        for off, a, n in runs:
+            want[off:off + n] = src[a - src.ctypes.data:a - src.ctypes.data + n].tobytes()
+        got = b"".join(os.pread(by_offset[o], page, 0) for o in (0, page, 2 * page))
+        assert got == bytes(want)
+        assert slabs.copies_begun == 6
+        slabs.close()
+    finally:
+        for fd in fds:
+            os.close(fd)

@@ -11,6 +11,7 @@ import multiprocessing
 import numpy as np
 import pytest
 
+from metrale._integrations._refit_check import check_state
 from metrale.refit import WeightExport, WeightImport
 from metrale.weights import weight_arena, weight_set
 
@@ -137,3 +138,32 @@ def test_many_odd_runs_from_unaligned_sources_land_byte_for_byte(gpu, tmp_path):
             if p.is_alive():
                 p.kill()
         assert p.exitcode == 0
+
+
+def test_the_check_of_cuda_tensors_takes_the_short_way_only_when_all_agree(gpu):
+    """WeightImport's check (`check_state`, before anything is mapped):
+    tensors and parameters of the set's dtype, shape and device pass, met
+    before or not, giving their storages and addresses; a wrong dtype,
+    shape, device or layout is refused by name, also once a tensor of that
+    name passed."""
+    torch = pytest.importorskip("torch")
+    ws = weight_set(SHAPES)
+    dtypes = {}
+    good = _state(torch, 3)
+    good["norm"] = torch.nn.Parameter(good["norm"])
+    for _ in range(2):          # the first learns the dtypes, the second uses them
+        items = check_state(ws, good, 0, "sync", gpu, dtypes)
+        assert [i[0] for i in items] == [ws[n].offset for n in SHAPES]
+        assert [i[2] for i in items] == [good[n].data_ptr() for n in SHAPES]
+        assert [i[1] for i in items] == [good[n].untyped_storage().data_ptr() for n in SHAPES]
+        assert set(dtypes.values()) == {"bfloat16", "float32"}
+    view = torch.zeros(2000, 64, dtype=torch.bfloat16, device="cuda")[1000:]
+    assert check_state(ws, {**good, "embed": view}, 0, "sync", gpu, dtypes)[0][1:3] == \
+        (view.untyped_storage().data_ptr(), view.data_ptr())       # a view: its storage's start
+    wide = torch.zeros(64, 66, dtype=torch.bfloat16, device="cuda")
+    for bad, match in [({"proj": good["proj"].float()}, "'proj' is float32"),
+                       ({"head": good["head"].reshape(33, 64)}, "'head' is bfloat16 \\[33, 64\\]"),
+                       ({"head": wide[:, :33]}, "'head' is not contiguous"),
+                       ({"norm": good["norm"].detach().cpu()}, "'norm' is on cpu")]:
+        with pytest.raises(ValueError, match=match):
+            check_state(ws, {**good, **bad}, 0, "sync", gpu, dtypes)

@@ -21,14 +21,13 @@ memory, so a sleep gives it back.
 import contextlib
 import os
 import socket
-import sys
 import time
 
 from . import _refit_wire as wire
 from ._safetensors import _path_arg as _fspath_arg
 from ._weight_copies import runs_of
-from .weights import (LoadStats, WeightSet, _array_kind, _check_arena, _check_names,
-                      _described, _mismatch)
+from ._refit_check import check_state
+from .weights import LoadStats, WeightSet, _check_arena
 from .._backends._backend import Backend
 from .._base._common import seconds_arg, stream_handle
 from .._base.errors import MetraleError
@@ -287,6 +286,7 @@ class WeightImport:
         deadline = time.monotonic() + seconds_arg(timeout, f"{where}: timeout")
         self.gpu, self.path, self.ws, self.epoch = gpu, path, None, None
         self._offered = None
+        self._writing = False       # _take: a copy of this sync's may have begun
         self._dtypes = {}           # torch dtype -> the weight set's name for it, once met
         self._slabs, self._chunks, self._span, self._base = PeerSlabs(gpu), None, 0, 0
         self._conn = None
@@ -348,15 +348,11 @@ class WeightImport:
         deadline = time.monotonic() + seconds_arg(timeout, f"{where}: timeout")
         stream = stream_handle(stream)          # converted before anything is received
         offer, fds = self._offer(where, deadline)
-        written = False
         try:
-            ws, items = self._take(offer, fds, state, where)
-            runs = runs_of(items)
-            written = True
-            self._slabs.copy_in(_KEY, [(dst, src, n) for dst, _key, src, n in runs], stream)
+            ws, runs = self._take(offer, fds, state, where, stream)
             self._slabs.detach()            # waits for the device, then unmaps
         except BaseException as e:
-            self._abort(e, written)
+            self._abort(e, self._writing)
             raise
         self._commit(offer, sum(r[3] for r in runs), len(runs))
         return LoadStats(len(ws.params), sum(p.nbytes for p in ws.params), len(runs))
@@ -392,7 +388,7 @@ class WeightImport:
         offer, fds = self._offer(where, deadline)
         written = False
         try:
-            ws, _items = self._take(offer, fds)
+            ws, _runs = self._take(offer, fds)
             w = MappedWeights(ws, self._base + offer["offset"])
             written = True
             try:
@@ -419,17 +415,24 @@ class WeightImport:
             raise MetraleError(f"{where}: no offer from the engine ({type(e).__name__}: "
                                f"{e})") from e
 
-    def _take(self, offer, fds, state=None, where=None):
-        """The offer's weight set and, for a `state`, its items (checked, as
-        `_items` gives them; None without), then the engine's memory mapped;
-        the descriptors closed whatever happens."""
+    def _take(self, offer, fds, state=None, where=None, stream=None):
+        """The offer's weight set and, for a `state`, its runs (every tensor
+        checked first: `check_state`), copied on `stream` as the engine's
+        memory is mapped, chunk by chunk; without one (None), the memory
+        mapped.  The descriptors closed whatever happens; `_writing` says
+        whether a copy may have begun."""
+        self._writing = False
         try:
             ws = self._weight_set(offer)
-            items = None if state is None else self._items(ws, state, offer["offset"], where)
-            self._map([tuple(c) for c in offer["chunks"]], offer["span"], fds)
+            runs = None
+            if state is not None:
+                runs = runs_of(check_state(ws, state, offer["offset"], where, self.gpu,
+                                           self._dtypes))
+            self._map([tuple(c) for c in offer["chunks"]], offer["span"], fds,
+                      None if runs is None else [(d, s, n) for d, _k, s, n in runs], stream)
         finally:
             wire.close_all(fds)
-        return ws, items
+        return ws, runs
 
     def _abort(self, e, written):
         try:
@@ -461,75 +464,19 @@ class WeightImport:
         self.ws, self._offered = ws, key
         return ws
 
-    def _items(self, ws, state, base, where):
-        """[(offset from the import's base, source storage, source address,
-        bytes)] sorted, every tensor checked first.  A tensor of the weight
-        set's element type (met before: `_dtypes`) and shape, contiguous and
-        on this device, takes a few attribute reads; any other goes the long
-        way, which names what is wrong."""
-        if not hasattr(state, "keys") or not hasattr(state, "__getitem__"):
-            raise TypeError(f"{where}: state must be a mapping of names to tensors, got "
-                            f"{type(state).__name__}")
-        names = list(state.keys())
-        if not all(isinstance(n, str) for n in names):
-            raise TypeError(f"{where}: a tensor's name must be a str")
-        _check_names(where, ws, names)
-        host = self.gpu.device_type == 1          # DLPack's kDLCPU: the host backend
-        device = self.gpu.device_id
-        tensor = getattr(sys.modules.get("torch"), "Tensor", None)
-        dtypes = self._dtypes
-        items = []
-        for name in names:
-            p, v = ws[name], state[name]
-            if (not host and tensor is not None and isinstance(v, tensor)
-                    and dtypes.get(v.dtype) == p.dtype and v.shape == p.shape
-                    and v.is_cuda and v.get_device() == device and v.is_contiguous()):
-                ptr = v.data_ptr()          # its storage: where the tensor's offset starts
-                items.append((base + p.offset, ptr - v.storage_offset() * v.element_size(), ptr,
-                              p.nbytes))
-            else:
-                items.append((base + p.offset, *self._item(where, name, p, v, host), p.nbytes))
-        items.sort()
-        return items
-
-    def _item(self, where, name, p, v, host):
-        """(source storage, source address) of one tensor, checked."""
-        at = f"{where}: tensor {name!r}"
-        kind = _array_kind(v)
-        if kind is None:
-            raise TypeError(f"{at} must be a torch tensor or a numpy array, got "
-                            f"{type(v).__name__}")
-        dtype, shape = _described(v, at)
-        if (dtype, shape) != (p.dtype, p.shape):
-            _mismatch(where, name, dtype, shape, p)
-        if kind == "numpy":
-            if not host:
-                raise ValueError(f"{at} is a numpy array: the engine's weights are on "
-                                 "the GPU (give a torch tensor on it)")
-            if not v.flags.c_contiguous:
-                raise ValueError(f"{at} is not C-contiguous")
-            root = v
-            while getattr(root, "base", None) is not None:
-                root = root.base
-            return id(root), v.ctypes.data
-        if not v.is_contiguous():
-            raise ValueError(f"{at} is not contiguous")
-        dev = v.device
-        if host != (dev.type == "cpu") or (not host and dev.index != self.gpu.device_id):
-            raise ValueError(f"{at} is on {dev}, the engine's weights on "
-                             f"{'the host' if host else f'cuda:{self.gpu.device_id}'}")
-        self._dtypes[v.dtype] = dtype       # checked: the short way takes it from now on
-        return v.untyped_storage().data_ptr(), v.data_ptr()
-
-    def _map(self, chunks, span, fds):
-        if self._chunks is not None and (chunks, span) == (self._chunks, self._span):
-            self._slabs.remap_peer(_KEY, chunks, fds)       # the same addresses as before
-            return
-        if self._chunks is not None:        # the engine's memory was cut otherwise: anew
-            self._slabs.close()
+    def _map(self, chunks, span, fds, runs=None, stream=None):
+        if self._chunks is not None and (chunks, span) != (self._chunks, self._span):
+            self._slabs.close()             # the engine's memory was cut otherwise: anew
             self._slabs, self._chunks = PeerSlabs(self.gpu), None
-        self._base = self._slabs.map_peer(_KEY, span, chunks, fds)
-        self._chunks, self._span = chunks, span
+        if self._chunks is None:            # the reservation, kept from then on
+            self._base = self._slabs.map_peer(_KEY, span, [], [])
+            self._chunks, self._span = chunks, span
+        # the same addresses at every sync; the runs copied as their chunks come
+        begun = self._slabs.copies_begun
+        try:
+            self._slabs.remap_peer(_KEY, chunks, fds, runs, stream)
+        finally:
+            self._writing = self._slabs.copies_begun != begun
 
     def close(self):
         """Unmap everything and close the connection (idempotent)."""

@@ -13,6 +13,7 @@ cdef class PeerSlabs:
     # reservation freed, so a failed close can be retried.
     cdef dict _slabs
     cdef list _orphans            # [(handle, bytes)] unmapped, whose release failed: retried
+    cdef readonly Py_ssize_t copies_begun     # copy calls made (counted before each)
 
     cdef int _import(self, str what, list entry, list chunks, list fds) except -1
     cdef int _unmap_rank(self, rank) except -1

@@ -74,6 +74,12 @@ The peers' slabs mapped into this process, each in its own reservation.
     ----------
     gpu : Backend
         The backend that maps the peers' slabs (the arena's).
+
+    Attributes
+    ----------
+    copies_begun : int
+        Calls of `copy_in`, and batches of `remap_peer`'s copies, begun
+        (counted before each: one that failed may have written some bytes).
     """
     def __init__(self, Backend gpu):
         self._gpu = gpu
@@ -168,9 +174,13 @@ The peers' slabs mapped into this process, each in its own reservation.
             raise
         return alloc, h
 
-    def remap_peer(self, key, list chunks, list fds):
+    def remap_peer(self, key, list chunks, list fds, list runs=None, stream=None):
         """Import each descriptor and map it at its chunk of `key`'s
-        reservation, which `detach` kept: the same addresses as before.
+        reservation, which `detach` kept: the same addresses as before; with
+        `runs`, copy each one in as soon as the chunks under it are mapped.
+
+        The chunks are mapped by offset, so the device copies what the first
+        ones hold while the next ones are being mapped.
 
         Parameters
         ----------
@@ -180,12 +190,30 @@ The peers' slabs mapped into this process, each in its own reservation.
             (offset, length) of each chunk: those `map_peer` mapped.
         fds : list of int
             One descriptor per chunk; not closed here.
+        runs : list of (int, int, int), optional
+            As `copy_in` takes them, every one checked against `chunks`
+            before the first is mapped.
+        stream : stream, optional
+            The copies' stream, as `copy_in` takes it.
 
         Returns
         -------
         int
             The base address (unchanged).
+
+        Raises
+        ------
+        TypeError, ValueError
+            A bad run (nothing mapped).
+        MetraleError
+            A chunk's import or map, or a copy, failed: the device waited
+            for, everything unmapped again (what was copied stays copied).
         """
+        cdef uintptr_t s = as_stream(stream)       # converted before anything is read
+        cdef mt_copy_run *checked = NULL
+        cdef Py_ssize_t k = 0, j = 0, m
+        cdef uintptr_t hi
+        cdef bint copied = False
         entry = self._slabs.get(key)
         if entry is None:
             raise ValueError(f"{key!r} was never mapped")
@@ -193,11 +221,36 @@ The peers' slabs mapped into this process, each in its own reservation.
             raise ValueError(f"{key!r} is mapped already")
         if len(chunks) != len(fds):
             raise ValueError(f"{len(chunks)} chunks but {len(fds)} descriptors")
+        order = sorted(range(len(chunks)), key=lambda i: chunks[i][0])
+        if runs is not None:
+            checked = <mt_copy_run *>malloc(max(len(runs), 1) * sizeof(mt_copy_run))
+            if checked == NULL:
+                raise MemoryError(f"remap_peer: a table of {len(runs)} runs")
         try:
-            self._import(repr(key), entry, chunks, fds)
+            if runs is not None:
+                self._check_runs(key, entry[0], [(o, n, 0) for o, n in chunks], runs, checked, &k)
+            for i in order:
+                self._import(repr(key), entry, [chunks[i]], [fds[i]])
+                # every run that ends in what is mapped by now: the chunks go
+                # by offset, and no run lies outside them
+                hi = <uintptr_t>entry[0] + <uintptr_t>(chunks[i][0] + chunks[i][1])
+                m = j
+                while m < k and checked[m].dst + checked[m].length <= hi:
+                    m += 1
+                if m > j:
+                    copied = True
+                    self.copies_begun += 1
+                    self._gpu.copy_runs(checked + j, m - j, s)
+                    j = m
         except BaseException:
-            unmap_chunks(self._gpu, entry[0], entry[3], entry[3], self._orphans)
+            try:
+                if copied:
+                    self._gpu.quiesce()     # no copy may still write what is unmapped
+            finally:
+                unmap_chunks(self._gpu, entry[0], entry[3], entry[3], self._orphans)
             raise
+        finally:
+            free(checked)
         return entry[0]
 
     def detach(self):
@@ -259,6 +312,7 @@ The peers' slabs mapped into this process, each in its own reservation.
             raise MemoryError(f"copy_in: a table of {m} runs")
         try:
             self._check_runs(key, base, entry[3], runs, checked, &k)
+            self.copies_begun += 1
             self._gpu.copy_runs(checked, k, s)
         finally:
             free(checked)
