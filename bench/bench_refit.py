@@ -9,9 +9,10 @@ the new weights as its own tensors, made on the device from a seed, so that
 the engine can make the same bytes for its oracle.  Each figure with its
 anchors measured in the same run:
 
-- the refit (`WeightImport.sync`: the offer, the descriptors mapped, one copy
-  per tensor, the device waited for, unmapped, committed), median of --runs,
-  against one device-to-device copy of the same bytes in the trainer (CUDA
+- the refit (`WeightImport.sync`: the offer, the tensors checked, the
+  descriptors mapped chunk by chunk, the copies launched as their chunks come
+  (kernels/copy_runs.cu), the device waited for, unmapped, committed) and the
+  median of each of its phases, median of --runs, against one device-to-device copy of the same bytes in the trainer (CUDA
   events), the same per-tensor copies into the trainer's own memory, torch IPC
   per parameter (`reduce_tensor` of each, rebuilt and copied in by the engine;
   the first sync of new storages and the later ones), and one flat bucket
@@ -22,7 +23,9 @@ anchors measured in the same run:
 - an RL loop of --cycles (generate, sleep deep, the trainer writes its next
   weights, wake, refit, generate): each cycle's logits against the fresh model
   of that cycle's weights, device memory asleep (NVML by pid) against the
-  context, and host RSS, across the cycles.
+  context, and host RSS, across the cycles; and each cycle's refit, timed as
+  above, the weights now in the pieces that the offloading sleep cut (the
+  first after the cut maps a new reservation: left out of the median).
 
     python bench/bench_refit.py [--config tests/data/hf/qwen3-8b.json] [--runs 5] [--cycles 20]
 
@@ -154,15 +157,23 @@ def trainer(path, params, offsets, nbytes, runs, cycles, conn):
         views = dst = None
         torch.cuda.empty_cache()
         conn.send(("anchors", out))
-        # the RL loop: write the next weights while the engine sleeps, refit after its wake
+        # the RL loop: write the next weights while the engine sleeps, refit after its
+        # wake (its weights in the pieces the offloading sleep cut), timed as above
+        rl_ms = []
         for c in range(cycles):
             assert conn.recv() == ("asleep", c)
             make_state(params, 2000 + c, out=state)        # the trainer's step
             torch.cuda.synchronize()
             conn.send(("written", c))
+            assert conn.recv() == ("offered", c)
+            time.sleep(0.05)
+            torch.cuda.synchronize()
+            t = time.perf_counter()
             imp.sync(state, stream=stream)
+            rl_ms.append((time.perf_counter() - t) * 1e3)
+        chunks = len(imp._chunks)
         imp.close()
-        conn.send(("done", None))
+        conn.send(("done", {"rl_refit_ms": rl_ms, "rl_chunks": chunks}))
     except BaseException as e:
         import traceback
         conn.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
@@ -327,11 +338,15 @@ def main(argv=None):
                 raise RuntimeError(msg[1])
             wa.wake()
             aa.wake()
+            here.send(("offered", c))
             ex.sync(timeout=600)
             ok.append(torch.equal(generate(), oracle(2000 + c)))
         msg = here.recv()
         if msg[0] == "error":
             raise RuntimeError(msg[1])
+        rl = msg[1]["rl_refit_ms"]
+        row(rl_refit_ms=[round(x, 2) for x in rl], rl_chunks=msg[1]["rl_chunks"],
+            rl_refit_over_d2d=round(statistics.median(rl[1:] or rl) / med["d2d_ms"], 3))
         row(cycles=args.cycles, cycles_equal=sum(ok), asleep_mib=[mib(x) for x in mems],
             above_context_mib=[mib(x - context) for x in mems], rss_mib=[mib(x) for x in rsss],
             arenas_asleep_mib=[mib(x) for x in held])
