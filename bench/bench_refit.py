@@ -87,7 +87,7 @@ def trainer(path, params, offsets, nbytes, runs, cycles, conn):
         stream = side.cuda_stream
         out = {}
         # the refit, timed from here (the engine's offer already waiting), and its phases
-        phases = {k: [] for k in ("offer", "take", "check", "map", "enqueue", "wait_unmap",
+        phases = {k: [] for k in ("offer", "take", "check", "map", "map_launch", "wait_unmap",
                                   "commit")}
 
         def timed(name, fn):
@@ -99,9 +99,10 @@ def trainer(path, params, offsets, nbytes, runs, cycles, conn):
                     phases[name].append((time.perf_counter() - t) * 1e3)
             return run
 
-        class TimedSlabs:           # the copies' enqueue; the wait for them and the unmap
+        class TimedSlabs:           # the map and the copies' launches; the wait and the unmap
             def __init__(self, slabs):
-                self.copy_in, self.detach = timed("enqueue", slabs.copy_in), timed("wait_unmap", slabs.detach)
+                self.remap_peer = timed("map_launch", slabs.remap_peer)
+                self.detach = timed("wait_unmap", slabs.detach)
                 self._slabs = slabs
 
             def __getattr__(self, name):

@@ -370,35 +370,42 @@ def test_an_engine_fault_sends_nothing_and_lets_the_arena_go(tmp_path):
         imp.close()
 
 
-def test_copy_in_checks_every_run_before_the_first_copy():
-    """PeerSlabs.copy_in, the refit's copies: a run that leaves the mapped
+def test_remap_peer_checks_every_run_before_the_first_chunk_is_mapped():
+    """PeerSlabs.remap_peer's runs, the refit's copies: a run that leaves the
     chunks (here into the hole between two), or overlaps the one before it, is
-    refused, naming it, and the runs before it are not copied either."""
+    refused, naming it, before anything is mapped or copied."""
     from metrale._sharing._peer_slabs import PeerSlabs
     page = mmap.PAGESIZE
     fds = [os.memfd_create("chunk") for _ in range(2)]
+    chunks = [(0, page), (2 * page, page)]
     src = np.arange(page, dtype=np.uint8)
-    slabs = PeerSlabs(HostBackend())
+    gpu = HostBackend()
+    slabs = PeerSlabs(gpu)
     try:
         for fd in fds:
             os.ftruncate(fd, page)
-        slabs.map_peer("w", 3 * page, [(0, page), (2 * page, page)], fds)
-        with pytest.raises(ValueError, match=r"runs\[1\].*not all mapped"):
-            slabs.copy_in("w", [(0, src.ctypes.data, page), (page, src.ctypes.data, 8)])
-        with pytest.raises(ValueError, match=r"runs\[1\].*not all mapped"):
-            slabs.copy_in("w", [(2 * page, src.ctypes.data, 8),
-                                (2 * page + 8, src.ctypes.data, page)])
-        with pytest.raises(TypeError, match=r"runs\[1\] must hold three ints"):
-            slabs.copy_in("w", [(0, src.ctypes.data, 16), (16, src.ctypes.data, 8.0)])
-        with pytest.raises(ValueError, match=r"runs\[0\] holds a negative"):
-            slabs.copy_in("w", [(-8, src.ctypes.data, 16)])
-        with pytest.raises(ValueError, match=r"runs\[0\] holds a number of more than 64"):
-            slabs.copy_in("w", [(0, src.ctypes.data, 2**64)])
-        with pytest.raises(ValueError, match=r"runs\[1\] starts at 8, before the end"):
-            slabs.copy_in("w", [(0, src.ctypes.data, 16), (8, src.ctypes.data, 16)])
+        slabs.map_peer("w", 3 * page, [], [])
+        for runs, error, match in [
+                ([(0, src.ctypes.data, page), (page, src.ctypes.data, 8)], ValueError,
+                 r"runs\[1\].*not all mapped"),
+                ([(2 * page, src.ctypes.data, 8), (2 * page + 8, src.ctypes.data, page)],
+                 ValueError, r"runs\[1\].*not all mapped"),
+                ([(0, src.ctypes.data, 16), (16, src.ctypes.data, 8.0)], TypeError,
+                 r"runs\[1\] must hold three ints"),
+                ([(0, src.ctypes.data, 16), [16, src.ctypes.data, 8]], ValueError,
+                 r"runs\[1\] must be an \(offset, src, nbytes\) tuple"),
+                ([(-8, src.ctypes.data, 16)], ValueError, r"runs\[0\] holds a negative"),
+                ([(0, src.ctypes.data, 2**64)], ValueError,
+                 r"runs\[0\] holds a number of more than 64"),
+                ([(0, src.ctypes.data, 16), (8, src.ctypes.data, 16)], ValueError,
+                 r"runs\[1\] starts at 8, before the end")]:
+            with pytest.raises(error, match=match):
+                slabs.remap_peer("w", chunks, fds, runs)
+            assert slabs.mapped() == (0, 0) and gpu.mapped_bytes == 0
         assert os.pread(fds[0], page, 0) == bytes(page)
         assert os.pread(fds[1], page, 0) == bytes(page)
-        slabs.copy_in("w", [(8, src.ctypes.data, 16), (2 * page, src.ctypes.data + 16, 32)])
+        slabs.remap_peer("w", chunks, fds, [(8, src.ctypes.data, 16),
+                                            (2 * page, src.ctypes.data + 16, 32)])
         slabs.detach()
         assert os.pread(fds[0], 24, 0) == bytes(8) + src[:16].tobytes()
         assert os.pread(fds[1], 32, 0) == src[16:48].tobytes()
@@ -406,110 +413,6 @@ def test_copy_in_checks_every_run_before_the_first_copy():
         slabs.close()
         for fd in fds:
             os.close(fd)
-
-
-def test_the_trainers_own_kernel_writes_through_mapped(engine):
-    """WeightImport.mapped: the trainer writes the engine's weights itself
-    (here memmove, a kernel on the GPU) at `ptr(name)`; the block's end
-    commits (one epoch more), a raise in it aborts with the weights counted
-    as maybe written, and a pointer asked for after it is refused."""
-    import ctypes
-    arena, ws, ex = engine
-    imp = WeightImport(ex.path, HostBackend())
-    state = _state(5)
-    epoch0 = arena.guard("weights").epochs["weights"]
-    for cycle in range(2):          # a sleep between: the chunks change
-        t, out = _in_thread(lambda: ex.sync(timeout=30))
-        with imp.mapped(timeout=30) as w:
-            assert w.ws == ws and w.ptr() == w.ptr("embed")
-            for name, a in state.items():
-                ctypes.memmove(w.ptr(name), a.ctypes.data, a.nbytes)
-        t.join()
-        assert out["value"] == epoch0 + 2 * cycle + 1 == imp.epoch + 1
-        got = _arena_bytes(arena, ws)
-        assert all(got[n] == a.tobytes() for n, a in state.items())
-        arena.sleep()
-        arena.wake()
-    with pytest.raises(MetraleError, match="the refit is over"):
-        w.ptr("embed")
-    with pytest.raises(KeyError, match="no parameter 'nope'"):
-        t, out = _in_thread(lambda: ex.sync(timeout=30))
-        try:
-            with imp.mapped(timeout=30) as w:
-                ctypes.memmove(w.ptr("norm"), bytes(32), 32)
-                w.ptr("nope")
-        finally:
-            t.join()
-    assert isinstance(out["error"], MetraleError)
-    assert "aborted" in str(out["error"]) and "may be partly written" in str(out["error"])
-    assert _arena_bytes(arena, ws)["norm"] == bytes(32)     # written before the raise
-    assert arena.guard("weights").epochs["weights"] == epoch0 + 5
-    assert arena.memory_stats()["imported_handles"] == 0 and not arena.pins()
-    arena.sleep()                   # the arena let go: it sleeps and wakes
-    arena.wake()
-    imp.close()
-
-
-@pytest.mark.parametrize("op", ["import", "map"])
-def test_a_fault_before_mapped_yields_tells_nothing_was_written(engine, op):
-    from metrale.testing import FaultyBackend
-    arena, ws, ex = engine
-    before = _arena_bytes(arena, ws)
-    epoch = arena.guard("weights").epochs["weights"]
-    gpu = FaultyBackend()
-    imp = WeightImport(ex.path, gpu)
-    gpu.inject_fault(op, 1)
-    t, out = _in_thread(lambda: ex.sync(timeout=30))
-    with pytest.raises(MetraleError, match="(?i)injected"):
-        with imp.mapped(timeout=30):
-            pytest.fail("the block ran without the engine's memory")
-    t.join()
-    assert "nothing was written" in str(out["error"])
-    assert arena.guard("weights").epochs["weights"] == epoch
-    assert _arena_bytes(arena, ws) == before and gpu.mapped_bytes == 0
-    imp.close()
-
-
-def test_the_table_travels_in_a_connections_first_offer_only(engine):
-    """The weight set's table (hundreds of entries for a model) goes once per
-    connection: the later offers name none, and a trainer that never got one
-    refuses such an offer (nothing mapped, nothing written); a new connection
-    gets it again."""
-    import socket
-    import time
-    from metrale._integrations import _refit_wire as wire
-    arena, ws, ex = engine
-    before = _arena_bytes(arena, ws)
-    tables = []
-    for _connection in range(2):        # an abort drops the connection: each its first offer
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.connect(ex.path)
-        t, out = _in_thread(lambda: ex.sync(timeout=30))
-        deadline = time.monotonic() + 30
-        offer = wire.recv(s, deadline)
-        wire.close_all(wire.recv_fds(s, len(offer["chunks"]), deadline))
-        tables.append(offer["params"])
-        wire.send(s, {"kind": "abort", "error": "test", "written": False})
-        t.join()
-        s.close()
-        assert "nothing was written" in str(out["error"])
-    assert tables[0] == tables[1] == [[p.name, p.dtype, list(p.shape)] for p in ws]
-    # one connection, two offers: the second names no table
-    imp = WeightImport(ex.path, HostBackend())
-    for cycle in range(2):
-        t, out = _in_thread(lambda: ex.sync(timeout=30))
-        imp.sync(_state(cycle))
-        t.join()
-    assert _arena_bytes(arena, ws) == {n: a.tobytes() for n, a in _state(1).items()}
-    imp.ws = imp._offered = None        # as if its first offer never came
-    t, out = _in_thread(lambda: ex.sync(timeout=30))
-    with pytest.raises(MetraleError, match="names no weight set"):
-        imp.sync(_state(2))
-    t.join()
-    assert "nothing was written" in str(out["error"])
-    assert _arena_bytes(arena, ws) == {n: a.tobytes() for n, a in _state(1).items()}
-    assert before != _arena_bytes(arena, ws)
-    imp.close()
 
 
 def test_remap_peer_copies_each_run_once_the_chunks_under_it_are_mapped():

@@ -78,7 +78,7 @@ The peers' slabs mapped into this process, each in its own reservation.
     Attributes
     ----------
     copies_begun : int
-        Calls of `copy_in`, and batches of `remap_peer`'s copies, begun
+        Batches of `remap_peer`'s copies begun
         (counted before each: one that failed may have written some bytes).
     """
     def __init__(self, Backend gpu):
@@ -191,10 +191,15 @@ The peers' slabs mapped into this process, each in its own reservation.
         fds : list of int
             One descriptor per chunk; not closed here.
         runs : list of (int, int, int), optional
-            As `copy_in` takes them, every one checked against `chunks`
-            before the first is mapped.
+            ``(offset, src, nbytes)`` by offset, none overlapping another,
+            each checked before the first chunk is mapped: `offset` from
+            the entry's base, where ``[offset, offset + nbytes)`` must lie
+            in `chunks`; `src` the source's address (device memory, or host
+            memory the device reads: the caller vouches for its `nbytes`).
+            Not waited for: `detach` and `close` wait for the device.
         stream : stream, optional
-            The copies' stream, as `copy_in` takes it.
+            The copies' stream, as the arena's methods take it (None: the
+            legacy default stream).
 
         Returns
         -------
@@ -276,70 +281,29 @@ The peers' slabs mapped into this process, each in its own reservation.
             raise first
         return None
 
-    def copy_in(self, key, list runs, stream=None):
-        """Copy each run from this process's memory into `key`'s mapped
-        memory, on `stream` (not waited for: `detach` and `close` wait for the
-        device).  Every run is checked before the first copy is made.
-
-        Parameters
-        ----------
-        key : int or tuple
-            The entry, as `map_peer` made it.
-        runs : list of (int, int, int)
-            ``(offset, src, nbytes)`` by offset, none overlapping another:
-            `offset` from the entry's base, where
-            ``[offset, offset + nbytes)`` must lie in its mapped chunks; `src`
-            the source's address (device memory, or host memory the device
-            reads: the caller vouches for its `nbytes`).
-        stream : stream, optional
-            As the arena's methods take it (None: the legacy default stream).
-
-        Raises
-        ------
-        TypeError, ValueError
-            `key` is not mapped, or a run is not three ints, overlaps the one
-            before it or is not all mapped (nothing copied).
-        """
-        cdef uintptr_t s = as_stream(stream)       # converted before anything is read
-        cdef size_t m = len(runs)
-        entry = self._slabs.get(key)
-        if entry is None or not entry[3]:
-            raise ValueError(f"copy_in: {key!r} is not mapped")
-        cdef uintptr_t base = entry[0]
-        cdef mt_copy_run *checked = <mt_copy_run *>malloc(max(m, 1) * sizeof(mt_copy_run))
-        cdef Py_ssize_t k = 0
-        if checked == NULL:
-            raise MemoryError(f"copy_in: a table of {m} runs")
-        try:
-            self._check_runs(key, base, entry[3], runs, checked, &k)
-            self.copies_begun += 1
-            self._gpu.copy_runs(checked, k, s)
-        finally:
-            free(checked)
-        return None
-
     cdef int _check_runs(self, key, uintptr_t base, list chunks, list runs, mt_copy_run *checked,
                          Py_ssize_t *k) except -1:
-        """copy_in's runs, each checked, into `checked` (its *k entries
-        those of a byte or more)."""
+        """remap_peer's runs, each checked against `chunks` ((offset, length,
+        handle) of `key`'s), into `checked` (its *k entries those of a byte
+        or more)."""
         cdef size_t i, m = len(runs), at, off, n, end = 0
         mapped = sorted((o, c) for o, c, _h in chunks)
         for i in range(m):
             run = runs[i]
             if type(run) is not tuple or len(run) != 3:
-                raise ValueError(f"copy_in: runs[{i}] must be an (offset, src, nbytes) tuple")
+                raise ValueError(f"remap_peer: runs[{i}] must be an (offset, src, nbytes) tuple")
             o, src, nb = run
             if type(o) is not int or type(src) is not int or type(nb) is not int:
-                raise TypeError(f"copy_in: runs[{i}] must hold three ints")
+                raise TypeError(f"remap_peer: runs[{i}] must hold three ints")
             if o < 0 or src < 0 or nb < 0:
-                raise ValueError(f"copy_in: runs[{i}] holds a negative number")
+                raise ValueError(f"remap_peer: runs[{i}] holds a negative number")
             if o > _U64_MAX or src > _U64_MAX or nb > _U64_MAX:
-                raise ValueError(f"copy_in: runs[{i}] holds a number of more than 64 bits")
+                raise ValueError(f"remap_peer: runs[{i}] holds a number of more than 64 bits")
             off, n = o, nb
             if off + n < off:
-                raise ValueError(f"copy_in: runs[{i}]: offset + nbytes overflows")
+                raise ValueError(f"remap_peer: runs[{i}]: offset + nbytes overflows")
             if off < end:       # two runs over the same bytes: the caller's error
-                raise ValueError(f"copy_in: runs[{i}] starts at {off}, before the end of the "
+                raise ValueError(f"remap_peer: runs[{i}] starts at {off}, before the end of the "
                                  f"run before it ({end}): runs go by offset, none overlapping")
             end = off + n
             at = off
@@ -349,7 +313,7 @@ The peers' slabs mapped into this process, each in its own reservation.
                     if at >= off + n:
                         break
             if n and at < off + n:
-                raise ValueError(f"copy_in: runs[{i}]: [{off}, +{n}) of {key!r} is not all "
+                raise ValueError(f"remap_peer: runs[{i}]: [{off}, +{n}) of {key!r} is not all "
                                  "mapped")
             if n:
                 checked[k[0]].dst = base + off
