@@ -5,10 +5,12 @@ arena; each `sync` lends the weights' memory to the trainer for one refit: the
 arena held (``BufferArena.export_memory``), its physical chunks sent as file
 descriptors, then the trainer's commit awaited, which ends the hold and counts
 one more in the weights' epoch.  The trainer's side, `WeightImport`, needs no
-arena: it maps the descriptors in a reservation of its own (the same addresses
-at every sync), checks its tensors against the weight set (every name, element
-type and shape, before a byte moves), copies each run of them that lies back
-to back in one source and in the arena, waits for the device, unmaps, and
+arena: it checks its tensors against the weight set (every name, element
+type and shape, before a byte moves), maps the descriptors in a reservation of
+its own (the same addresses at every sync) by offset, copying each run of
+tensors that lies back to back in one source and in the arena as soon as the
+chunks under it are mapped (`PeerSlabs.remap_peer`; on CUDA many runs a
+kernel launch, kernels/copy_runs.cu), waits for the device, unmaps, and
 commits.  No IPC handle per tensor, one descriptor per physical chunk.
 
 A stream socket carries length-prefixed JSON frames, the descriptors after
@@ -314,10 +316,11 @@ class WeightImport:
         Waits for the engine's offer (its `WeightExport.sync`), checks `state`
         against the weight set (every name, element type and shape: a missing,
         extra or mismatched tensor is refused, naming it, before anything is
-        mapped or written), maps the engine's memory (the same addresses at
-        every sync), copies each run of tensors that lie back to back both in
-        one source storage and in the arena, waits for the device, unmaps,
-        and commits.
+        mapped or written), maps the engine's memory chunk by chunk (the same
+        addresses at every sync), copying each run of tensors that lie back to
+        back both in one source storage and in the arena as soon as the chunks
+        under it are mapped (on CUDA up to 128 runs a kernel launch), waits for
+        the device, unmaps, and commits.
 
         Parameters
         ----------
@@ -341,8 +344,9 @@ class WeightImport:
             `state` is not the weight set's (named): the engine is told the
             refit aborted; nothing was written.
         MetraleError
-            The engine went away, or a copy or the unmap failed (the engine
-            is told; the weights may be partly written).
+            The engine went away, or a map, a copy or the unmap failed (the
+            engine is told, and whether a copy had begun: the weights may be
+            partly written).
         """
         where = "WeightImport.sync"
         deadline = time.monotonic() + seconds_arg(timeout, f"{where}: timeout")
