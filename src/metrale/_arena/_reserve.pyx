@@ -16,6 +16,7 @@ from libc.string cimport memset
 
 from metrale._arena._arena_state cimport ArenaState, sleeping
 from metrale._arena._fresh cimport init_fresh
+from metrale._arena._offload cimport Offload
 from metrale._backends._backend cimport Backend
 from metrale._base._common cimport index_arg, limit_arg, limit_tuple, logger, u64_arg
 from metrale._base._core cimport (
@@ -70,6 +71,11 @@ cdef int build(ArenaState a, object sizes, object top_sizes, bint shareable) exc
     r.classify(&a._layout, cls, names)
     a._reservation = r
     a._sleep_state = sleep_state_new(be, a._layout.n, a._layout.slab_bytes, cls)
+    if any(a._buffers[n].wake == "offload" for n in names):
+        # Mapped in the pieces its offloading sleep moves (what its first sleep
+        # sets for the wakes after it): the first sleep pipelines as the later
+        # ones, and an export's chunks are mapped while the first ones copy.
+        r.piece = (<Offload>a._sleep_state.offloads[0]).piece
     a._set_bytes(values)
     if a._layout.slab_bytes:
         try:

@@ -17,7 +17,6 @@ from cuda.bindings cimport cydriver
 from metrale._backends cimport _kernels
 from metrale._backends cimport _vmm
 from metrale._base._core cimport mt_copy_run, mt_pool_ops, mt_range, mt_rows_args
-from metrale._backends._backend cimport Backend
 from metrale._backends._cuda_device cimport CudaDevice
 from metrale._base._debug_core cimport MT_DBG_FILL, mt_debug_args, mt_debug_result
 from metrale._base._peer_core cimport MT_RED_BLOCKS, mt_reduce_args
@@ -310,19 +309,19 @@ An NVIDIA GPU through the CUDA driver.
         cdef Py_ssize_t i, m = 0
         cdef bint capturing = False
         cdef int launches = 0
-        if n < 2:
-            return Backend.copy_runs(self, runs, n, stream)
-        if self._copy.mod == NULL:
+        cdef bint kernel = n >= 2
+        if kernel and self._copy.mod == NULL:
             with nogil:
                 self._current()
                 capturing = self._capturing(s)
             if capturing:
-                return Backend.copy_runs(self, runs, n, stream)
-            with self._debug_lock:
-                with nogil:
-                    self._current()
-                _kernels.copy_load(&self._copy)
-        ok = <mt_copy_run *>malloc(<size_t>n * sizeof(mt_copy_run))
+                kernel = False
+            else:
+                with self._debug_lock:
+                    with nogil:
+                        self._current()
+                    _kernels.copy_load(&self._copy)
+        ok = <mt_copy_run *>malloc(<size_t>n * sizeof(mt_copy_run) if kernel else 1)
         if ok == NULL:
             raise MemoryError(f"copy_runs: a table of {n} runs")
         try:
@@ -331,7 +330,7 @@ An NVIDIA GPU through the CUDA driver.
                 for i in range(n):
                     if runs[i].length == 0:
                         continue
-                    if (runs[i].dst | runs[i].src) & 15 == 0:
+                    if kernel and (runs[i].dst | runs[i].src) & 15 == 0:
                         ok[m] = runs[i]
                         m += 1
                     else:
