@@ -330,6 +330,7 @@ def main(argv=None):
             wa.sleep()
             aa.sleep()
             torch.cuda.empty_cache()
+            gpu.trim_stack()        # the stack a kernel grew, back to the context's own
             mems.append(nvml_used())
             rsss.append(rss())
             held.append(committed(wa, aa))
@@ -367,7 +368,7 @@ def main(argv=None):
     del model, by_name
     gc.collect()
     wa.release()
-    end = floor()
+    end = floor(gpu)
     row(floor_mib=mib(end), floor_above_context_mib=mib(end - context),
         asleep_above_floor_mib=mib(max(mems) - end))
     check(max(mems) - end <= 64 << 20, "asleep: at most 64 MiB above the floor (the context "

@@ -69,7 +69,7 @@ def rss():
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def floor():
+def floor(gpu):
     """The process's device memory once every buffer is given back: the CUDA
     context with the code of every kernel the run loaded (lazy loading), which
     no allocator holds and none can give back."""
@@ -77,7 +77,18 @@ def floor():
     torch.cuda.synchronize()
     torch._C._cuda_clearCublasWorkspaces()
     torch.cuda.empty_cache()
+    gpu.trim_stack()
     return nvml_used()
+
+
+def stack_limit():
+    """The context's per-thread stack (CU_LIMIT_STACK_SIZE), read through
+    cuda.bindings: the driver grows it for a kernel that needs more and keeps
+    it, and the local memory behind it scales with every resident thread."""
+    from cuda.bindings import driver
+    err, v = driver.cuCtxGetLimit(driver.CUlimit.CU_LIMIT_STACK_SIZE)
+    check(err == driver.CUresult.CUDA_SUCCESS, f"cuCtxGetLimit: {err}")
+    return v
 
 
 def committed(*arenas):
@@ -151,6 +162,7 @@ def main(argv=None):
     torch.zeros(1, device="cuda")
     torch.cuda.synchronize()
     context = nvml_used()
+    stack0 = stack_limit()
     row(device=torch.cuda.get_device_name(0), torch=torch.__version__,
         transformers=transformers.__version__, context_mib=mib(context))
 
@@ -199,10 +211,12 @@ def main(argv=None):
     stats = aa.memory_stats()
     row(pool_mib=mib(stats["pool_committed_bytes"]), pool_segments=stats["pool_segments"])
 
-    def sleep_all():
+    def sleep_all(trim=True):
         wa.sleep()
         aa.sleep()
         torch.cuda.empty_cache()
+        if trim:
+            gpu.trim_stack()    # the stack a kernel grew, back to the context's own
 
     def wake_check(i):
         ids.copy_(ids_host)             # the pool was discarded: the inputs written again
@@ -216,9 +230,16 @@ def main(argv=None):
     torch.cuda.synchronize()
     awake = nvml_used()
     t = time.perf_counter()
-    sleep_all()
+    sleep_all(trim=False)
+    untrimmed = nvml_used()
+    stack_run = stack_limit()
+    trim = gpu.trim_stack()
     asleep_s = time.perf_counter() - t
     asleep = nvml_used()
+    check(trim == (stack_run, stack0) == (stack_run, stack_limit()),
+          f"trim_stack: {trim}, the driver's stack {stack_limit()}")
+    row(stack_start=stack0, stack_after_run=stack_run, asleep_untrimmed_mib=mib(untrimmed),
+        trim_freed_mib=mib(untrimmed - asleep))
     row(awake_mib=mib(awake), asleep_mib=mib(asleep), context_mib=mib(context),
         above_context_mib=mib(asleep - context), sleep_ms=round(asleep_s * 1e3, 2),
         arenas_asleep_mib=mib(committed(wa, aa)),
@@ -274,7 +295,7 @@ def main(argv=None):
     del model
     gc.collect()
     wa.release()
-    end = floor()
+    end = floor(gpu)
     row(floor_mib=mib(end), floor_above_context_mib=mib(end - context),
         asleep_above_floor_mib=mib(asleep - end))
     check(asleep - end <= 64 << 20, "asleep: at most 64 MiB above the floor (the context "

@@ -360,3 +360,27 @@ def test_a_forked_child_is_refused_before_any_driver_call(gpu):
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert gpu.mem_info()[1] > 0                               # the parent is untouched
+
+
+def test_trim_stack_gives_the_grown_stack_back(gpu):
+    """A stack grown by the driver (here set through cuda.bindings, as a kernel
+    with a deep stack makes it) holds device memory that trim_stack gives back;
+    the limit read back independently through the driver."""
+    driver = pytest.importorskip("cuda.bindings.driver")
+    lim = driver.CUlimit.CU_LIMIT_STACK_SIZE
+    gpu.synchronize()
+    start = gpu.trim_stack()[1]                 # the stack as the backend was made
+    err, = driver.cuCtxSetLimit(lim, 16 << 10)
+    assert err == driver.CUresult.CUDA_SUCCESS
+    grown_free = gpu.mem_info()[0]
+    before, after = gpu.trim_stack()
+    assert before >= 16 << 10 and after == start
+    err, v = driver.cuCtxGetLimit(lim)
+    assert err == driver.CUresult.CUDA_SUCCESS and v == start
+    # the grown part of the stack for each of at least 256 resident threads an SM
+    assert gpu.mem_info()[0] - grown_free >= gpu.sm_count() * 256 * ((16 << 10) - start)
+    assert gpu.trim_stack(start) == (start, start)      # nothing to do: nothing done
+    with pytest.raises(TypeError, match="nbytes"):
+        gpu.trim_stack("1024")
+    with pytest.raises(ValueError, match="nbytes"):
+        gpu.trim_stack(-1)

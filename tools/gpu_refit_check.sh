@@ -13,8 +13,8 @@ TAIL=${TAIL:-30}
 export METRALE_REQUIRE_GPU=1
 T=(timeout -k 10)
 step bench_refit "${T[@]}" ${REFIT_S:-170} "$PY" bench/bench_refit.py --config "${1:-tests/data/hf/qwen3-8b.json}" --runs 5 --cycles 20
-step tests "${T[@]}" 60 "$PY" -m pytest -q -p no:cacheprovider -rs tests/test_refit_cuda.py \
-    tests/test_weights_cuda.py
+step tests "${T[@]}" 150 "$PY" -m pytest -q -p no:cacheprovider -rs tests/test_refit_cuda.py \
+    tests/test_weights_cuda.py tests/test_cuda.py::test_trim_stack_gives_the_grown_stack_back
 step bench_weights "${T[@]}" ${WEIGHTS_S:-100} "$PY" bench/bench_weights.py --config "${1:-tests/data/hf/qwen3-8b.json}" --runs 3
 rm -rf "$site"
 exit $status

@@ -12,6 +12,7 @@ cdef class CudaDevice(Backend):
     cdef unsigned long _fork_gen     # fork()s this process descends from, when made
     cdef int _sm_count, _cc_major, _cc_minor
     cdef size_t _gran                # allocation granularity, asked once (0: not yet)
+    cdef size_t _stack0              # the threads' stack when made (trim_stack's default)
     cdef readonly Py_ssize_t launch_count
     cdef _kernels.ZeroKernels _zero      # loaded at construction
     cdef _kernels.DebugKernels _debug    # loaded by the first debug operation

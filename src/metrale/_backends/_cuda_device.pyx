@@ -80,6 +80,8 @@ The device a CudaBackend drives: its context, its facts, its kernels.
             check(cydriver.cuDeviceGetAttribute(&self._cc_minor,
                   cydriver.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, self._dev), "cuDeviceGetAttribute")
             self._current()
+            check(cydriver.cuCtxGetLimit(&self._stack0, cydriver.CU_LIMIT_STACK_SIZE),
+                  "cuCtxGetLimit")
         with nogil:
             check(cydriver.cuStreamCreate(&self._side, cydriver.CU_STREAM_NON_BLOCKING),
                   "cuStreamCreate")
@@ -132,6 +134,47 @@ The device a CudaBackend drives: its context, its facts, its kernels.
             self._current()
             check(cydriver.cuMemGetInfo(&free_b, &total_b), "cuMemGetInfo")
         return (free_b, total_b)
+
+    def trim_stack(self, nbytes=None):
+        """Set the threads' stack back down, giving back the device memory that
+        kernels with deeper stacks made the driver take.
+
+        The driver grows every thread's stack (``CU_LIMIT_STACK_SIZE``) when
+        it launches a kernel that needs more, and keeps it grown: the device
+        memory behind it, the stack times every thread the device holds at
+        once, belongs to the context, and no allocator sees it.  A deep sleep
+        trims it (docs/rl.md); the next kernel that needs more grows it
+        again.  Waits for the device's work first (the driver does).
+
+        Parameters
+        ----------
+        nbytes : int, optional
+            The stack per thread, in bytes (None: its size when this backend
+            was made).
+
+        Returns
+        -------
+        tuple of (int, int)
+            The stack per thread before and after, in bytes (the driver may
+            round what it is asked).
+
+        Raises
+        ------
+        TypeError, ValueError
+            `nbytes` is not a non-negative int.
+        MetraleError
+            The driver refused (a graph being captured, for one).
+        """
+        cdef size_t want = self._stack0 if nbytes is None else \
+            <size_t>u64_arg(nbytes, "nbytes", 0, 1 << 40)
+        cdef size_t before = 0, after = 0
+        with nogil:
+            self._current()
+            check(cydriver.cuCtxGetLimit(&before, cydriver.CU_LIMIT_STACK_SIZE), "cuCtxGetLimit")
+            if before != want:
+                check(cydriver.cuCtxSetLimit(cydriver.CU_LIMIT_STACK_SIZE, want), "cuCtxSetLimit")
+            check(cydriver.cuCtxGetLimit(&after, cydriver.CU_LIMIT_STACK_SIZE), "cuCtxGetLimit")
+        return (before, after)
 
     def tune_rows_at(self, *, blocks_per_sm=None, tile_chunks=None, spread=None, queue=None):
         """Set the launch shape of ``zero_all_rows(tokens_at=...)``.
