@@ -163,7 +163,7 @@ The device a CudaBackend drives: its context, its facts, its kernels.
         TypeError, ValueError
             `nbytes` is not a non-negative int.
         MetraleError
-            The driver refused (a graph being captured, for one).
+            The driver refused the limit.
         """
         cdef size_t want = self._stack0 if nbytes is None else \
             <size_t>u64_arg(nbytes, "nbytes", 0, 1 << 40)
