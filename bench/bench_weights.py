@@ -231,13 +231,16 @@ def main(argv=None):
     awake = nvml_used()
     t = time.perf_counter()
     sleep_all(trim=False)
-    untrimmed = nvml_used()
-    stack_run = stack_limit()
-    trim = gpu.trim_stack()
     asleep_s = time.perf_counter() - t
+    untrimmed = nvml_used()             # read outside the sleep's time, as the trim's
+    stack_run = stack_limit()
+    t = time.perf_counter()
+    trim = gpu.trim_stack()
+    asleep_s += time.perf_counter() - t
     asleep = nvml_used()
-    check(trim == (stack_run, stack0) == (stack_run, stack_limit()),
-          f"trim_stack: {trim}, the driver's stack {stack_limit()}")
+    stack_now = stack_limit()
+    check(trim == (stack_run, stack0) == (stack_run, stack_now),
+          f"trim_stack: {trim}, the driver's stack {stack_now}")
     row(stack_start=stack0, stack_after_run=stack_run, asleep_untrimmed_mib=mib(untrimmed),
         trim_freed_mib=mib(untrimmed - asleep))
     row(awake_mib=mib(awake), asleep_mib=mib(asleep), context_mib=mib(context),
