@@ -467,3 +467,67 @@ def test_remap_peer_copies_each_run_once_the_chunks_under_it_are_mapped():
     finally:
         for fd in fds:
             os.close(fd)
+
+
+def test_the_trainers_own_kernel_writes_through_mapped(engine):
+    """WeightImport.mapped: the trainer writes the engine's weights itself
+    (here memmove, a kernel on the GPU) at `ptr(name)`; the block's end
+    commits (one epoch more), a raise in it aborts with the weights counted
+    as maybe written, and a pointer asked for after it is refused."""
+    import ctypes
+    arena, ws, ex = engine
+    imp = WeightImport(ex.path, HostBackend())
+    state = _state(5)
+    epoch0 = arena.guard("weights").epochs["weights"]
+    bases = []
+    for cycle in range(2):          # a sleep and a wake between: the same addresses
+        t, out = _in_thread(lambda: ex.sync(timeout=30))
+        with imp.mapped(timeout=30) as w:
+            assert w.ws == ws and w.ptr() == w.ptr("embed")
+            bases.append(w.ptr())
+            for name, a in state.items():
+                ctypes.memmove(w.ptr(name), a.ctypes.data, a.nbytes)
+        t.join()
+        assert out["value"] == epoch0 + 2 * cycle + 1 == imp.epoch + 1
+        got = _arena_bytes(arena, ws)
+        assert all(got[n] == a.tobytes() for n, a in state.items())
+        arena.sleep()
+        arena.wake()
+    assert bases[0] == bases[1]
+    with pytest.raises(MetraleError, match="the refit is over"):
+        w.ptr("embed")
+    with pytest.raises(KeyError, match="no parameter 'nope'"):
+        t, out = _in_thread(lambda: ex.sync(timeout=30))
+        try:
+            with imp.mapped(timeout=30) as w:
+                ctypes.memmove(w.ptr("norm"), bytes(32), 32)
+                w.ptr("nope")
+        finally:
+            t.join()
+    assert isinstance(out["error"], MetraleError)
+    assert "aborted" in str(out["error"]) and "may be partly written" in str(out["error"])
+    assert _arena_bytes(arena, ws)["norm"] == bytes(32)     # written before the raise
+    assert arena.guard("weights").epochs["weights"] == epoch0 + 5
+    assert arena.memory_stats()["imported_handles"] == 0 and not arena.pins()
+    arena.sleep()                   # the arena let go: it sleeps and wakes
+    arena.wake()
+    imp.close()
+
+
+@pytest.mark.parametrize("op", ["import", "map"])
+def test_a_fault_before_mapped_yields_tells_nothing_was_written(engine, op):
+    from metrale.testing import FaultyBackend
+    arena, ws, ex = engine
+    before = _arena_bytes(arena, ws)
+    epoch = arena.guard("weights").epochs["weights"]
+    gpu = FaultyBackend()
+    imp = WeightImport(ex.path, gpu)
+    gpu.inject_fault(op, 1)
+    t, out = _in_thread(lambda: ex.sync(timeout=30))
+    with pytest.raises(MetraleError, match="(?i)injected"):
+        with imp.mapped(timeout=30):
+            pytest.fail("the block ran without the engine's memory")
+    t.join()
+    assert "nothing was written" in str(out["error"])
+    assert arena.guard("weights").epochs["weights"] == epoch
+    assert _arena_bytes(arena, ws) == before and gpu.mapped_bytes == 0
