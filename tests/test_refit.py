@@ -373,7 +373,8 @@ def test_an_engine_fault_sends_nothing_and_lets_the_arena_go(tmp_path):
 def test_remap_peer_checks_every_run_before_the_first_chunk_is_mapped():
     """PeerSlabs.remap_peer's runs, the refit's copies: a run that leaves the
     chunks (here into the hole between two), or overlaps the one before it, is
-    refused, naming it, before anything is mapped or copied."""
+    refused, naming it, before anything is mapped or copied; so is a chunk
+    that overlaps another or leaves the reservation."""
     from metrale._sharing._peer_slabs import PeerSlabs
     page = mmap.PAGESIZE
     fds = [os.memfd_create("chunk") for _ in range(2)]
@@ -402,6 +403,20 @@ def test_remap_peer_checks_every_run_before_the_first_chunk_is_mapped():
             with pytest.raises(error, match=match):
                 slabs.remap_peer("w", chunks, fds, runs)
             assert slabs.mapped() == (0, 0) and gpu.mapped_bytes == 0
+        run = [(8, src.ctypes.data, 16)]
+        for bad, error, match in [
+                ([(0, 2 * page), (page, page)], ValueError,
+                 rf"chunk \[{page}, \+{page}\) overlaps the one before it \(which ends at "
+                 rf"{2 * page}\)"),
+                ([(-page, page), (0, page)], ValueError, r"lies outside its"),
+                ([(0, page), (3 * page, page)], ValueError,
+                 rf"\[{3 * page}, \+{page}\) lies outside its {3 * page}-byte"),
+                ([(0, 0), (0, page)], ValueError, r"chunk \[0, \+0\) lies outside"),
+                ([(0, page), (page, float(page))], TypeError, r"chunks\[1\] must be two ints")]:
+            for runs in (None, run):    # the engine's chunks checked before anything maps
+                with pytest.raises(error, match=match):
+                    slabs.remap_peer("w", bad, fds, runs)
+                assert slabs.mapped() == (0, 0) and gpu.mapped_bytes == 0
         assert os.pread(fds[0], page, 0) == bytes(page)
         assert os.pread(fds[1], page, 0) == bytes(page)
         slabs.remap_peer("w", chunks, fds, [(8, src.ctypes.data, 16),

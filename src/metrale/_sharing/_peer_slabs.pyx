@@ -121,7 +121,8 @@ The peers' slabs mapped into this process, each in its own reservation.
         entry = [base, alloc, nbytes, []]
         self._slabs[rank] = entry
         try:
-            self._import(f"rank {rank}", entry, chunks, fds)
+            self._import(f"rank {rank}", entry, chunks, fds,
+                         self._check_chunks(f"rank {rank}", entry, chunks))
         except BaseException:
             try:
                 self._unmap_rank(rank)
@@ -209,7 +210,8 @@ The peers' slabs mapped into this process, each in its own reservation.
         Raises
         ------
         TypeError, ValueError
-            A bad run (nothing mapped).
+            A bad chunk (outside the reservation, or over another) or run
+            (nothing mapped).
         MetraleError
             A chunk's import or map, or a copy, failed: the device waited
             for, everything unmapped again (what was copied stays copied).
@@ -226,7 +228,7 @@ The peers' slabs mapped into this process, each in its own reservation.
             raise ValueError(f"{key!r} is mapped already")
         if len(chunks) != len(fds):
             raise ValueError(f"{len(chunks)} chunks but {len(fds)} descriptors")
-        order = sorted(range(len(chunks)), key=lambda i: chunks[i][0])
+        order = self._check_chunks(repr(key), entry, chunks)
         if runs is not None:
             checked = <mt_copy_run *>malloc(max(len(runs), 1) * sizeof(mt_copy_run))
             if checked == NULL:
@@ -235,7 +237,7 @@ The peers' slabs mapped into this process, each in its own reservation.
             if runs is not None:
                 self._check_runs(key, entry[0], [(o, n, 0) for o, n in chunks], runs, checked, &k)
             for i in order:
-                self._import(repr(key), entry, [chunks[i]], [fds[i]])
+                self._import(repr(key), entry, chunks, fds, [i])
                 # every run that ends in what is mapped by now: the chunks go
                 # by offset, and no run lies outside them
                 hi = <uintptr_t>entry[0] + <uintptr_t>(chunks[i][0] + chunks[i][1])
@@ -328,18 +330,38 @@ The peers' slabs mapped into this process, each in its own reservation.
         entry = self._slabs.get("signal")
         return entry[3][0] if entry is not None and entry[3] else None
 
-    cdef int _import(self, str what, list entry, list chunks, list fds) except -1:
-        """Import each descriptor and map it at its chunk (offset, length) of
-        `entry`'s reservation ([base, alloc, bytes, mapped]), adding each to
-        the mapped list; on failure what was mapped stays listed there, for
-        the caller to take down."""
+    cdef list _check_chunks(self, str what, list entry, list chunks):
+        """The chunks' indices by offset, each chunk checked first: two ints,
+        a length of a byte or more, inside `entry`'s reservation ([base,
+        alloc, bytes, mapped]), none overlapping another (the engine's word
+        is checked before anything is mapped)."""
+        cdef size_t room = <size_t>entry[2] - (<uintptr_t>entry[0] - <uintptr_t>entry[1])
+        cdef size_t end = 0
+        for i, c in enumerate(chunks):
+            if (not isinstance(c, (tuple, list)) or len(c) != 2
+                    or type(c[0]) is not int or type(c[1]) is not int):
+                raise TypeError(f"{what}: chunks[{i}] must be two ints (offset, length)")
+            if c[0] < 0 or c[1] <= 0 or c[0] + c[1] > room:
+                raise ValueError(f"{what}: chunk [{c[0]}, +{c[1]}) lies outside its "
+                                 f"{room}-byte reservation")
+        order = sorted(range(len(chunks)), key=lambda i: chunks[i][0])
+        for i in order:
+            if chunks[i][0] < end:
+                raise ValueError(f"{what}: chunk [{chunks[i][0]}, +{chunks[i][1]}) overlaps "
+                                 f"the one before it (which ends at {end})")
+            end = chunks[i][0] + chunks[i][1]
+        return order
+
+    cdef int _import(self, str what, list entry, list chunks, list fds, list order) except -1:
+        """Import the descriptor of each chunk in `order` (`_check_chunks`
+        checked them) and map it at its chunk (offset, length) of `entry`'s
+        reservation, adding each to the mapped list; on failure what was
+        mapped stays listed there, for the caller to take down."""
         cdef uint64_t h = 0
         cdef uintptr_t base = entry[0]
-        for (off, n), fd in zip(chunks, fds):
-            if base - <uintptr_t>entry[1] + off + n > entry[2]:
-                raise ValueError(f"{what}: chunk [{off}, +{n}) lies outside its "
-                                 f"{entry[2]}-byte reservation")
-            self._gpu.import_handle(fd, n, &h)
+        for i in order:
+            off, n = chunks[i]
+            self._gpu.import_handle(fds[i], n, &h)
             try:
                 self._gpu.map(base + off, n, h)
             except BaseException:
