@@ -163,6 +163,7 @@ def main(argv=None):
     torch.cuda.synchronize()
     context = nvml_used()
     stack0 = stack_limit()
+    gpu = metrale.CudaBackend(0)    # made first, as an engine does: its trim goes back to stack0
     row(device=torch.cuda.get_device_name(0), torch=torch.__version__,
         transformers=transformers.__version__, context_mib=mib(context))
 
@@ -172,7 +173,6 @@ def main(argv=None):
     check(weight_set(hf_params(raw)) == ws,
           "metrale's parameter list of the config is transformers' model's")
 
-    gpu = metrale.CudaBackend(0)
     wa = weight_arena(ws, gpu)
     mt.bind(model, wa, ws, copy=True)
     gc.collect()
