@@ -144,7 +144,9 @@ The device a CudaBackend drives: its context, its facts, its kernels.
         memory behind it, the stack times every thread the device holds at
         once, belongs to the context, and no allocator sees it.  A deep sleep
         trims it (docs/rl.md); the next kernel that needs more grows it
-        again.  Waits for the device's work first (the driver does).
+        again.  Waits for the device's work first (the driver does), so call
+        it outside any stream capture, as a sleep is: a call that waits for
+        the device may invalidate a capture in progress on another thread.
 
         Parameters
         ----------
