@@ -144,8 +144,8 @@ def test_the_check_of_cuda_tensors_takes_the_short_way_only_when_all_agree(gpu):
     """WeightImport's check (`check_state`, before anything is mapped):
     tensors and parameters of the set's dtype, shape and device pass, met
     before or not, giving their storages and addresses; a wrong dtype,
-    shape, device or layout is refused by name, also once a tensor of that
-    name passed."""
+    shape, device or layout (a lazy negative view: its bytes are not its
+    values) is refused by name, also once a tensor of that name passed."""
     torch = pytest.importorskip("torch")
     ws = weight_set(SHAPES)
     dtypes = {}
@@ -164,6 +164,8 @@ def test_the_check_of_cuda_tensors_takes_the_short_way_only_when_all_agree(gpu):
     for bad, match in [({"proj": good["proj"].float()}, "'proj' is float32"),
                        ({"head": good["head"].reshape(33, 64)}, "'head' is bfloat16 \\[33, 64\\]"),
                        ({"head": wide[:, :33]}, "'head' is not contiguous"),
-                       ({"norm": good["norm"].detach().cpu()}, "'norm' is on cpu")]:
+                       ({"norm": good["norm"].detach().cpu()}, "'norm' is on cpu"),
+                       ({"head": torch._neg_view(good["head"])},
+                        "'head' is a lazy negative view")]:
         with pytest.raises(ValueError, match=match):
             check_state(ws, {**good, **bad}, 0, "sync", gpu, dtypes)

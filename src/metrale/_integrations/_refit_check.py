@@ -1,6 +1,7 @@
 """The trainer's tensors checked against the engine's weight set before a refit
 writes anything (metrale.refit's `WeightImport`): every name, element type,
-shape, layout and device; the copies' items of those that pass."""
+shape, layout (contiguous, no lazy conjugate or negative view: the refit
+copies bytes) and device; the copies' items of those that pass."""
 
 import sys
 
@@ -14,8 +15,9 @@ def check_state(ws, state, base, where, gpu, dtypes):
     bytes)] sorted, every tensor checked first.
 
     A torch tensor of the weight set's element type (met before: `dtypes`)
-    and shape, contiguous and on `gpu`'s device, takes a few attribute reads;
-    any other goes the long way, which names what is wrong.
+    and shape, contiguous, no lazy conjugate or negative view, and on
+    `gpu`'s device, takes a few attribute reads; any other goes the long
+    way, which names what is wrong.
 
     Parameters
     ----------
@@ -56,7 +58,8 @@ def check_state(ws, state, base, where, gpu, dtypes):
         p, v = ws[name], state[name]
         if (not host and tensor is not None and isinstance(v, tensor)
                 and dtypes.get(v.dtype) == p.dtype and v.shape == p.shape
-                and v.is_cuda and v.get_device() == device and v.is_contiguous()):
+                and v.is_cuda and v.get_device() == device and v.is_contiguous()
+                and not v.is_neg() and not v.is_conj()):
             ptr = v.data_ptr()          # its storage: where the tensor's offset starts
             items.append((base + p.offset, ptr - v.storage_offset() * v.element_size(), ptr,
                           p.nbytes))
@@ -89,6 +92,9 @@ def _item(where, name, p, v, gpu, dtypes):
         return id(root), v.ctypes.data
     if not v.is_contiguous():
         raise ValueError(f"{at} is not contiguous")
+    if v.is_conj() or v.is_neg():       # lazy: the bytes are not yet the values
+        raise ValueError(f"{at} is a lazy {'conjugate' if v.is_conj() else 'negative'} view: "
+                         "its bytes are not its values (resolve_conj() / resolve_neg() first)")
     dev = v.device
     if host != (dev.type == "cpu") or (not host and dev.index != gpu.device_id):
         raise ValueError(f"{at} is on {dev}, the engine's weights on "
