@@ -325,8 +325,9 @@ class WeightImport:
         Parameters
         ----------
         state : mapping
-            Names to torch tensors (on this device, contiguous) or, on the
-            host backend, numpy arrays (C-contiguous).
+            Names to torch tensors (on this device, contiguous, no lazy
+            conjugate or negative view) or, on the host backend, numpy arrays
+            (C-contiguous).
         stream : stream, optional
             The stream the copies go on (an int handle, a torch or CuPy stream,
             an object of the CUDA stream protocol; None: the legacy default
