@@ -16,7 +16,7 @@ cdef class PeerSlabs:
     cdef readonly Py_ssize_t copies_begun     # copy calls made (counted before each)
 
     cdef list _check_chunks(self, str what, list entry, list chunks)
-    cdef int _import(self, str what, list entry, list chunks, list fds, list order) except -1
+    cdef int _import(self, list entry, list chunks, list fds, list order) except -1
     cdef int _unmap_rank(self, rank) except -1
     cdef int _check_runs(self, key, uintptr_t base, list chunks, list runs, mt_copy_run *checked,
                          Py_ssize_t *k) except -1

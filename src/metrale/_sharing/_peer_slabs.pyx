@@ -121,8 +121,7 @@ The peers' slabs mapped into this process, each in its own reservation.
         entry = [base, alloc, nbytes, []]
         self._slabs[rank] = entry
         try:
-            self._import(f"rank {rank}", entry, chunks, fds,
-                         self._check_chunks(f"rank {rank}", entry, chunks))
+            self._import(entry, chunks, fds, self._check_chunks(f"rank {rank}", entry, chunks))
         except BaseException:
             try:
                 self._unmap_rank(rank)
@@ -237,7 +236,7 @@ The peers' slabs mapped into this process, each in its own reservation.
             if runs is not None:
                 self._check_runs(key, entry[0], [(o, n, 0) for o, n in chunks], runs, checked, &k)
             for i in order:
-                self._import(repr(key), entry, chunks, fds, [i])
+                self._import(entry, chunks, fds, [i])
                 # every run that ends in what is mapped by now: the chunks go
                 # by offset, and no run lies outside them
                 hi = <uintptr_t>entry[0] + <uintptr_t>(chunks[i][0] + chunks[i][1])
@@ -338,7 +337,7 @@ The peers' slabs mapped into this process, each in its own reservation.
         cdef size_t room = <size_t>entry[2] - (<uintptr_t>entry[0] - <uintptr_t>entry[1])
         cdef size_t end = 0
         for i, c in enumerate(chunks):
-            if (not isinstance(c, (tuple, list)) or len(c) != 2
+            if (type(c) is not tuple and type(c) is not list or len(c) != 2
                     or type(c[0]) is not int or type(c[1]) is not int):
                 raise TypeError(f"{what}: chunks[{i}] must be two ints (offset, length)")
             if c[0] < 0 or c[1] <= 0 or c[0] + c[1] > room:
@@ -352,7 +351,7 @@ The peers' slabs mapped into this process, each in its own reservation.
             end = chunks[i][0] + chunks[i][1]
         return order
 
-    cdef int _import(self, str what, list entry, list chunks, list fds, list order) except -1:
+    cdef int _import(self, list entry, list chunks, list fds, list order) except -1:
         """Import the descriptor of each chunk in `order` (`_check_chunks`
         checked them) and map it at its chunk (offset, length) of `entry`'s
         reservation, adding each to the mapped list; on failure what was
