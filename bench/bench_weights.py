@@ -53,15 +53,20 @@ def check(cond, what):
 
 
 def nvml_used(pid=None):
-    """This process's device memory in bytes, as NVML reports it (by pid)."""
+    """This process's device memory in bytes, as NVML reports it (by pid).
+
+    Raises RuntimeError when NVML lists no such pid (a PID namespace of its
+    own, as in some containers): every figure would be missing."""
     import pynvml
     pynvml.nvmlInit()
     h = pynvml.nvmlDeviceGetHandleByIndex(0)
     pid = os.getpid() if pid is None else pid
-    for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h):
+    procs = pynvml.nvmlDeviceGetComputeRunningProcesses(h)
+    for p in procs:
         if p.pid == pid:
             return p.usedGpuMemory
-    return None
+    raise RuntimeError(f"NVML lists no process {pid} on device 0 (it lists "
+                       f"{[p.pid for p in procs]}): run outside a PID namespace of its own")
 
 
 def rss():
