@@ -16,7 +16,6 @@ own growth), then the stack trim's.
 """
 
 import argparse
-import gc
 import os
 import sys
 
@@ -24,16 +23,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_weights import build_model, mib, nvml_used, row, stack_limit  # noqa: E402
-
-
-def settled():
-    """NVML's figure once every allocator's cache is given back."""
-    gc.collect()
-    torch.cuda.synchronize()
-    torch._C._cuda_clearCublasWorkspaces()
-    torch.cuda.empty_cache()
-    return nvml_used()
+from bench_weights import build_model, floor, mib, row, stack_limit  # noqa: E402
 
 
 def main(argv=None):
@@ -42,14 +32,14 @@ def main(argv=None):
     args = ap.parse_args(argv)
 
     torch.zeros(1, device="cuda")
-    context = settled()
-    last = [context]
+    context = last = floor()            # every allocator's cache given back, no trim
 
     def step(name, **extra):
-        now = settled()
-        row(step=name, above_context_mib=mib(now - context), added_mib=mib(now - last[0]),
+        nonlocal last
+        now = floor()
+        row(step=name, above_context_mib=mib(now - context), added_mib=mib(now - last),
             stack=stack_limit(), **extra)
-        last[0] = now
+        last = now
 
     row(device=torch.cuda.get_device_name(0), torch=torch.__version__,
         context_mib=mib(context), stack=stack_limit(),

@@ -74,15 +74,17 @@ def rss():
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def floor(gpu):
-    """The process's device memory once every buffer is given back: the CUDA
-    context with the code of every kernel the run loaded (lazy loading), which
-    no allocator holds and none can give back."""
+def floor(gpu=None):
+    """The process's device memory once every buffer is given back (torch's
+    cache and cuBLAS's workspaces emptied, with `gpu` its stack trimmed): the
+    CUDA context with the code of every kernel the run loaded (lazy loading),
+    which no allocator holds and none can give back."""
     gc.collect()
     torch.cuda.synchronize()
     torch._C._cuda_clearCublasWorkspaces()
     torch.cuda.empty_cache()
-    gpu.trim_stack()
+    if gpu is not None:
+        gpu.trim_stack()
     return nvml_used()
 
 
